@@ -1,0 +1,54 @@
+"""cwtrain: reinforcement-learning training against a remote inference fleet.
+
+Publish a trainer's weights to a CoreWeave Dedicated Inference deployment by
+checkpoint hot-load, and sample rollouts from its OpenAI-compatible endpoint::
+
+    from cwtrain import HotLoader, InferenceClient
+
+    loader = HotLoader(InferenceClient(), deployment_id="3b1d2c54-...")
+    loader.publish("checkpoints/step-7", identity="run1-v000007",
+                   previous_identity="run1-v000006")
+
+``cwtrain`` and ``cwtrain.integrations`` are shared by several distributions
+(``cwtrain-local``, ``cwtrain-slime``, ...); this package makes both extendable.
+Importing ``cwtrain`` loads neither torch nor ray: the names below are resolved on
+first use.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from cwtrain._version import __version__
+
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+if TYPE_CHECKING:
+    from cwtrain.hotload.inspect import inspect_snapshot
+    from cwtrain.hotload.loader import HotLoader
+    from cwtrain.hotload.upload import upload_snapshot
+    from cwtrain.infra.client import InferenceClient
+
+__all__ = ["HotLoader", "InferenceClient", "__version__", "inspect_snapshot", "upload_snapshot"]
+
+_LAZY = {
+    "HotLoader": "cwtrain.hotload.loader",
+    "InferenceClient": "cwtrain.infra.client",
+    "inspect_snapshot": "cwtrain.hotload.inspect",
+    "upload_snapshot": "cwtrain.hotload.upload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cwtrain' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

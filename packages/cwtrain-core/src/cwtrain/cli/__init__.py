@@ -1,0 +1,135 @@
+"""The ``cwtrain`` command line: ``cwtrain [global options] <group> <command> [options]``.
+
+Groups register themselves: core's from :data:`CORE_GROUPS`, other distributions
+through the ``cwtrain.cli`` entry-point group (``cwtrain-local`` adds ``local`` and
+``demo``, ``cwtrain-gym`` adds ``gym``). A group module exposes
+``register(subparsers)``, which adds its parsers and sets ``func`` on each command to
+a ``handler(args) -> int``. Registration must stay cheap: heavy imports (torch, the
+local stack) happen inside handlers.
+
+Output rules: stdout carries exactly one JSON document (see
+:func:`cwtrain.cli.output.emit`), stderr logs and progress. Exit codes: 0 success,
+1 any :class:`~cwtrain.errors.CWTrainError`, object-store or credential error,
+2 usage error. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any, NoReturn
+
+from cwtrain._version import __version__
+from cwtrain.errors import CWTrainError
+
+__all__ = ["CORE_GROUPS", "CLIParser", "build_parser", "main"]
+
+log = logging.getLogger("cwtrain.cli")
+
+#: Core command groups, as modules with a ``register(subparsers)`` function.
+CORE_GROUPS = (
+    "cwtrain.infra.cli",  # deployment, gateway
+    "cwtrain.hotload.cli",  # hotload
+    "cwtrain.hotload.snapshot_cli",  # snapshot
+)
+
+_QUIET_LOGGERS = ("httpx", "httpcore", "botocore", "boto3", "s3transfer", "urllib3")
+
+
+class CLIParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line plus the usage, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> CLIParser:
+    """The full parser with every installed command group registered."""
+    parser = CLIParser(
+        prog="cwtrain",
+        description=(
+            "Train with reinforcement learning against a CoreWeave Dedicated Inference "
+            "deployment: manage deployments, publish weights by checkpoint hot-load, run "
+            "the local stack and its demo."
+        ),
+        epilog="Environment: COREWEAVE_API_TOKEN, COREWEAVE_API_URL, AWS_REGION, CW_S3_ENDPOINT "
+        "(see docs/configuration.md). Output: one JSON document on stdout; logs on stderr.",
+    )
+    parser.add_argument("--version", action="version", version=f"cwtrain {__version__}")
+    parser.add_argument("--base-url", help="API origin (else COREWEAVE_API_URL, else https://api.coreweave.com)")
+    parser.add_argument("--token", help="API token (else COREWEAVE_API_TOKEN, then CW_API_TOKEN)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logs and tracebacks")
+    groups = parser.add_subparsers(dest="group", metavar="<group>", parser_class=CLIParser)
+    groups.required = True
+    for module_name in CORE_GROUPS:
+        try:
+            module = import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a group not built yet
+        module.register(groups)
+    for ep in entry_points(group="cwtrain.cli"):
+        try:
+            register = ep.load()
+        except ImportError as exc:  # a plug-in whose own dependencies are missing
+            log.debug("skipping command group %s: %s", ep.name, exc)
+            continue
+        register(groups)
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s" if not verbose else "%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
+def _is_store_error(exc: BaseException) -> bool:
+    """Object-store client and credential errors (botocore), which also exit 1."""
+    return type(exc).__module__.startswith(("botocore", "boto3", "s3transfer"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code instead of exiting (testable in-process)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    debug = bool(args.verbose) or os.environ.get("CWTRAIN_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+    _configure_logging(debug)
+    handler: Any = getattr(args, "func", None)
+    if handler is None:
+        parser.parse_args([*(argv or sys.argv[1:]), "--help"])
+        return 2
+    try:
+        return int(handler(args))
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except (CWTrainError, OSError) as exc:
+        return _fail(exc, debug)
+    except Exception as exc:
+        if _is_store_error(exc):
+            return _fail(exc, debug)
+        raise
+
+
+def _fail(exc: BaseException, debug: bool) -> int:
+    if debug:
+        log.exception("command failed")
+    line = " ".join((str(exc) or type(exc).__name__).split())
+    print(f"error: {line}", file=sys.stderr)
+    return 1

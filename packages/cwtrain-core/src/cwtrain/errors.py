@@ -1,0 +1,353 @@
+"""The cwtrain error tree.
+
+Every error cwtrain raises on purpose derives from :class:`CWTrainError`. The tree
+keeps "you misused it" apart from "the remote failed", and "the transport failed"
+apart from "the server said no"::
+
+    CWTrainError                      plain instances: configuration problems
+    ├── ConfigError (ValueError)      a bad environment variable or option value
+    ├── UsageError (ValueError)       misuse of the API, refused before any I/O
+    ├── APIError                      the control plane answered with an error code
+    │   ├── InvalidArgumentError      invalid_argument (3)
+    │   ├── NotFoundError             not_found (5)
+    │   ├── AlreadyExistsError        already_exists (6)
+    │   ├── PermissionDeniedError     permission_denied (7)
+    │   ├── FailedPreconditionError   failed_precondition (9)
+    │   │   └── HotLoadInProgressError    ... "already in progress"
+    │   ├── UnimplementedError        unimplemented (12)
+    │   ├── UnavailableError          unavailable (14), transient
+    │   │   └── TransportError        no answer at all (connection, timeout, non-JSON 2xx)
+    │   └── UnauthenticatedError      unauthenticated (16)
+    ├── LifecycleError                a deployment or gateway wait or delete failed
+    ├── SnapshotError                 a snapshot is malformed or cannot be published
+    │   ├── SnapshotNotFoundError (FileNotFoundError)
+    │   ├── SnapshotChecksumError     an Adler-32 or SHA-256 did not match
+    │   ├── SnapshotConflictError     the identity already holds other bytes
+    │   ├── SnapshotAccessError       the object store refused one of the four checks
+    │   └── MirrorError               the trainer's copy of the served weights is unusable
+    ├── HotLoadError                  a hot-load did not end as asked
+    │   ├── HotLoadFailedError        FAILED or CANCELED
+    │   ├── HotLoadVerificationError  completed, but replicas do not serve the identity
+    │   └── HotLoadTimeoutError       the time budget ran out
+    └── RolloutError                  sampling from the completions endpoint failed
+
+Every class pickles with its fields (Ray moves errors between processes): the base
+class rebuilds instances without calling ``__init__`` again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "APIError",
+    "AlreadyExistsError",
+    "CWTrainError",
+    "ConfigError",
+    "FailedPreconditionError",
+    "HotLoadError",
+    "HotLoadFailedError",
+    "HotLoadInProgressError",
+    "HotLoadTimeoutError",
+    "HotLoadVerificationError",
+    "InvalidArgumentError",
+    "LifecycleError",
+    "MirrorError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RolloutError",
+    "SnapshotAccessError",
+    "SnapshotChecksumError",
+    "SnapshotConflictError",
+    "SnapshotError",
+    "SnapshotNotFoundError",
+    "TransportError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "UsageError",
+    "api_error",
+]
+
+
+def _restore(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    obj = cls.__new__(cls)
+    BaseException.__init__(obj, *args)
+    obj.__dict__.update(state)
+    return obj
+
+
+class CWTrainError(Exception):
+    """Root of every error cwtrain raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
+
+
+class ConfigError(CWTrainError, ValueError):
+    """A configuration value (environment variable, option, config key) is invalid."""
+
+
+class UsageError(CWTrainError, ValueError):
+    """The API was called in a way that cannot work; refused before any I/O."""
+
+
+# --------------------------------------------------------------------------- API
+
+
+class APIError(CWTrainError):
+    """The control plane answered with an error.
+
+    Attributes:
+        code: the Connect code string (``"not_found"``, ...).
+        message: the service's message.
+        http_status: the HTTP status, when there was a response.
+        details: the ``details`` array of the error body.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        http_status: int | None = None,
+        details: Sequence[Any] | None = None,
+    ) -> None:
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+        self.details = list(details or [])
+        super().__init__(f"{code}: {message}")
+
+    @property
+    def transient(self) -> bool:
+        """Whether retrying the same call may succeed."""
+        return self.code in _TRANSIENT_CODES or (
+            self.http_status in (500, 502, 503, 504) and self.code != "unimplemented"
+        )
+
+
+class InvalidArgumentError(APIError):
+    """``invalid_argument``: a field, identity or page size was refused."""
+
+
+class NotFoundError(APIError):
+    """``not_found``: no such resource."""
+
+
+class AlreadyExistsError(APIError):
+    """``already_exists``: the client id or the name is taken."""
+
+
+class PermissionDeniedError(APIError):
+    """``permission_denied``: the token lacks the role (Inference Admin / Viewer)."""
+
+
+class FailedPreconditionError(APIError):
+    """``failed_precondition``: not READY, hot-load active, chain too long, ..."""
+
+
+class HotLoadInProgressError(FailedPreconditionError):
+    """Another hot-load of the deployment is unfinished (single-flight)."""
+
+
+class UnimplementedError(APIError):
+    """``unimplemented``: the service does not offer this call (cancel, today)."""
+
+
+class UnavailableError(APIError):
+    """``unavailable``: the service is temporarily unable to answer; retry."""
+
+
+class TransportError(UnavailableError):
+    """No usable answer: connection refused or dropped, timeout, non-JSON 2xx body."""
+
+    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+        super().__init__("unavailable", message, http_status=http_status)
+
+
+class UnauthenticatedError(APIError):
+    """``unauthenticated``: the token is missing, bad or expired."""
+
+
+_TRANSIENT_CODES = frozenset({"unavailable", "deadline_exceeded", "resource_exhausted"})
+
+_CODE_CLASSES: dict[str, type[APIError]] = {
+    "invalid_argument": InvalidArgumentError,
+    "not_found": NotFoundError,
+    "already_exists": AlreadyExistsError,
+    "permission_denied": PermissionDeniedError,
+    "failed_precondition": FailedPreconditionError,
+    "unimplemented": UnimplementedError,
+    "unavailable": UnavailableError,
+    "unauthenticated": UnauthenticatedError,
+}
+
+
+def api_error(
+    code: str,
+    message: str,
+    *,
+    http_status: int | None = None,
+    details: Sequence[Any] | None = None,
+) -> APIError:
+    """Build the :class:`APIError` subclass that matches a Connect code string."""
+    cls = _CODE_CLASSES.get(code, APIError)
+    if cls is FailedPreconditionError and "already in progress" in message:
+        cls = HotLoadInProgressError
+    return cls(code, message, http_status=http_status, details=details)
+
+
+# --------------------------------------------------------------------- lifecycle
+
+
+class LifecycleError(CWTrainError):
+    """Waiting for, or deleting, a deployment or gateway did not succeed."""
+
+
+# ---------------------------------------------------------------------- snapshot
+
+
+class SnapshotError(CWTrainError):
+    """A snapshot is malformed, inconsistent, or cannot be published as asked."""
+
+
+class SnapshotNotFoundError(SnapshotError, FileNotFoundError):
+    """A snapshot directory or one of its files is missing."""
+
+
+class SnapshotChecksumError(SnapshotError):
+    """A tensor's Adler-32 or an object's SHA-256 does not match what was recorded."""
+
+
+class SnapshotConflictError(SnapshotError):
+    """The identity already holds objects that differ from this snapshot.
+
+    Attributes:
+        identity: the snapshot identity.
+        conflicts: one line per conflicting key.
+    """
+
+    def __init__(self, identity: str, conflicts: Iterable[str]) -> None:
+        self.identity = identity
+        self.conflicts = list(conflicts)
+        shown = "; ".join(self.conflicts[:3])
+        more = len(self.conflicts) - 3
+        if more > 0:
+            shown += f"; and {more} more"
+        super().__init__(
+            f"snapshot identity {identity!r} already holds different objects ({shown}); "
+            "identities are immutable: publish under a new identity"
+        )
+
+
+_ACCESS_HELP = (
+    "the trainer needs s3:ListBucket, s3:GetObject, s3:PutObject and "
+    "s3:AbortMultipartUpload on the hot-load prefix, granted by the organization access "
+    "policy and not denied by the bucket policy"
+)
+
+
+class SnapshotAccessError(SnapshotError):
+    """The object store refused a call of the permission check.
+
+    Attributes:
+        uri: ``s3://bucket/prefix/`` that was checked.
+        action: the S3 permission the refused call needs (``s3:PutObject``, ...).
+        code: the S3 error code, or ``"?"``.
+    """
+
+    def __init__(self, uri: str, action: str, code: str, *, upload_id: str | None = None) -> None:
+        self.uri = uri
+        self.action = action
+        self.code = code
+        self.upload_id = upload_id
+        text = f"{action} refused on {uri} ({code}); {_ACCESS_HELP}"
+        if upload_id:
+            text += f"; multipart upload {upload_id} is still open, abort it"
+        super().__init__(text)
+
+
+class MirrorError(SnapshotError):
+    """The trainer's byte-exact copy of the served weights is missing or inconsistent."""
+
+
+# ---------------------------------------------------------------------- hot-load
+
+
+class HotLoadError(CWTrainError):
+    """A hot-load did not end as asked."""
+
+
+def _replica_reasons(replicas: Sequence[Any]) -> str:
+    reasons = []
+    for replica in replicas:
+        reason = getattr(replica, "error_reason", None)
+        if reason:
+            reasons.append(f"{getattr(replica, 'name', '?')}: {reason}")
+    return "; ".join(reasons[:5])
+
+
+class HotLoadFailedError(HotLoadError):
+    """The hot-load ended FAILED or CANCELED.
+
+    Attributes:
+        hot_load: the final hot-load.
+        replicas: the replicas as last listed.
+    """
+
+    def __init__(self, hot_load: Any, replicas: Sequence[Any] = (), message: str | None = None) -> None:
+        self.hot_load = hot_load
+        self.replicas = list(replicas)
+        if message is None:
+            state = getattr(getattr(hot_load, "state", None), "name", None) or "FAILED"
+            ident = getattr(hot_load, "identity", "?")
+            message = f"hot-load {getattr(hot_load, 'id', '?')} of {ident!r} ended {state}"
+            reasons = _replica_reasons(self.replicas)
+            if reasons:
+                message += f": {reasons}"
+        super().__init__(message)
+
+
+class HotLoadVerificationError(HotLoadError):
+    """The hot-load completed but the replicas do not all serve its identity."""
+
+    def __init__(self, hot_load: Any, replicas: Sequence[Any], problems: Sequence[str]) -> None:
+        self.hot_load = hot_load
+        self.replicas = list(replicas)
+        self.problems = list(problems)
+        super().__init__(
+            f"hot-load {getattr(hot_load, 'id', '?')} completed but not every replica serves "
+            f"{getattr(hot_load, 'identity', '?')!r}: " + "; ".join(self.problems[:5])
+        )
+
+
+class HotLoadTimeoutError(HotLoadError):
+    """The time budget ran out before the hot-load ended."""
+
+    def __init__(self, hot_load: Any, replicas: Sequence[Any], timeout: float) -> None:
+        self.hot_load = hot_load
+        self.replicas = list(replicas)
+        self.timeout = timeout
+        ready = sum(1 for r in self.replicas if getattr(getattr(r, "state", None), "name", "") == "READY")
+        super().__init__(
+            f"hot-load {getattr(hot_load, 'id', '?')} of {getattr(hot_load, 'identity', '?')!r} "
+            f"did not finish within {timeout:g}s ({ready}/{len(self.replicas)} replicas ready)"
+        )
+
+
+# ----------------------------------------------------------------------- rollout
+
+
+class RolloutError(CWTrainError):
+    """Sampling from the OpenAI-compatible completions endpoint failed."""
+
+
+def describe(error: BaseException, *, secrets: Mapping[str, str] | None = None) -> str:
+    """One line for an error, with any known secret values masked."""
+    text = str(error) or type(error).__name__
+    for value in (secrets or {}).values():
+        if value:
+            text = text.replace(value, "***")
+    return " ".join(text.split())

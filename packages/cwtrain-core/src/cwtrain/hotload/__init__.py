@@ -1,0 +1,71 @@
+"""Checkpoint hot-load: the snapshot format and codec, uploads, and :class:`HotLoader`.
+
+Layers, bottom up: :mod:`~cwtrain.hotload.format` (wire format, no I/O beyond
+files), :mod:`~cwtrain.hotload.codec` (XOR + zstd + Adler-32 on numpy buffers),
+:mod:`~cwtrain.hotload.torch` (the same on torch tensors where they live),
+:mod:`~cwtrain.hotload.mirror` (the trainer's copy of what replicas serve),
+:mod:`~cwtrain.hotload.upload` (immutable, resumable uploads), and
+:mod:`~cwtrain.hotload.loader` (publish, trigger, wait, rollback). Names are
+resolved on first use so that importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from cwtrain.hotload.errors import (
+    HotLoadError,
+    HotLoadFailedError,
+    HotLoadTimeoutError,
+    HotLoadVerificationError,
+    MirrorError,
+    SnapshotAccessError,
+    SnapshotChecksumError,
+    SnapshotConflictError,
+    SnapshotError,
+    SnapshotNotFoundError,
+)
+
+_LAZY = {
+    "HotLoader": "cwtrain.hotload.loader",
+    "ProgressEvent": "cwtrain.hotload.loader",
+    "SnapshotInfo": "cwtrain.hotload.inspect",
+    "inspect_snapshot": "cwtrain.hotload.inspect",
+    "delta_index_for_upload": "cwtrain.hotload.inspect",
+    "snapshot_prefix": "cwtrain.hotload.format",
+    "upload_snapshot": "cwtrain.hotload.upload",
+    "check_snapshot_access": "cwtrain.hotload.upload",
+    "DeltaEncoder": "cwtrain.hotload.codec",
+    "WeightMirror": "cwtrain.hotload.mirror",
+    "DeltaReport": "cwtrain.hotload.mirror",
+}
+
+__all__ = sorted(
+    [
+        "HotLoadError",
+        "HotLoadFailedError",
+        "HotLoadTimeoutError",
+        "HotLoadVerificationError",
+        "MirrorError",
+        "SnapshotAccessError",
+        "SnapshotChecksumError",
+        "SnapshotConflictError",
+        "SnapshotError",
+        "SnapshotNotFoundError",
+        *_LAZY,
+    ]
+)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cwtrain.hotload' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

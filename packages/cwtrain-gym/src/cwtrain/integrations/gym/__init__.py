@@ -1,0 +1,1 @@
+"""cwtrain-gym: scored NeMo Gym evaluations on a temporary deployment (work in progress)."""

@@ -1,0 +1,1 @@
+"""cwtrain-local: the remote side of cwtrain on one machine (work in progress)."""

@@ -1,0 +1,1 @@
+"""cwtrain-slime: publish slime weight versions by checkpoint hot-load (work in progress)."""
