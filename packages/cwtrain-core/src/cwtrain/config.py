@@ -139,7 +139,7 @@ def env_int(
         number = int(value, 10)
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not an integer") from None
-    if minimum is not None and number < minimum or maximum is not None and number > maximum:
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         bounds = f"{'-inf' if minimum is None else minimum}..{'inf' if maximum is None else maximum}"
         raise ConfigError(f"{name}={value!r} is out of range ({bounds})")
     return number

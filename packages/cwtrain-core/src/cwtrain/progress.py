@@ -29,7 +29,7 @@ def format_bytes(count: float) -> str:
 
 def format_seconds(seconds: float) -> str:
     """``75`` -> ``"1m15s"``."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     minutes, secs = divmod(seconds, 60)
     hours, minutes = divmod(minutes, 60)
     if hours:

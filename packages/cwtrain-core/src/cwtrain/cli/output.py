@@ -32,9 +32,7 @@ def jsonable(value: Any) -> Any:
     if callable(to_json):
         return jsonable(to_json())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "raw"
-        }
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "raw"}
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):

@@ -41,21 +41,29 @@ _LAZY = {
     "DeltaReport": "cwtrain.hotload.mirror",
 }
 
-__all__ = sorted(
-    [
-        "HotLoadError",
-        "HotLoadFailedError",
-        "HotLoadTimeoutError",
-        "HotLoadVerificationError",
-        "MirrorError",
-        "SnapshotAccessError",
-        "SnapshotChecksumError",
-        "SnapshotConflictError",
-        "SnapshotError",
-        "SnapshotNotFoundError",
-        *_LAZY,
-    ]
-)
+__all__ = [
+    "DeltaEncoder",
+    "DeltaReport",
+    "HotLoadError",
+    "HotLoadFailedError",
+    "HotLoadTimeoutError",
+    "HotLoadVerificationError",
+    "HotLoader",
+    "MirrorError",
+    "ProgressEvent",
+    "SnapshotAccessError",
+    "SnapshotChecksumError",
+    "SnapshotConflictError",
+    "SnapshotError",
+    "SnapshotInfo",
+    "SnapshotNotFoundError",
+    "WeightMirror",
+    "check_snapshot_access",
+    "delta_index_for_upload",
+    "inspect_snapshot",
+    "snapshot_prefix",
+    "upload_snapshot",
+]
 
 
 def __getattr__(name: str) -> Any:

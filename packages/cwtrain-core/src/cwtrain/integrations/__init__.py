@@ -27,6 +27,6 @@ def __getattr__(name: str) -> Any:
         if exc.name not in ("cwtrain.integrations.slime",):
             raise
         raise ImportError(
-            f"cwtrain.integrations.{name} needs the slime integration: pip install \"cwtrain[slime]\""
+            f'cwtrain.integrations.{name} needs the slime integration: pip install "cwtrain[slime]"'
         ) from exc
     return getattr(mod, name)
