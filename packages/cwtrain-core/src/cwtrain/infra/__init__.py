@@ -1,0 +1,115 @@
+"""The CoreWeave control plane and object store: client, models, lifecycle, S3 factory.
+
+Layers, bottom up: :mod:`~cwtrain.infra.client` (:class:`InferenceClient`, one method
+per endpoint of the Dedicated Inference API v1alpha1, safe retries, client-chosen
+ids), :mod:`~cwtrain.infra.models` and :mod:`~cwtrain.infra.enums` (frozen, leniently
+parsed views of the API's JSON), :mod:`~cwtrain.infra.lifecycle` (wait until READY,
+rollout base URL, delete and wait until gone) and :mod:`~cwtrain.infra.s3`
+(``s3_client`` for CoreWeave AI Object Storage)::
+
+    from cwtrain.infra import InferenceClient, lifecycle
+
+    api = InferenceClient()                     # COREWEAVE_API_TOKEN, COREWEAVE_API_URL
+    dep = lifecycle.wait_for_deployment(api, "3b1d2c54-...")
+    print(lifecycle.deployment_base_url(api, dep), dep.model_name)
+
+``s3_client`` and ``DEFAULT_S3_ENDPOINT`` are resolved on first use, so importing this
+package does not import boto3.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from cwtrain.errors import LifecycleError
+from cwtrain.infra import lifecycle
+from cwtrain.infra.client import (
+    DEFAULT_BASE_URL,
+    TOKEN_ENV_VAR,
+    TOKEN_ENV_VARS,
+    InferenceClient,
+    token_from_env,
+)
+from cwtrain.infra.enums import (
+    ChecksumFormat,
+    CompressionFormat,
+    ConditionStatus,
+    HotLoadState,
+    PromptCachePolicy,
+    ReplicaState,
+    ResourceStatus,
+    SnapshotType,
+    TransitionMode,
+)
+from cwtrain.infra.lifecycle import (
+    delete_deployment,
+    delete_gateway,
+    endpoints,
+    rollout_base_url,
+    wait_for_deployment,
+    wait_for_gateway,
+)
+from cwtrain.infra.models import (
+    Condition,
+    Deployment,
+    Gateway,
+    HotLoad,
+    HotLoadConfig,
+    HotLoadReplica,
+    IncrementalSnapshotMetadata,
+    SnapshotRef,
+)
+
+if TYPE_CHECKING:
+    from cwtrain.infra.s3 import DEFAULT_S3_ENDPOINT, s3_client
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "DEFAULT_S3_ENDPOINT",
+    "TOKEN_ENV_VAR",
+    "TOKEN_ENV_VARS",
+    "ChecksumFormat",
+    "CompressionFormat",
+    "Condition",
+    "ConditionStatus",
+    "Deployment",
+    "Gateway",
+    "HotLoad",
+    "HotLoadConfig",
+    "HotLoadReplica",
+    "HotLoadState",
+    "IncrementalSnapshotMetadata",
+    "InferenceClient",
+    "LifecycleError",
+    "PromptCachePolicy",
+    "ReplicaState",
+    "ResourceStatus",
+    "SnapshotRef",
+    "SnapshotType",
+    "TransitionMode",
+    "delete_deployment",
+    "delete_gateway",
+    "endpoints",
+    "lifecycle",
+    "rollout_base_url",
+    "s3_client",
+    "token_from_env",
+    "wait_for_deployment",
+    "wait_for_gateway",
+]
+
+_LAZY = {"s3_client": "cwtrain.infra.s3", "DEFAULT_S3_ENDPOINT": "cwtrain.infra.s3"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cwtrain.infra' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
