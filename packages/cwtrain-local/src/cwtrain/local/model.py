@@ -310,6 +310,8 @@ class GeneratedSequence:
         finish_reason: ``"stop"`` (EOS, stop token or stop string) or ``"length"``.
         stop_reason: The stop token id or stop string that ended it (``None`` for EOS or length).
         text: Completion text (special tokens skipped; stop string removed unless kept).
+        top_logprobs: Per token, the ``top_logprobs`` most likely ``(token id, log-prob)`` pairs
+            (empty lists unless asked).
     """
 
     token_ids: list[int]
@@ -317,6 +319,7 @@ class GeneratedSequence:
     finish_reason: str
     stop_reason: int | str | None
     text: str
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class TinyLM:
@@ -351,6 +354,7 @@ class TinyLM:
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         ignore_eos: bool = False,
+        top_logprobs: int = 0,
     ) -> list[GeneratedSequence]:
         """Sample ``n`` completions of one prompt.
 
@@ -366,6 +370,7 @@ class TinyLM:
             stop: Strings that end a sequence once the completion text ends with one.
             include_stop_str_in_output: Keep the stop string in ``text``.
             ignore_eos: Do not stop at EOS.
+            top_logprobs: Also report the k most likely tokens at each step (0 = none).
 
         Returns:
             One :class:`GeneratedSequence` per sequence, in order.
@@ -386,6 +391,8 @@ class TinyLM:
         ids = torch.tensor([list(prompt_ids)] * n, dtype=torch.long)
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lp: list[list[float]] = [[] for _ in range(n)]
+        out_top: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
+        k_top = min(max(top_logprobs, 0), cfg.vocab_size)
         texts = [""] * n
         finish: list[tuple[str, int | str | None] | None] = [None] * n
         stop_set = set(stop_token_ids)
@@ -396,6 +403,7 @@ class TinyLM:
             logp = torch.log_softmax(logits, dim=-1)
             nxt = _sample(logits, temperature, top_p, top_k, gen)
             chosen = logp.gather(1, nxt[:, None])[:, 0]
+            top = torch.topk(logp, k_top, dim=-1) if k_top else None
             ids = torch.cat([ids, nxt[:, None]], dim=1)
             for j in range(n):
                 if finish[j] is not None:
@@ -403,6 +411,8 @@ class TinyLM:
                 tok = int(nxt[j])
                 out_ids[j].append(tok)
                 out_lp[j].append(float(chosen[j]))
+                if top is not None:
+                    out_top[j].append([(int(i), float(v)) for i, v in zip(top.indices[j], top.values[j])])
                 if tok == cfg.eos_token_id and not ignore_eos:
                     finish[j] = ("stop", None)
                     continue
@@ -420,7 +430,7 @@ class TinyLM:
         results = []
         for j in range(n):
             reason, stop_reason = finish[j] or ("length", None)
-            results.append(GeneratedSequence(out_ids[j], out_lp[j], reason, stop_reason, texts[j]))
+            results.append(GeneratedSequence(out_ids[j], out_lp[j], reason, stop_reason, texts[j], out_top[j]))
         return results
 
 

@@ -1,0 +1,345 @@
+"""One engine replica of the local stack: a process that serves the tiny model over HTTP.
+
+Started by :class:`cwtrain.local.LocalStack` (or by hand)::
+
+    AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… AWS_REGION=US-EAST-04A \\
+    python -m cwtrain.local.replica --name r0 --port 8101 --s3-endpoint http://127.0.0.1:9000 \\
+        --bucket weights --path-prefix hotload --model-name tiny \\
+        --model-bucket models --model-path tiny/base [--peer http://127.0.0.1:8102]
+
+At start it loads the deployment's base checkpoint (identity ``initial``) from
+``s3://<model bucket>/<model path>/``, or copies the weights a peer serves (``--peer``),
+then answers on ``127.0.0.1:<port>``:
+
+| Route | Answer |
+|---|---|
+| ``GET /health`` | ``{"name", "state", "identity", "error_reason", "hot_load_id", …}``; 503 until weights are loaded |
+| ``POST /admin/hotload`` | body ``{"hot_load_id", "identity", "chain": [{"identity", "type"}, …]}`` → 202; loads in the background |
+| ``GET /admin/weights`` | the served weights as one safetensors file (``__metadata__.identity``) |
+| ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible (:mod:`cwtrain.local.completions`) |
+
+States: ``READY`` (serving), ``PENDING_UPDATE`` (hot-load accepted), ``UPDATING`` (reading and
+verifying), ``ERROR`` (the last hot-load failed: ``error_reason`` says why, the previous
+weights keep serving). A hot-load reads only the deltas after the served identity when it is
+in the chain, else the chain's FULL root and every delta after it (at most 63); every Adler-32
+is verified before the swap. The swap replaces one reference between requests: a request in
+flight finishes on the weights it started with. Every completion names the identity that
+produced it in ``system_fingerprint`` and the ``x-cwtrain-snapshot-identity`` header.
+
+``--apply-delay S`` sleeps S seconds after verification and before the swap (for tests that
+must catch a replica mid hot-load). SIGTERM or SIGINT stops the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from cwtrain.local.completions import CompletionError, complete, error_body, models_body
+from cwtrain.local.snapshots import (
+    ChainLink,
+    ServedWeights,
+    SnapshotSource,
+    apply_chain,
+    served_from_weights_file,
+    weights_file,
+)
+
+__all__ = ["IDENTITY_HEADER", "Replica", "main"]
+
+IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
+log = logging.getLogger("cwtrain.local.replica")
+
+
+class Replica:
+    """The state of one replica: served weights, hot-load state, and the loader thread."""
+
+    def __init__(self, name: str, model_name: str, source: SnapshotSource, *, apply_delay: float = 0.0) -> None:
+        self.name = name
+        self.model_name = model_name
+        self.source = source
+        self.apply_delay = apply_delay
+        self.created = int(time.time())
+        self.served: ServedWeights | None = None
+        self.state = "PENDING_UPDATE"
+        self.error_reason: str | None = None
+        self.hot_load_id: str | None = None
+        self.target: str | None = None
+        self.step: str | None = None
+        self._lock = threading.Lock()
+        self._generate_lock = threading.Lock()
+        self._loader: threading.Thread | None = None
+        self._weights_file: tuple[str, bytes] | None = None
+
+    def set_served(self, served: ServedWeights) -> None:
+        """Swap in new weights (requests already running keep their reference)."""
+        with self._lock:
+            self.served = served
+            self.state = "READY"
+            self.error_reason = None
+
+    def health(self) -> dict[str, Any]:
+        """The ``/health`` document."""
+        with self._lock:
+            served = self.served
+            return {
+                "name": self.name,
+                "state": self.state,
+                "identity": served.identity if served else None,
+                "error_reason": self.error_reason,
+                "hot_load_id": self.hot_load_id,
+                "target_identity": self.target,
+                "loading": self.step,
+                "model": self.model_name,
+            }
+
+    def start_hot_load(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """Accept a hot-load request and start loading in the background."""
+        if not isinstance(body, dict):
+            return 400, {"error": "body must be a JSON object"}
+        hot_load_id, identity, raw_chain = body.get("hot_load_id"), body.get("identity"), body.get("chain")
+        if not isinstance(hot_load_id, str) or not isinstance(identity, str) or not isinstance(raw_chain, list):
+            return 400, {"error": "hot_load_id and identity (strings) and chain (list) are required"}
+        try:
+            chain = [ChainLink(str(link["identity"]), str(link["type"]).upper()) for link in raw_chain]
+        except (KeyError, TypeError):
+            return 400, {"error": "every chain entry needs identity and type"}
+        if not chain or chain[-1].identity != identity:
+            return 400, {"error": f"the chain must end at identity {identity!r}"}
+        if any(link.type not in ("FULL", "INCREMENTAL") for link in chain):
+            return 400, {"error": "chain entry type must be FULL or INCREMENTAL"}
+        with self._lock:
+            busy = self._loader is not None and self._loader.is_alive()
+            if busy and self.hot_load_id == hot_load_id:
+                return 202, self._accepted_unlocked()
+            if busy:
+                return 409, {"error": f"hot-load {self.hot_load_id} is still running on replica {self.name}"}
+            if self.served is None:
+                return 409, {"error": f"replica {self.name} has no weights yet"}
+            self.hot_load_id, self.target, self.error_reason, self.step = hot_load_id, identity, None, None
+            self.state = "PENDING_UPDATE"
+            self._loader = threading.Thread(target=self._run_hot_load, args=(hot_load_id, chain), daemon=True)
+            self._loader.start()
+            return 202, self._accepted_unlocked()
+
+    def _accepted_unlocked(self) -> dict[str, Any]:
+        return {"name": self.name, "hot_load_id": self.hot_load_id, "identity": self.target, "state": self.state}
+
+    def _run_hot_load(self, hot_load_id: str, chain: list[ChainLink]) -> None:
+        started = time.monotonic()
+        served = self.served
+        assert served is not None
+        with self._lock:
+            self.state = "UPDATING"
+
+        def on_step(identity: str) -> None:
+            with self._lock:
+                self.step = identity
+
+        try:
+            new = apply_chain(self.source, served, chain, on_step=on_step)
+            if self.apply_delay > 0:
+                time.sleep(self.apply_delay)
+        except Exception as exc:  # any failure leaves the old weights serving
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("replica %s: hot-load %s failed: %s", self.name, hot_load_id, reason)
+            with self._lock:
+                if self.hot_load_id == hot_load_id:
+                    self.state, self.error_reason, self.step = "ERROR", reason, None
+            return
+        with self._lock:
+            self.served = new
+            if self.hot_load_id == hot_load_id:
+                self.state, self.error_reason, self.step = "READY", None, None
+        log.info(
+            "replica %s: serving %s (hot-load %s, %.0f ms)",
+            self.name,
+            new.identity,
+            hot_load_id,
+            (time.monotonic() - started) * 1000,
+        )
+
+    def weights_bytes(self) -> tuple[str, bytes] | None:
+        """The served weights as one safetensors file (cached per identity)."""
+        served = self.served
+        if served is None:
+            return None
+        cached = self._weights_file
+        if cached is None or cached[0] != served.identity:
+            cached = (served.identity, weights_file(served))
+            self._weights_file = cached
+        return cached
+
+    def completion(self, body: Any) -> tuple[str, dict[str, Any]]:
+        """Run one completions request on the weights served when it starts."""
+        served = self.served
+        if served is None:
+            raise CompletionError("no weights loaded yet", status=503)
+        with self._generate_lock:  # one generation at a time: the CPU is the limit anyway
+            return served.identity, complete(body, served.lm, identity=served.identity, model=self.model_name)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None) -> None:
+        data = raw if raw is not None else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream" if raw is not None else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw else None
+
+    def do_GET(self) -> None:
+        replica = self.server.replica
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            doc = replica.health()
+            self._send(200 if doc["identity"] is not None else 503, doc)
+        elif path == "/v1/models":
+            self._send(200, models_body(replica.model_name, replica.created))
+        elif path == "/admin/weights":
+            found = replica.weights_bytes()
+            if found is None:
+                self._send(503, {"error": "no weights loaded yet"})
+            else:
+                self._send(200, None, {IDENTITY_HEADER: found[0]}, raw=found[1])
+        else:
+            self._send(404, error_body(f"no route {path}", 404))
+
+    def do_POST(self) -> None:
+        replica = self.server.replica
+        path = self.path.split("?", 1)[0]
+        try:
+            body = self._body()
+        except ValueError as exc:
+            self._send(400, error_body(f"the request body is not JSON: {exc}", 400))
+            return
+        if path == "/admin/hotload":
+            status, doc = replica.start_hot_load(body)
+            self._send(status, doc)
+        elif path == "/v1/completions":
+            try:
+                identity, doc = replica.completion(body)
+            except CompletionError as exc:
+                self._send(exc.status, error_body(exc.message, exc.status, exc.param))
+                return
+            self._send(200, doc, {IDENTITY_HEADER: identity})
+        else:
+            self._send(404, error_body(f"no route {path}", 404))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, replica: Replica) -> None:
+        self.replica = replica
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+def _s3_client(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "US-EAST-04A",
+        config=Config(
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            retries={"max_attempts": 3, "mode": "standard"},
+        ),
+    )
+
+
+def _copy_from_peer(peer: str, timeout: float = 30.0) -> ServedWeights:
+    with urllib.request.urlopen(peer.rstrip("/") + "/admin/weights", timeout=timeout) as resp:
+        return served_from_weights_file(resp.read())
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cwtrain.local.replica", description=__doc__.split("\n")[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--s3-endpoint", required=True)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--path-prefix", default="")
+    parser.add_argument("--model-name", required=True)
+    parser.add_argument("--model-bucket", required=True)
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--peer", default=None, help="copy the served weights from this replica at start")
+    parser.add_argument("--apply-delay", type=float, default=0.0, help="seconds to wait before each swap (tests)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a replica until SIGTERM/SIGINT; returns the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s replica {args.name} %(levelname)s %(message)s")
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    import torch
+
+    torch.set_num_threads(1)
+    source = SnapshotSource(_s3_client(args.s3_endpoint), args.bucket, args.path_prefix)
+    replica = Replica(args.name, args.model_name, source, apply_delay=args.apply_delay)
+    server = _Server(args.port, replica)
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: Any) -> None:
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        served = None
+        if args.peer:
+            try:
+                served = _copy_from_peer(args.peer)
+                log.info("copied %s from peer %s", served.identity, args.peer)
+            except Exception as exc:
+                log.warning("cannot copy weights from peer %s (%s); loading the base checkpoint", args.peer, exc)
+        if served is None:
+            served = source.read_base(args.model_bucket, args.model_path)
+            log.info("loaded base checkpoint s3://%s/%s", args.model_bucket, args.model_path.strip("/"))
+        replica.set_served(served)
+    except Exception as exc:
+        log.error("cannot load weights: %s", exc)
+        with replica._lock:
+            replica.state, replica.error_reason = "ERROR", f"{type(exc).__name__}: {exc}"
+    log.info("listening on http://127.0.0.1:%d", args.port)
+    while not stop.is_set():
+        stop.wait(0.5)
+    thread.join(timeout=5)
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

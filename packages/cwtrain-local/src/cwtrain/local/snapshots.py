@@ -1,0 +1,271 @@
+"""How a local replica gets weights: base checkpoints, snapshot chains, peers.
+
+A replica holds one :class:`ServedWeights` at a time (identity, model config, the raw
+tensor bytes in the codec's ``TensorData`` form, and a :class:`~cwtrain.local.model.TinyLM`
+built from them). This module builds new ones without touching the served copy:
+
+- :meth:`SnapshotSource.read_base` — the deployment's base checkpoint
+  (``s3://<model bucket>/<model path>/``: ``config.json`` plus ``model.safetensors`` or an
+  index and shards), served as identity ``initial``.
+- :func:`plan_chain` — which snapshots of a resolved chain (oldest first, starting at a
+  FULL) must be applied: only the deltas after the served identity when it is in the chain,
+  else the last FULL and every delta after it (at most :data:`MAX_REPLAY_DELTAS`).
+- :func:`apply_chain` — reads every index first and checks ``xor``/``zstd``/``adler32`` and
+  the ``version``/``base_version`` links before anything is decoded, then applies FULL and
+  deltas with the codec (:func:`cwtrain.hotload.codec.load_full` and
+  :func:`cwtrain.hotload.codec.apply_delta`, which verify every Adler-32). Any error leaves
+  the served weights untouched.
+- :func:`weights_file` / :func:`served_from_weights_file` — the one-file safetensors form a
+  cold replica copies from a peer (``__metadata__`` holds ``identity`` and ``config``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cwtrain.errors import SnapshotError
+from cwtrain.local.model import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    ModelConfig,
+    TinyLM,
+    from_tensor_data,
+    to_tensor_data,
+    weights_from_safetensors,
+    weights_to_safetensors,
+)
+
+__all__ = [
+    "INDEX_FILE",
+    "MAX_REPLAY_DELTAS",
+    "ChainLink",
+    "ServedWeights",
+    "SnapshotSource",
+    "apply_chain",
+    "plan_chain",
+    "served_from_weights_file",
+    "weights_file",
+]
+
+INDEX_FILE = "model.safetensors.index.json"
+#: A replica replaying a chain from its FULL root applies at most this many deltas.
+MAX_REPLAY_DELTAS = 63
+
+TensorData = tuple[str, tuple[int, ...], Any]
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """One snapshot of a resolved chain."""
+
+    identity: str
+    type: str  # "FULL" or "INCREMENTAL"
+
+
+@dataclass(frozen=True)
+class ServedWeights:
+    """What a replica serves: identity, config, raw tensors and the loaded model."""
+
+    identity: str
+    config: ModelConfig
+    tensors: Mapping[str, TensorData]
+    lm: TinyLM
+
+    @classmethod
+    def build(cls, identity: str, config: ModelConfig, tensors: Mapping[str, TensorData]) -> ServedWeights:
+        """Load ``tensors`` into a model (checks names and shapes against ``config``)."""
+        try:
+            lm = TinyLM(from_tensor_data(tensors), config)
+        except ValueError as exc:
+            raise SnapshotError(f"snapshot {identity!r} does not fit the served model: {exc}") from exc
+        return cls(identity, config, dict(tensors), lm)
+
+
+def _prefix_key(path_prefix: str, identity: str, name: str) -> str:
+    prefix = path_prefix.strip("/")
+    return f"{prefix}/{identity}/{name}" if prefix else f"{identity}/{name}"
+
+
+class SnapshotSource:
+    """Reads snapshot objects from one bucket and path prefix (a boto3 S3 client)."""
+
+    def __init__(self, s3: Any, bucket: str, path_prefix: str = "") -> None:
+        self.s3 = s3
+        self.bucket = bucket
+        self.path_prefix = path_prefix.strip("/")
+
+    def _get(self, bucket: str, key: str) -> bytes:
+        try:
+            body = self.s3.get_object(Bucket=bucket, Key=key)["Body"]
+            return bytes(body.read())
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+            raise SnapshotError(f"cannot read s3://{bucket}/{key}: {code}") from exc
+
+    def _exists(self, bucket: str, key: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=bucket, Key=key)
+        except Exception:
+            return False
+        return True
+
+    def read_snapshot(self, identity: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """The index (parsed) and every shard it names, of snapshot ``identity``."""
+        index = self.read_index(identity)
+        return index, self.read_shards(identity, index)
+
+    def read_index(self, identity: str) -> dict[str, Any]:
+        """The parsed ``model.safetensors.index.json`` of snapshot ``identity``."""
+        raw = self._get(self.bucket, _prefix_key(self.path_prefix, identity, INDEX_FILE))
+        try:
+            index = json.loads(raw)
+        except ValueError as exc:
+            raise SnapshotError(f"index of snapshot {identity!r} is not JSON: {exc}") from exc
+        if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+            raise SnapshotError(f"index of snapshot {identity!r} has no weight_map object")
+        return index
+
+    def read_shards(self, identity: str, index: Mapping[str, Any]) -> dict[str, bytes]:
+        """The shards named by ``index`` of snapshot ``identity``."""
+        names = sorted(set(index["weight_map"].values()))
+        return {name: self._get(self.bucket, _prefix_key(self.path_prefix, identity, name)) for name in names}
+
+    def read_base(self, bucket: str, path: str) -> ServedWeights:
+        """The deployment's base checkpoint at ``s3://bucket/path/``, served as ``initial``."""
+        path = path.strip("/")
+
+        def key(name: str) -> str:
+            return f"{path}/{name}" if path else name
+
+        config = ModelConfig.from_json(json.loads(self._get(bucket, key(CONFIG_FILE))))
+        if self._exists(bucket, key(INDEX_FILE)):
+            index = json.loads(self._get(bucket, key(INDEX_FILE)))
+            names = sorted(set(index["weight_map"].values()))
+        else:
+            names = [CHECKPOINT_FILE]
+        weights: dict[str, Any] = {}
+        for name in names:
+            try:
+                weights.update(weights_from_safetensors(self._get(bucket, key(name)))[0])
+            except (ValueError, OSError) as exc:
+                raise SnapshotError(f"s3://{bucket}/{key(name)} is not a readable safetensors file: {exc}") from exc
+        return ServedWeights.build("initial", config, to_tensor_data(weights))
+
+
+def plan_chain(current: str | None, chain: Sequence[ChainLink]) -> tuple[ChainLink | None, list[ChainLink]]:
+    """The FULL to load (``None`` = keep the served weights) and the deltas to apply after it.
+
+    Raises:
+        SnapshotError: The chain is empty, does not start at a FULL, or a cold replay would
+            apply more than :data:`MAX_REPLAY_DELTAS` deltas.
+    """
+    if not chain:
+        raise SnapshotError("the hot-load chain is empty")
+    if chain[0].type != "FULL":
+        raise SnapshotError(f"the hot-load chain starts at {chain[0].identity!r}, which is not a FULL snapshot")
+    last_full = max(i for i, link in enumerate(chain) if link.type == "FULL")
+    ids = [link.identity for link in chain]
+    if current is not None and current in ids:
+        pos = len(ids) - 1 - ids[::-1].index(current)
+        if pos >= last_full:
+            return None, list(chain[pos + 1 :])
+    deltas = list(chain[last_full + 1 :])
+    if len(deltas) > MAX_REPLAY_DELTAS:
+        raise SnapshotError(
+            f"replaying {chain[-1].identity!r} needs {len(deltas)} deltas after the FULL snapshot "
+            f"{chain[last_full].identity!r}; a replica replays at most {MAX_REPLAY_DELTAS} (publish a FULL snapshot)"
+        )
+    return chain[last_full], deltas
+
+
+def _check_delta_index(identity: str, previous: str, index: Mapping[str, Any]) -> None:
+    meta = index.get("metadata") or {}
+    if not isinstance(meta, dict) or "delta_encoding" not in meta:
+        raise SnapshotError(f"snapshot {identity!r} is listed as INCREMENTAL but its index has no delta_encoding")
+    if str(meta["delta_encoding"]).lower() != "xor":
+        raise SnapshotError(
+            f"snapshot {identity!r} uses delta_encoding {meta['delta_encoding']!r}; only xor is applied"
+        )
+    if str(meta.get("compression_format", "zstd")).lower() != "zstd":
+        raise SnapshotError(f"snapshot {identity!r} uses compression {meta['compression_format']!r}; only zstd is read")
+    checksum = str(meta.get("checksum_format", "")).lower().replace("-", "")
+    if checksum != "adler32":
+        raise SnapshotError(
+            f"snapshot {identity!r} has checksum_format {meta.get('checksum_format')!r}; adler32 needed"
+        )
+    if "version" in meta and meta["version"] != identity:
+        raise SnapshotError(f"snapshot {identity!r} has index metadata version {meta['version']!r}")
+    if "base_version" in meta and meta["base_version"] != previous:
+        raise SnapshotError(
+            f"snapshot {identity!r} is a delta over {meta['base_version']!r}, but the chain puts it after {previous!r}"
+        )
+
+
+def apply_chain(
+    source: SnapshotSource,
+    served: ServedWeights,
+    chain: Sequence[ChainLink],
+    *,
+    on_step: Callable[[str], None] | None = None,
+) -> ServedWeights:
+    """New weights for the last identity of ``chain``; ``served`` is never modified.
+
+    Every index is read and checked before any tensor is decoded; the codec verifies every
+    Adler-32 of the result before it is returned.
+
+    Raises:
+        SnapshotError: A missing object, a bad index, a broken link or a checksum mismatch
+            (:class:`~cwtrain.errors.SnapshotChecksumError`), naming the snapshot.
+    """
+    from cwtrain.hotload.codec import apply_delta, load_full
+
+    full, deltas = plan_chain(served.identity, chain)
+    if full is None and not deltas:
+        return served
+    indexes: list[tuple[ChainLink, dict[str, Any]]] = []
+    previous = served.identity if full is None else full.identity
+    if full is not None:
+        full_index = source.read_index(full.identity)
+        meta = full_index.get("metadata") or {}
+        if isinstance(meta, dict) and "delta_encoding" in meta:
+            raise SnapshotError(f"snapshot {full.identity!r} is listed as FULL but its index is a delta")
+        indexes.append((full, full_index))
+    for link in deltas:
+        if link.type != "INCREMENTAL":
+            raise SnapshotError(f"snapshot {link.identity!r} after the FULL root must be INCREMENTAL")
+        index = source.read_index(link.identity)
+        _check_delta_index(link.identity, previous, index)
+        indexes.append((link, index))
+        previous = link.identity
+    tensors: Mapping[str, TensorData] = served.tensors
+    for link, index in indexes:
+        if on_step:
+            on_step(link.identity)
+        shards = source.read_shards(link.identity, index)
+        if link.type == "FULL":
+            loaded = dict(load_full(index, shards))
+            if set(loaded) != set(served.tensors):
+                raise SnapshotError(f"FULL snapshot {link.identity!r} does not hold the served model's tensors")
+            tensors = loaded
+        else:
+            changed = apply_delta(tensors, index, shards)
+            tensors = {**tensors, **changed}
+    return ServedWeights.build(chain[-1].identity, served.config, tensors)
+
+
+def weights_file(served: ServedWeights) -> bytes:
+    """The served weights as one safetensors file (``__metadata__``: identity, config)."""
+    metadata = {"identity": served.identity, "config": json.dumps(served.config.to_json(), sort_keys=True)}
+    return weights_to_safetensors(served.lm.weights, metadata)
+
+
+def served_from_weights_file(data: bytes) -> ServedWeights:
+    """Weights copied from a peer's :func:`weights_file`."""
+    weights, metadata = weights_from_safetensors(data)
+    if "identity" not in metadata or "config" not in metadata:
+        raise SnapshotError("the peer's weights file has no identity/config metadata")
+    config = ModelConfig.from_json(json.loads(metadata["config"]))
+    return ServedWeights.build(metadata["identity"], config, to_tensor_data(weights))
