@@ -1,0 +1,999 @@
+"""The numpy codec: XOR + zstd + Adler-32 deltas and checksummed FULL snapshots.
+
+Encode (the trainer side)::
+
+    with DeltaEncoder(workers=None, memory_budget=None) as encoder:
+        snap = encoder.encode(new, base, version="run-v000002", base_version="run-v000001")
+    snap.empty          # no tensor changed: nothing to upload (spec 5.4)
+    snap.files          # shards as SnapshotFile (header + one zstd frame per changed tensor)
+    snap.index          # model.safetensors.index.json, in the uploaded form (spec 5.2)
+    snap.checksums      # Adler-32 of every new tensor (for manifests and FULL cuts)
+
+``new`` and ``base`` are ``Mapping[str, TensorData]`` (raw little-endian bytes in any
+bytes-like, or a :class:`FileRegion` of a safetensors file). The encoder XORs each
+tensor against its base, skips unchanged ones, and writes one zstd frame (level 1,
+content size set, no checksum) per changed tensor. Work runs in a thread pool (numpy,
+zstd and Adler-32 release the GIL); at most ``memory_budget`` bytes (default 1 GiB,
+``CWTRAIN_HOTLOAD_MEMORY_BUDGET``) of tensors are in flight; buffers are reused.
+Tensors larger than :data:`BIG_TENSOR_BYTES` are compressed with zstd's own worker
+threads (still one frame), so one big embedding does not serialise the run. The
+output depends only on the input: the same tensors always give the same bytes,
+whatever ``workers`` or ``memory_budget``.
+
+``encode_full(tensors)`` writes a FULL snapshot with every tensor's Adler-32 in the
+shard ``__metadata__`` (spec 3.3).
+
+Decode (engine replicas and the trainer's mirror)::
+
+    new = apply_delta(base, index, shards, base_version="run-v000001")
+    full = load_full(index, shards)
+    weights = replay_chain(full, [(index1, shards1), (index2, shards2)])
+
+``index`` is the parsed index dict, ``shards`` maps shard names to their bytes. Every
+frame and every Adler-32 is checked before anything is returned; errors are
+:class:`~cwtrain.errors.SnapshotError` (checksums: ``SnapshotChecksumError``) naming
+the shard and the tensor. The base is never modified. ``apply_delta_dir`` and
+``load_full_dir`` do the same from snapshot directories.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Buffer, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+
+from cwtrain.config import env_int
+from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
+from cwtrain.hotload.format import (
+    CHECKSUM_FORMAT,
+    COMPRESSION_FORMAT,
+    DEFAULT_SHARD_BYTES,
+    DELTA_ENCODING,
+    INDEX_NAME,
+    MAX_CHAIN_DELTAS,
+    SINGLE_FILE_NAME,
+    SafetensorsHeader,
+    SnapshotFile,
+    TensorData,
+    TensorEntry,
+    adler32,
+    check_delta_metadata,
+    dtype_nbytes,
+    encode_header,
+    generated_index_bytes,
+    header_of_bytes,
+    index_metadata,
+    is_delta_index,
+    local_index_bytes,
+    parse_index,
+    serialize_index,
+    shard_name,
+    upload_index_bytes,
+)
+
+__all__ = [
+    "BIG_TENSOR_BYTES",
+    "DEFAULT_MEMORY_BUDGET",
+    "DeltaEncoder",
+    "EncodeStats",
+    "EncodedSnapshot",
+    "FileRegion",
+    "ShardSink",
+    "apply_delta",
+    "apply_delta_dir",
+    "as_uint8",
+    "decode_frame",
+    "default_workers",
+    "load_full",
+    "load_full_dir",
+    "memory_budget_from_env",
+    "read_snapshot_dir",
+    "replay_chain",
+    "zstd_frame_size",
+]
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+#: Tensors above this size compress with zstd's worker threads (one frame still).
+#: Part of the output definition: changing it changes the bytes of big frames.
+BIG_TENSOR_BYTES = 64 << 20
+ZSTD_LEVEL = 1
+_CHUNK = 1 << 20
+_BIG_CHUNK = 4 << 20
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+U8Array = npt.NDArray[np.uint8]
+
+
+def default_workers() -> int:
+    """Threads used when ``workers`` is not given: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """``CWTRAIN_HOTLOAD_MEMORY_BUDGET`` in bytes (default 1 GiB, at least 1 MiB)."""
+    return env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET, environ, minimum=1 << 20)
+
+
+@dataclass(frozen=True)
+class FileRegion:
+    """Tensor bytes that live in a file: read with ``pread`` into reused buffers, never mapped."""
+
+    fd: int
+    offset: int
+    nbytes: int
+
+
+TensorSource = Buffer | FileRegion
+
+
+def as_uint8(data: Buffer) -> U8Array:
+    """A flat ``uint8`` view of a bytes-like object (no copy).
+
+    Raises:
+        ValueError: a numpy array that is not C-contiguous.
+    """
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            raise ValueError("tensor data must be C-contiguous")
+        return data.reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _nbytes(source: TensorSource) -> int:
+    if isinstance(source, FileRegion):
+        return source.nbytes
+    return memoryview(source).nbytes
+
+
+# ------------------------------------------------------------------------------ encode
+
+
+@dataclass(frozen=True)
+class EncodeStats:
+    """Figures of one encode.
+
+    Attributes:
+        tensors: tensors compared.
+        tensors_changed: tensors with at least one changed byte.
+        bytes_total: raw bytes of all new tensors.
+        bytes_changed: raw bytes of the changed tensors.
+        payload_bytes: compressed bytes written (frames only).
+        seconds: wall time of the encode.
+    """
+
+    tensors: int
+    tensors_changed: int
+    bytes_total: int
+    bytes_changed: int
+    payload_bytes: int
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        """``payload_bytes / bytes_total`` (0 for an empty checkpoint)."""
+        return self.payload_bytes / self.bytes_total if self.bytes_total else 0.0
+
+
+@dataclass(frozen=True)
+class EncodedSnapshot:
+    """An encoded snapshot held in memory.
+
+    Attributes:
+        files: the shards, in name order.
+        index: ``model.safetensors.index.json`` (uploaded form when both versions were
+            given, else the compact local form).
+        index_json: the index as a dict (the local form's content).
+        changed: names of changed tensors (ascending); every tensor for a FULL.
+        checksums: Adler-32 (8 hex) of every new tensor, changed or not.
+        empty: no tensor changed (never upload an empty delta).
+        stats: figures of the run.
+    """
+
+    files: list[SnapshotFile]
+    index: SnapshotFile
+    index_json: dict[str, Any]
+    changed: list[str]
+    checksums: dict[str, str]
+    empty: bool
+    stats: EncodeStats
+
+    @property
+    def all_files(self) -> list[SnapshotFile]:
+        """Shards, then the index (the upload order)."""
+        return [*self.files, self.index]
+
+
+@dataclass
+class _Encoded:
+    name: str
+    nbytes: int
+    adler: int
+    pieces: list[Buffer] | None  # None: unchanged
+    cost: int
+
+    @property
+    def payload(self) -> int:
+        return sum(memoryview(p).nbytes for p in self.pieces or ())
+
+
+class ShardSink:
+    """Receives changed tensors in ascending name order and packs them into shards.
+
+    The default keeps frames in memory and builds :class:`SnapshotFile` objects;
+    :mod:`cwtrain.hotload.delta` subclasses it to stream shards to disk.
+    """
+
+    def __init__(self, shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        if shard_bytes < 1:
+            raise ValueError("shard_bytes must be >= 1")
+        self.shard_bytes = shard_bytes
+        self.shards: list[list[tuple[str, list[Buffer], int]]] = []
+        self._size = 0
+
+    def add(self, name: str, pieces: list[Buffer], length: int) -> None:
+        """Append one tensor's frame (given as pieces totalling ``length`` bytes)."""
+        if not self.shards or (self.shards[-1] and self._size + length > self.shard_bytes):
+            if self.shards:
+                self.close_shard(len(self.shards) - 1)
+            self.shards.append([])
+            self._size = 0
+        self.shards[-1].append((name, pieces, length))
+        self._size += length
+
+    def close_shard(self, position: int) -> None:
+        """Called when shard ``position`` is full (its final name is not known yet)."""
+
+    def finish(self, checksums: Mapping[str, int]) -> list[SnapshotFile]:
+        """Build the shard files once every tensor is in; ``checksums`` are the Adler-32s."""
+        count = len(self.shards)
+        files = []
+        for position, members in enumerate(self.shards):
+            header = _delta_header(members, checksums)
+            buffers: list[Buffer] = [header]
+            for _, pieces, _ in members:
+                buffers.extend(pieces)
+            files.append(SnapshotFile(shard_name(position, count), tuple(buffers)))
+        return files
+
+    def weight_map(self) -> dict[str, str]:
+        """Tensor → shard name, ascending by tensor name."""
+        count = len(self.shards)
+        return {name: shard_name(i, count) for i, members in enumerate(self.shards) for name, _, _ in members}
+
+
+def _delta_header(members: Sequence[tuple[str, Any, int]], checksums: Mapping[str, int]) -> bytes:
+    entries = []
+    offset = 0
+    for name, _, length in members:
+        entries.append(TensorEntry(name, "U8", (length,), offset, offset + length))
+        offset += length
+    metadata = {name: f"{checksums[name]:08x}" for name, _, _ in members}
+    return encode_header(entries, metadata)
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.xor: U8Array = np.empty(0, np.uint8)
+        self.new_chunk: U8Array = np.empty(0, np.uint8)
+        self.old_chunk: U8Array = np.empty(0, np.uint8)
+        self.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
+
+    def xor_buffer(self, n: int) -> U8Array:
+        if self.xor.size < n:
+            self.xor = np.empty(n, np.uint8)
+        return self.xor[:n]
+
+    def chunks(self, n: int) -> tuple[U8Array, U8Array]:
+        if self.new_chunk.size < n:
+            self.new_chunk = np.empty(n, np.uint8)
+            self.old_chunk = np.empty(n, np.uint8)
+        return self.new_chunk, self.old_chunk
+
+
+def _read(source: TensorSource, offset: int, length: int, scratch: U8Array) -> U8Array:
+    if isinstance(source, FileRegion):
+        view = scratch[:length]
+        done = 0
+        while done < length:
+            got = os.preadv(source.fd, [memoryview(view)[done:]], source.offset + offset + done)
+            if got <= 0:
+                raise SnapshotError(f"file ended early while reading {length} bytes at {source.offset + offset}")
+            done += got
+        return view
+    return as_uint8(source)[offset : offset + length]
+
+
+class DeltaEncoder:
+    """Encodes XOR deltas (and checksummed FULL snapshots) from tensors in memory or files.
+
+    Args:
+        workers: threads (default: the CPUs available).
+        memory_budget: bytes of tensors in flight (default ``CWTRAIN_HOTLOAD_MEMORY_BUDGET``,
+            1 GiB); at least one tensor is always in flight.
+        shard_bytes: a shard is closed before its payload would pass this (default 2 GiB).
+
+    Use as a context manager, or call :meth:`close`; the thread pool and its buffers are
+    reused across calls.
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int | None = None,
+        memory_budget: int | None = None,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+    ) -> None:
+        self.workers = workers if workers is not None else default_workers()
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.memory_budget = memory_budget if memory_budget is not None else memory_budget_from_env()
+        self.shard_bytes = shard_bytes
+        self._pool: ThreadPoolExecutor | None = None
+        self._state = _ThreadState()
+
+    def __enter__(self) -> DeltaEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the thread pool."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The encoder's thread pool (started on first use)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="cwtrain-codec")
+        return self._pool
+
+    # -- public API
+
+    def encode(
+        self,
+        new: Mapping[str, TensorData],
+        base: Mapping[str, TensorData],
+        *,
+        version: str | None = None,
+        base_version: str | None = None,
+        sink: ShardSink | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> EncodedSnapshot:
+        """Encode the delta from ``base`` to ``new``.
+
+        Args:
+            new: the new tensors.
+            base: what is served (same names, dtypes and shapes).
+            version: the new version or identity (index ``metadata.version``).
+            base_version: the predecessor's version or identity.
+            sink: where shards go (default: memory).
+            on_progress: called with raw bytes done as tensors finish.
+
+        Raises:
+            SnapshotError: tensor sets, dtypes, shapes or sizes differ (publish FULL).
+        """
+        start = time.perf_counter()
+        names = check_compatible(new, base)
+        sink = sink if sink is not None else ShardSink(self.shard_bytes)
+        checksums: dict[str, int] = {}
+        changed: list[str] = []
+        total = changed_bytes = payload = 0
+
+        def task(name: str) -> _Encoded:
+            return self._encode_one(name, new[name], base[name])
+
+        for result in self._ordered(names, task, lambda name: new[name].nbytes):
+            checksums[result.name] = result.adler
+            total += result.nbytes
+            if result.pieces is not None:
+                length = result.payload
+                sink.add(result.name, result.pieces, length)
+                changed.append(result.name)
+                changed_bytes += result.nbytes
+                payload += length
+            if on_progress is not None:
+                on_progress(result.nbytes)
+        files = sink.finish(checksums)
+        metadata: dict[str, Any] = {}
+        if version is not None:
+            metadata["version"] = version
+        if base_version is not None:
+            metadata["base_version"] = base_version
+        metadata.update(
+            delta_encoding=DELTA_ENCODING, compression_format=COMPRESSION_FORMAT, checksum_format=CHECKSUM_FORMAT
+        )
+        index_json = {"metadata": metadata, "weight_map": sink.weight_map()}
+        if version is not None and base_version is not None:
+            index_bytes = upload_index_bytes(index_json, version=version, base_version=base_version)
+        else:
+            index_bytes = local_index_bytes(index_json)
+        stats = EncodeStats(len(names), len(changed), total, changed_bytes, payload, time.perf_counter() - start)
+        return EncodedSnapshot(
+            files=files,
+            index=SnapshotFile.from_bytes(INDEX_NAME, index_bytes),
+            index_json=index_json,
+            changed=changed,
+            checksums={name: f"{value:08x}" for name, value in checksums.items()},
+            empty=not changed,
+            stats=stats,
+        )
+
+    def iter_files(
+        self,
+        new: Mapping[str, TensorData],
+        base: Mapping[str, TensorData],
+        *,
+        version: str | None = None,
+        base_version: str | None = None,
+    ) -> Iterator[SnapshotFile]:
+        """Yield the shards, then the index last (nothing at all for an empty delta).
+
+        Shard names carry the shard count, so shards are yielded once encoding ends.
+        """
+        snap = self.encode(new, base, version=version, base_version=base_version)
+        if snap.empty:
+            return
+        yield from snap.files
+        yield snap.index
+
+    def checksums(self, tensors: Mapping[str, TensorData]) -> dict[str, str]:
+        """Adler-32 (8 hex) of every tensor, computed in the thread pool."""
+        names = sorted(tensors)
+        out: dict[str, str] = {}
+
+        def task(name: str) -> _Encoded:
+            return _Encoded(name, tensors[name].nbytes, _adler_of(tensors[name].data, self._state), None, 0)
+
+        for result in self._ordered(names, task, lambda name: min(tensors[name].nbytes, _CHUNK)):
+            out[result.name] = f"{result.adler:08x}"
+        return {name: out[name] for name in tensors}
+
+    def encode_full(
+        self,
+        tensors: Mapping[str, TensorData],
+        *,
+        layout: Mapping[str, str] | None = None,
+        shard_metadata: Mapping[str, str] | None = None,
+        index_meta: Mapping[str, Any] | None = None,
+        checksums: Mapping[str, str] | None = None,
+    ) -> EncodedSnapshot:
+        """A FULL snapshot with checksums (spec 3.3) from tensors in memory.
+
+        Args:
+            tensors: the weights, in the order they are written.
+            layout: tensor → shard file name; default one ``model.safetensors`` up to
+                ``shard_bytes``, else HF-style 1-based ``model-{i:05d}-of-{N:05d}``.
+            shard_metadata: ``__metadata__`` entries before the checksums
+                (default ``{"format": "pt"}``).
+            index_meta: the index ``metadata`` to keep; ``total_size`` and
+                ``checksum_format`` are set (appended when new).
+            checksums: Adler-32s already known (else computed).
+        """
+        start = time.perf_counter()
+        known = dict(checksums) if checksums is not None else self.checksums(tensors)
+        if layout is None:
+            layout = _default_layout(tensors, self.shard_bytes)
+        groups: dict[str, list[str]] = {}
+        for name in tensors:
+            shard = layout.get(name)
+            if shard is None:
+                raise SnapshotError(f"tensor {name!r} has no shard in the layout")
+            groups.setdefault(shard, []).append(name)
+        files = []
+        for shard, members in groups.items():
+            entries = []
+            offset = 0
+            for name in members:
+                t = tensors[name]
+                size = _checked_size(t, f"tensor {name!r}")
+                entries.append(TensorEntry(name, t.dtype, tuple(t.shape), offset, offset + size))
+                offset += size
+            meta = dict(shard_metadata) if shard_metadata is not None else {"format": "pt"}
+            for name in members:
+                meta[name] = known[name]
+            buffers: list[Buffer] = [encode_header(entries, meta)]
+            buffers.extend(tensors[name].data for name in members if tensors[name].nbytes)
+            files.append(SnapshotFile(shard, tuple(buffers)))
+        total = sum(t.nbytes for t in tensors.values())
+        metadata = dict(index_meta or {})
+        metadata.pop("delta_encoding", None)
+        metadata["total_size"] = total
+        metadata["checksum_format"] = CHECKSUM_FORMAT
+        index_json = {"metadata": metadata, "weight_map": {name: layout[name] for name in tensors}}
+        stats = EncodeStats(len(tensors), len(tensors), total, total, total, time.perf_counter() - start)
+        return EncodedSnapshot(
+            files=sorted(files, key=lambda f: f.name),
+            index=SnapshotFile.from_bytes(INDEX_NAME, serialize_index(index_json)),
+            index_json=index_json,
+            changed=list(tensors),
+            checksums={name: known[name] for name in tensors},
+            empty=False,
+            stats=stats,
+        )
+
+    # -- machinery
+
+    def _ordered(
+        self, names: Sequence[str], task: Callable[[str], _Encoded], cost: Callable[[str], int]
+    ) -> Iterator[_Encoded]:
+        """Run ``task`` over ``names`` in the pool; yield results in order, within the budget."""
+        pending: deque[tuple[Future[_Encoded], int]] = deque()
+        in_flight = 0
+        try:
+            for name in names:
+                weight = max(1, min(cost(name), BIG_TENSOR_BYTES))
+                while pending and (in_flight + weight > self.memory_budget or len(pending) >= 4 * self.workers):
+                    future, held = pending.popleft()
+                    in_flight -= held
+                    yield future.result()
+                pending.append((self.pool.submit(task, name), weight))
+                in_flight += weight
+            while pending:
+                future, held = pending.popleft()
+                yield future.result()
+        finally:
+            for future, _ in pending:
+                future.cancel()
+            for future, _ in pending:
+                if not future.cancelled():
+                    future.exception()
+
+    def _encode_one(self, name: str, new: TensorData, old: TensorData) -> _Encoded:
+        n = new.nbytes
+        if n > BIG_TENSOR_BYTES:
+            return self._encode_big(name, new.data, old.data, n)
+        state = self._state
+        xor = state.xor_buffer(n)
+        new_scratch, old_scratch = state.chunks(min(n, _CHUNK))
+        changed = False
+        value = 1
+        for offset in range(0, n, _CHUNK):
+            length = min(_CHUNK, n - offset)
+            a = _read(new.data, offset, length, new_scratch)
+            b = _read(old.data, offset, length, old_scratch)
+            part = xor[offset : offset + length]
+            np.bitwise_xor(a, b, out=part)
+            if not changed and part.any():
+                changed = True
+            value = adler32(a, value)
+        if not changed:
+            return _Encoded(name, n, value, None, n)
+        return _Encoded(name, n, value, [state.cctx.compress(memoryview(xor))], n)
+
+    def _encode_big(self, name: str, new: TensorSource, old: TensorSource, n: int) -> _Encoded:
+        state = self._state
+        new_scratch, old_scratch = state.chunks(_BIG_CHUNK)
+        xor = state.xor_buffer(_BIG_CHUNK)
+        compressor: Any = None
+        pieces: list[Buffer] = []
+        zero_prefix = 0
+        value = 1
+        for offset in range(0, n, _BIG_CHUNK):
+            length = min(_BIG_CHUNK, n - offset)
+            a = _read(new, offset, length, new_scratch)
+            b = _read(old, offset, length, old_scratch)
+            part = xor[:length]
+            np.bitwise_xor(a, b, out=part)
+            value = adler32(a, value)
+            if compressor is None:
+                if not part.any():
+                    zero_prefix = offset + length
+                    continue
+                compressor = zstandard.ZstdCompressor(
+                    level=ZSTD_LEVEL, write_content_size=True, write_checksum=False, threads=self.workers
+                ).compressobj(size=n)
+                zeros = np.zeros(min(_BIG_CHUNK, max(zero_prefix, 1)), np.uint8)
+                for z in range(0, zero_prefix, zeros.size):
+                    _append(pieces, compressor.compress(zeros[: min(zeros.size, zero_prefix - z)]))
+            _append(pieces, compressor.compress(part))
+        if compressor is None:
+            return _Encoded(name, n, value, None, _BIG_CHUNK)
+        _append(pieces, compressor.flush())
+        return _Encoded(name, n, value, pieces, _BIG_CHUNK)
+
+
+def _append(pieces: list[Buffer], chunk: bytes) -> None:
+    if chunk:
+        pieces.append(chunk)
+
+
+def _adler_of(data: TensorSource, state: _ThreadState) -> int:
+    n = _nbytes(data)
+    if not isinstance(data, FileRegion):
+        return adler32(as_uint8(data))
+    scratch, _ = state.chunks(min(max(n, 1), _BIG_CHUNK))
+    value = 1
+    for offset in range(0, n, _BIG_CHUNK):
+        length = min(_BIG_CHUNK, n - offset)
+        value = adler32(_read(data, offset, length, scratch), value)
+    return value
+
+
+def _checked_size(tensor: TensorData, where: str) -> int:
+    size = dtype_nbytes(tensor.dtype, tensor.shape, where=where)
+    if size != tensor.nbytes:
+        raise SnapshotError(
+            f"{where}: {tensor.dtype} {list(tensor.shape)} needs {size} bytes, data has {tensor.nbytes}"
+        )
+    return size
+
+
+def check_compatible(new: Mapping[str, TensorData], base: Mapping[str, TensorData]) -> list[str]:
+    """Sorted tensor names, after checking both sides hold the same tensors.
+
+    Raises:
+        SnapshotError: a tensor is missing on one side, or its dtype, shape or size
+            differs (a delta cannot express that; publish a FULL snapshot).
+    """
+    missing = sorted(set(base) - set(new))
+    extra = sorted(set(new) - set(base))
+    if missing or extra:
+        parts = []
+        if extra:
+            parts.append(f"new tensors not in the base: {', '.join(extra[:5])}")
+        if missing:
+            parts.append(f"base tensors missing from the new weights: {', '.join(missing[:5])}")
+        raise SnapshotError("tensor sets differ (" + "; ".join(parts) + "); publish a FULL snapshot instead")
+    names = sorted(new)
+    for name in names:
+        a, b = new[name], base[name]
+        if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+            raise SnapshotError(
+                f"tensor {name!r} changed from {b.dtype} {list(b.shape)} to {a.dtype} {list(a.shape)}; "
+                "a delta cannot change dtypes or shapes: publish a FULL snapshot instead"
+            )
+        _checked_size(a, f"new tensor {name!r}")
+        _checked_size(b, f"base tensor {name!r}")
+    return names
+
+
+def _default_layout(tensors: Mapping[str, TensorData], shard_bytes: int) -> dict[str, str]:
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in tensors.items():
+        if groups[-1] and size + tensor.nbytes > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += tensor.nbytes
+    if len(groups) == 1:
+        return dict.fromkeys(tensors, SINGLE_FILE_NAME)
+    count = len(groups)
+    return {name: f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i, group in enumerate(groups) for name in group}
+
+
+# ------------------------------------------------------------------------------ decode
+
+
+def zstd_frame_size(frame: Buffer) -> int:
+    """Length of the one zstd frame at the start of ``frame``, by walking its block headers.
+
+    Raises:
+        ValueError: not a zstd frame, a dictionary frame, a reserved block type, or a
+            frame that runs past the end (truncated).
+    """
+    view = memoryview(frame).cast("B")
+    if view.nbytes < 6 or bytes(view[:4]) != _ZSTD_MAGIC:
+        raise ValueError("not a zstd frame (bad magic)")
+    descriptor = view[4]
+    if descriptor & 0x08:
+        raise ValueError("reserved bit set in the frame header")
+    single = (descriptor >> 5) & 1
+    dict_size = (0, 1, 2, 4)[descriptor & 3]
+    if dict_size:
+        raise ValueError("frame needs a dictionary")
+    fcs_size = (single, 2, 4, 8)[descriptor >> 6]
+    position = 5 + (0 if single else 1) + dict_size + fcs_size
+    end = view.nbytes
+    while True:
+        if position + 3 > end:
+            raise ValueError("truncated zstd frame")
+        block = int.from_bytes(view[position : position + 3], "little")
+        position += 3
+        kind = (block >> 1) & 3
+        if kind == 3:
+            raise ValueError("reserved zstd block type")
+        position += 1 if kind == 1 else block >> 3
+        if position > end:
+            raise ValueError("truncated zstd frame")
+        if block & 1:
+            break
+    if descriptor & 0x04:
+        position += 4
+        if position > end:
+            raise ValueError("truncated zstd frame")
+    return position
+
+
+def decode_frame(frame: Buffer, nbytes: int) -> U8Array:
+    """Decompress one payload that must be exactly one zstd frame of ``nbytes`` content.
+
+    Raises:
+        ValueError: malformed, truncated, trailing bytes, or a content size other than
+            ``nbytes`` (absent included).
+    """
+    view = memoryview(frame).cast("B")
+    size = zstd_frame_size(view)
+    if size != view.nbytes:
+        raise ValueError(f"{view.nbytes - size} bytes after the zstd frame (expected exactly one frame)")
+    content = zstandard.frame_content_size(view)
+    if content != nbytes:
+        shown = "absent" if content < 0 else str(content)
+        raise ValueError(f"frame content size is {shown}, the tensor has {nbytes} bytes")
+    try:
+        out = zstandard.ZstdDecompressor().decompress(view, max_output_size=max(nbytes, 1))
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"corrupt zstd frame: {exc}") from None
+    if len(out) != nbytes:
+        raise ValueError(f"frame decompressed to {len(out)} bytes, the tensor has {nbytes}")
+    return np.frombuffer(out, np.uint8)
+
+
+def _shard_headers(index: Mapping[str, Any], shards: Mapping[str, Buffer], source: str) -> dict[str, SafetensorsHeader]:
+    headers: dict[str, SafetensorsHeader] = {}
+    weight_map: Mapping[str, str] = index.get("weight_map") or {}
+    for shard in dict.fromkeys(weight_map.values()):
+        if shard not in shards:
+            raise SnapshotNotFoundError(f"{source}: shard {shard} named in the index is missing")
+        headers[shard] = header_of_bytes(shards[shard], source=f"{source}/{shard}")
+    for shard, header in headers.items():
+        for name in header.tensors:
+            if weight_map.get(name) != shard:
+                raise SnapshotError(f"{source}/{shard}: tensor {name!r} is in the shard but not mapped to it")
+    for name, shard in weight_map.items():
+        if name not in headers[shard].tensors:
+            raise SnapshotError(f"{source}: tensor {name!r} is mapped to {shard} but not in its header")
+    return headers
+
+
+def _tensor_bytes(shard: Buffer, header: SafetensorsHeader, entry: TensorEntry) -> U8Array:
+    return as_uint8(shard)[header.data_start + entry.begin : header.data_start + entry.end]
+
+
+def _expected_checksum(header: SafetensorsHeader, name: str, where: str, *, required: bool) -> int | None:
+    text = (header.metadata or {}).get(name)
+    if text is None:
+        if required:
+            raise SnapshotError(f"{where}: no Adler-32 for the tensor in the shard __metadata__")
+        return None
+    if len(text) != 8 or any(c not in "0123456789abcdef" for c in text):
+        raise SnapshotError(f"{where}: checksum {text!r} is not 8 lowercase hex digits")
+    return int(text, 16)
+
+
+def apply_delta(
+    base: Mapping[str, TensorData],
+    index: Mapping[str, Any],
+    shards: Mapping[str, Buffer],
+    *,
+    base_version: str | None = None,
+    workers: int | None = None,
+    source: str = "delta",
+) -> dict[str, TensorData]:
+    """Apply a delta to ``base`` and return the new weights; ``base`` is not modified.
+
+    Every frame is decoded and every Adler-32 checked before anything is returned.
+
+    Args:
+        base: the predecessor's tensors.
+        index: the delta's parsed index (``metadata`` with ``delta_encoding``).
+        shards: shard name → shard bytes.
+        base_version: when given, the index ``metadata.base_version`` must equal it.
+        workers: decode threads (default: CPUs available).
+        source: how errors name the delta (a path or URI).
+
+    Raises:
+        SnapshotError: wrong encoding, wrong base version, missing shard or tensor,
+            malformed or truncated frame, a size that does not match the base.
+        SnapshotChecksumError: an Adler-32 does not match.
+    """
+    metadata = index_metadata(index)
+    if not is_delta_index(index):
+        raise SnapshotError(f"{source}: not a delta (index metadata has no delta_encoding)")
+    check_delta_metadata(metadata, source=source)
+    if base_version is not None and str(metadata.get("base_version")) != base_version:
+        raise SnapshotError(
+            f"{source}: delta is against base_version {metadata.get('base_version')!r}, "
+            f"but it is being applied to {base_version!r}"
+        )
+    headers = _shard_headers(index, shards, source)
+    weight_map: Mapping[str, str] = index["weight_map"]
+    jobs = []
+    for name, shard in weight_map.items():
+        where = f"{source}/{shard}: tensor {name!r}"
+        entry = headers[shard].tensors[name]
+        if entry.dtype != "U8" or len(entry.shape) != 1:
+            raise SnapshotError(f"{where}: delta payloads must be 1-D U8, got {entry.dtype} {list(entry.shape)}")
+        if name not in base:
+            raise SnapshotError(f"{where}: the base has no such tensor")
+        expected = _expected_checksum(headers[shard], name, where, required=True)
+        jobs.append((name, shard, entry, expected, where))
+
+    def decode(job: tuple[str, str, TensorEntry, int | None, str]) -> tuple[str, U8Array]:
+        name, shard, entry, expected, where = job
+        old = base[name]
+        old_bytes = as_uint8(old.data)
+        try:
+            xor = decode_frame(_tensor_bytes(shards[shard], headers[shard], entry), old_bytes.size)
+        except ValueError as exc:
+            raise SnapshotError(f"{where}: {exc}") from None
+        out = np.bitwise_xor(xor, old_bytes)
+        actual = adler32(out)
+        if actual != expected:
+            raise SnapshotChecksumError(
+                f"{where}: Adler-32 of the result is {actual:08x}, expected {expected:08x} "
+                "(wrong base weights or corrupt delta)"
+            )
+        return name, out
+
+    results = _map(decode, jobs, workers)
+    out = dict(base)
+    for name, data in results:
+        old = base[name]
+        out[name] = TensorData(old.dtype, tuple(old.shape), data)
+    return out
+
+
+def load_full(
+    index: Mapping[str, Any],
+    shards: Mapping[str, Buffer],
+    *,
+    verify: bool = True,
+    workers: int | None = None,
+    source: str = "snapshot",
+) -> dict[str, TensorData]:
+    """Read a FULL snapshot's tensors (views into ``shards``, in weight-map order).
+
+    With ``verify``, every Adler-32 in the shard ``__metadata__`` is checked (all are
+    required when the index says ``checksum_format: adler32``) before returning.
+
+    Raises:
+        SnapshotError: a delta index, a missing shard, a malformed header.
+        SnapshotChecksumError: an Adler-32 does not match.
+    """
+    if is_delta_index(index):
+        raise SnapshotError(f"{source}: is a delta (index metadata has delta_encoding), not a FULL snapshot")
+    weight_map: Mapping[str, str] = index.get("weight_map") or {}
+    if not weight_map:
+        raise SnapshotError(f"{source}: the index maps no tensors")
+    headers = _shard_headers(index, shards, source)
+    required = str(index_metadata(index).get("checksum_format", "")).lower().replace("-", "") == CHECKSUM_FORMAT
+    tensors: dict[str, TensorData] = {}
+    checks = []
+    for name, shard in weight_map.items():
+        header = headers[shard]
+        entry = header.tensors[name]
+        data = _tensor_bytes(shards[shard], header, entry)
+        tensors[name] = TensorData(entry.dtype, entry.shape, data)
+        if verify:
+            where = f"{source}/{shard}: tensor {name!r}"
+            expected = _expected_checksum(header, name, where, required=required)
+            if expected is not None:
+                checks.append((where, data, expected))
+
+    def check(job: tuple[str, U8Array, int]) -> None:
+        where, data, expected = job
+        actual = adler32(data)
+        if actual != expected:
+            raise SnapshotChecksumError(f"{where}: Adler-32 is {actual:08x}, expected {expected:08x}")
+
+    _map(check, checks, workers)
+    return tensors
+
+
+def replay_chain(
+    root: Mapping[str, TensorData],
+    deltas: Sequence[tuple[Mapping[str, Any], Mapping[str, Buffer]]],
+    *,
+    root_version: str | None = None,
+    workers: int | None = None,
+) -> dict[str, TensorData]:
+    """Apply ``deltas`` in order on the FULL ``root``; each must follow the previous one.
+
+    Raises:
+        SnapshotError: more than 63 deltas, or a delta whose ``base_version`` is not
+            the previous delta's ``version`` (or ``root_version`` for the first).
+    """
+    if len(deltas) > MAX_CHAIN_DELTAS:
+        raise SnapshotError(f"chain of {len(deltas)} deltas exceeds {MAX_CHAIN_DELTAS}; publish a FULL snapshot")
+    weights = dict(root)
+    previous = root_version
+    for position, (index, shards) in enumerate(deltas):
+        source = f"delta #{position + 1} ({index_metadata(index).get('version', '?')})"
+        weights = apply_delta(weights, index, shards, base_version=previous, workers=workers, source=source)
+        version = index_metadata(index).get("version")
+        previous = None if version is None else str(version)
+    return weights
+
+
+def _map(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | None) -> list[Any]:
+    count = workers if workers is not None else default_workers()
+    if count <= 1 or len(jobs) <= 1:
+        return [fn(job) for job in jobs]
+    with ThreadPoolExecutor(min(count, len(jobs)), thread_name_prefix="cwtrain-decode") as pool:
+        return list(pool.map(fn, jobs))
+
+
+# --------------------------------------------------------------------------- directories
+
+
+@dataclass
+class SnapshotDir:
+    """A snapshot directory read for decoding: its index and its shards (memory-mapped)."""
+
+    path: Path
+    index: dict[str, Any]
+    shards: dict[str, Buffer] = field(default_factory=dict)
+    index_generated: bool = False
+
+
+def read_snapshot_dir(path: str | Path) -> SnapshotDir:
+    """Read a snapshot directory's index (or generate it for a lone ``model.safetensors``)
+    and map its shards read-only.
+
+    Raises:
+        SnapshotNotFoundError: no directory, no index (and no ``model.safetensors``), or
+            a shard named in the index is absent.
+    """
+    import mmap
+
+    root = Path(path)
+    if not root.is_dir():
+        raise SnapshotNotFoundError(f"{root}: not a directory")
+    index_path = root / INDEX_NAME
+    generated = False
+    if index_path.is_file():
+        index = parse_index(index_path.read_bytes(), source=str(index_path))
+    elif (root / SINGLE_FILE_NAME).is_file():
+        from cwtrain.hotload.format import read_header
+
+        header = read_header(root / SINGLE_FILE_NAME)
+        index = parse_index(generated_index_bytes(header), source=str(root / SINGLE_FILE_NAME))
+        generated = True
+    else:
+        raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no {SINGLE_FILE_NAME})")
+    shards: dict[str, Buffer] = {}
+    for shard in dict.fromkeys(index["weight_map"].values()):
+        shard_path = root / shard
+        if not shard_path.is_file():
+            raise SnapshotNotFoundError(f"{root}: shard {shard} named in the index is missing")
+        with open(shard_path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            shards[shard] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    return SnapshotDir(root, index, shards, generated)
+
+
+def load_full_dir(path: str | Path, *, verify: bool = True, workers: int | None = None) -> dict[str, TensorData]:
+    """:func:`load_full` on a directory (tensors are views of memory-mapped shards)."""
+    snap = read_snapshot_dir(path)
+    return load_full(snap.index, snap.shards, verify=verify, workers=workers, source=str(snap.path))
+
+
+def apply_delta_dir(
+    base: Mapping[str, TensorData] | str | Path,
+    delta: str | Path,
+    *,
+    base_version: str | None = None,
+    workers: int | None = None,
+) -> dict[str, TensorData]:
+    """:func:`apply_delta` with the delta (and optionally the base) read from directories."""
+    if isinstance(base, (str, Path)):
+        base = load_full_dir(base, workers=workers)
+    snap = read_snapshot_dir(delta)
+    return apply_delta(base, snap.index, snap.shards, base_version=base_version, workers=workers, source=str(snap.path))
