@@ -231,7 +231,8 @@ class InferenceClient:
                 "no API token: pass --token or set COREWEAVE_API_TOKEN (or CW_API_TOKEN); "
                 "CWTRAIN_API_HEADERS may supply an Authorization header instead"
             )
-        self._secrets = [v for v in (resolved or "", *extra.values()) if v]
+        # Values long enough to be secrets (masking one-letter values would garble every message).
+        self._secrets = [v for v in (resolved or "", *extra.values()) if len(v) >= 8]
         all_headers = {"Accept": "application/json", "User-Agent": user_agent}
         if resolved:
             all_headers["Authorization"] = f"Bearer {resolved}"
@@ -277,7 +278,12 @@ class InferenceClient:
         try:
             response = self._http.request(method, path, params=params, json=body)
         except httpx.HTTPError as exc:
-            raise TransportError(self._mask(f"{method} {self.base_url}{API_PATH}{path} failed: {exc}")) from None
+            raise TransportError(
+                self._mask(
+                    f"cannot reach the API: {method} {self.base_url}{API_PATH}{path} failed ({exc or type(exc).__name__}); "
+                    "check --base-url / COREWEAVE_API_URL and the network"
+                )
+            ) from None
         log.debug("%s %s -> HTTP %d", method, path, response.status_code)
         if response.status_code >= 400:
             error = _error_from_response(response)

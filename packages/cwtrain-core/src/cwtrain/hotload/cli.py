@@ -1,0 +1,277 @@
+"""The ``hotload`` command group: publish weights to a deployment and follow hot-loads.
+
+::
+
+    cwtrain hotload inspect DIR [--previous-identity ID]            # local, no network
+    cwtrain hotload check --deployment ID                           # or --bucket B --prefix P
+    cwtrain hotload publish --deployment ID --checkpoint DIR --identity ID [--previous-identity ID]
+    cwtrain hotload trigger --deployment ID --identity ID [--previous-identity ID]
+    cwtrain hotload wait HOTLOAD_ID / status HOTLOAD_ID / cancel HOTLOAD_ID
+    cwtrain hotload list --deployment ID [--limit 20]
+    cwtrain hotload rollback --deployment ID --identity ID
+
+stdout: one JSON document (hot-load view, ``{"hot_load", "replicas"}``, snapshot info,
+...); stderr: logs, upload progress (bytes, rate, ETA) and hot-load state changes.
+Exit 0 on success (also ``--no-wait``), 1 on any cwtrain error or when the printed
+hot-load ended FAILED/CANCELED, 2 on a usage error. See ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from cwtrain.cli.output import emit
+from cwtrain.errors import CWTrainError, HotLoadFailedError
+from cwtrain.infra.cli import client_from_args, positive_float, positive_int
+from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
+from cwtrain.infra.models import HotLoad
+
+__all__ = ["register"]
+
+log = logging.getLogger("cwtrain.cli")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``hotload`` group to the ``cwtrain`` parser."""
+    group = subparsers.add_parser(
+        "hotload",
+        help="publish snapshots and follow hot-loads",
+        description="publish snapshots to a deployment by checkpoint hot-load and follow them",
+    )
+    commands = group.add_subparsers(dest="command", metavar="<command>", parser_class=type(group))
+    commands.required = True
+
+    p = commands.add_parser("inspect", help="validate a snapshot directory locally (no network)")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--previous-identity", help="predecessor of a delta (default from its index)")
+    p.set_defaults(func=_inspect)
+
+    p = commands.add_parser("publish", help="inspect, upload, create the hot-load and wait")
+    _deployment(p)
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="snapshot directory (FULL or delta)")
+    _identity_options(p)
+    p.add_argument("--workers", type=positive_int, default=8, help="files uploaded in parallel (8)")
+    p.set_defaults(func=_publish)
+
+    p = commands.add_parser("trigger", help="create the hot-load of an uploaded snapshot and wait")
+    _deployment(p)
+    _identity_options(p)
+    p.set_defaults(func=_trigger)
+
+    p = commands.add_parser("wait", help="wait until a hot-load ends")
+    p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
+    p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
+    p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    p.set_defaults(func=_wait)
+
+    p = commands.add_parser("status", help="a hot-load and all its replicas")
+    p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
+    p.set_defaults(func=_status)
+
+    p = commands.add_parser("list", help="a deployment's hot-loads, newest first")
+    _deployment(p)
+    p.add_argument("--limit", type=positive_int, default=20, help="at most N (20)")
+    p.set_defaults(func=_list)
+
+    p = commands.add_parser("check", help="check object-store permissions on the hot-load prefix")
+    p.add_argument("--deployment", help="deployment whose hotLoad bucket/prefix to check")
+    p.add_argument("--bucket", help="bucket to check (without --deployment)")
+    p.add_argument("--prefix", default="", help="path prefix to check with --bucket")
+    p.set_defaults(func=_check)
+
+    p = commands.add_parser("rollback", help="re-activate an identity that was served before")
+    _deployment(p)
+    p.add_argument("--identity", required=True, help="identity to go back to")
+    p.add_argument("--reset-prompt-cache", action="store_true", help="send PROMPT_CACHE_POLICY_RESET_ALL")
+    p.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
+    p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
+    p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    p.set_defaults(func=_rollback)
+
+    p = commands.add_parser("cancel", help="ask the service to cancel a hot-load (not implemented by it yet)")
+    p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
+    p.set_defaults(func=_cancel)
+
+
+def _deployment(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--deployment", required=True, metavar="ID", help="target deployment id")
+
+
+def _identity_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--identity", required=True, help="snapshot identity (one path segment)")
+    parser.add_argument("--previous-identity", help="predecessor of a delta")
+    parser.add_argument("--reset-prompt-cache", action="store_true", help="send PROMPT_CACHE_POLICY_RESET_ALL")
+    parser.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
+    parser.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds, one budget (1800)")
+    parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+
+
+def _policy(args: argparse.Namespace) -> PromptCachePolicy | None:
+    return PromptCachePolicy.RESET_ALL if args.reset_prompt_cache else None
+
+
+def _loader(args: argparse.Namespace, api: Any, deployment_id: str) -> Any:
+    from cwtrain.hotload.loader import HotLoader
+
+    return HotLoader(
+        api,
+        deployment_id,
+        timeout=getattr(args, "timeout", 1800.0),
+        poll_interval=getattr(args, "poll_interval", 5.0),
+    )
+
+
+def _finish(hot_load: HotLoad, error: HotLoadFailedError | None = None) -> int:
+    """Print the hot-load view; exit 1 when it ended but not COMPLETED."""
+    emit(hot_load)
+    if hot_load.terminal and hot_load.state is not HotLoadState.COMPLETED:
+        text = str(error) if error is not None else f"hot-load {hot_load.id} of {hot_load.identity!r} ended "
+        if error is None:
+            text += hot_load.state.name
+        print(f"error: {' '.join(text.split())}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _wait_and_finish(loader: Any, hot_load: HotLoad, args: argparse.Namespace, timeout: float) -> int:
+    if args.no_wait:
+        return _finish(hot_load)
+    try:
+        final = loader.wait(hot_load.id, timeout=timeout)
+    except HotLoadFailedError as error:
+        return _finish(error.hot_load, error)
+    return _finish(final)
+
+
+# --------------------------------------------------------------------- commands
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from cwtrain.hotload.inspect import inspect_snapshot
+
+    info = inspect_snapshot(args.dir, previous_identity=args.previous_identity)
+    emit(info.to_json())
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    import time
+
+    from cwtrain.progress import ByteProgress
+
+    start = time.monotonic()
+    with client_from_args(args) as api:
+        loader = _loader(args, api, args.deployment)
+        progress: list[ByteProgress] = []
+
+        def on_file(*event: Any) -> None:
+            nbytes = _bytes_of(event)
+            if nbytes and progress:
+                progress[0](nbytes)
+
+        from cwtrain.hotload.inspect import inspect_snapshot
+
+        total = inspect_snapshot(args.checkpoint, previous_identity=args.previous_identity).total_bytes
+        progress.append(ByteProgress(f"uploading {args.identity}", int(total)))
+        info = loader.upload(
+            args.checkpoint,
+            args.identity,
+            previous_identity=args.previous_identity,
+            workers=args.workers,
+            on_file=on_file,
+        )
+        progress[0].close()
+        remaining = max(1e-3, args.timeout - (time.monotonic() - start))
+        loader.wait_for_deployment_ready(timeout=remaining)
+        remaining = max(1e-3, args.timeout - (time.monotonic() - start))
+        hot_load = loader.trigger(args.identity, info, prompt_cache_policy=_policy(args), timeout=remaining)
+        remaining = max(1e-3, args.timeout - (time.monotonic() - start))
+        return _wait_and_finish(loader, hot_load, args, remaining)
+
+
+def _bytes_of(event: tuple[Any, ...]) -> int:
+    """Bytes finished from an upload callback's arguments (an int, or an object with ``size``)."""
+    for item in reversed(event):
+        if isinstance(item, int) and not isinstance(item, bool):
+            return item
+        size = getattr(item, "size", None)
+        if isinstance(size, int):
+            return size
+    return 0
+
+
+def _trigger(args: argparse.Namespace) -> int:
+    import time
+
+    start = time.monotonic()
+    with client_from_args(args) as api:
+        loader = _loader(args, api, args.deployment)
+        hot_load = loader.trigger(
+            args.identity,
+            previous_identity=args.previous_identity,
+            prompt_cache_policy=_policy(args),
+            timeout=args.timeout,
+        )
+        return _wait_and_finish(loader, hot_load, args, max(1e-3, args.timeout - (time.monotonic() - start)))
+
+
+def _wait(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        hot_load = api.get_hot_load(args.hot_load_id)
+        loader = _loader(args, api, hot_load.deployment_id or "unknown")
+        try:
+            final = loader.wait(hot_load.id, timeout=args.timeout)
+        except HotLoadFailedError as error:
+            return _finish(error.hot_load, error)
+        return _finish(final)
+
+
+def _status(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        hot_load = api.get_hot_load(args.hot_load_id)
+        replicas = api.list_hot_load_replicas(args.hot_load_id)
+        emit({"hot_load": hot_load.to_json(), "replicas": [r.to_json() for r in replicas]})
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        emit(_loader(args, api, args.deployment).list(limit=args.limit))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from cwtrain.hotload.upload import check_snapshot_access
+    from cwtrain.infra.s3 import s3_client
+
+    if args.deployment:
+        if args.bucket:
+            raise CWTrainError("give either --deployment or --bucket/--prefix, not both")
+        with client_from_args(args) as api:
+            deployment = api.get_deployment(args.deployment)
+        if deployment.hot_load is None or not deployment.hot_load.bucket:
+            raise CWTrainError(f"deployment {deployment.id} has no hotLoad block: nothing to check")
+        bucket, prefix = deployment.hot_load.bucket, deployment.hot_load.path_prefix.strip("/")
+    elif args.bucket:
+        bucket, prefix = args.bucket, (args.prefix or "").strip("/")
+    else:
+        raise CWTrainError("hotload check needs --deployment ID, or --bucket B [--prefix P]")
+    uri = check_snapshot_access(s3_client(), bucket, prefix)
+    emit({"deployment": args.deployment, "bucket": bucket, "path_prefix": prefix, "uri": str(uri), "result": "ok"})
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        loader = _loader(args, api, args.deployment)
+        hot_load = loader.rollback(args.identity, prompt_cache_policy=_policy(args), wait=False, timeout=args.timeout)
+        return _wait_and_finish(loader, hot_load, args, args.timeout)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        emit(api.cancel_hot_load(args.hot_load_id))
+    return 0

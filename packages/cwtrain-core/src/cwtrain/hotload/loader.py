@@ -1,0 +1,740 @@
+"""``HotLoader``: publish weights to a deployment by checkpoint hot-load.
+
+The task layer above :class:`~cwtrain.infra.client.InferenceClient` and the snapshot
+modules (service-api.md section 8, snapshot-format.md)::
+
+    from cwtrain import HotLoader, InferenceClient
+
+    loader = HotLoader(InferenceClient(), deployment_id="3b1d2c54-...")
+    loader.publish("ckpt/step-0", identity="run1-v000000")                  # FULL
+    loader.publish("ckpt/step-1-delta", identity="run1-v000001",
+                   previous_identity="run1-v000000")                        # INCREMENTAL
+    loader.publish(model.state_dict(), identity="run1-v000002")             # FULL from memory
+    loader.publish(new_weights, identity="run1-v000003",
+                   previous_identity="run1-v000002", base=served_weights)   # delta from memory
+    loader.rollback("run1-v000000")
+
+``publish`` is inspect (or encode) → upload → readiness gate → ``trigger`` → ``wait``
+inside one time budget (``timeout``, default 1800 s). In-memory tensors (a mapping of
+name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.TensorData`) are
+encoded by :mod:`cwtrain.hotload.codec` and streamed into
+:class:`~cwtrain.hotload.upload.SnapshotUpload` without touching disk.
+
+One hot-load at a time (single-flight): when the service says another is in progress,
+``trigger`` adopts it if it is this request's earlier attempt (same ``hotLoadId``),
+otherwise waits for it to end and re-sends with the same id, all inside the budget.
+``wait`` returns once the aggregate state is COMPLETED and every replica serves the
+identity; FAILED or CANCELED raise :class:`~cwtrain.errors.HotLoadFailedError`;
+transient API errors during the wait are logged and polling goes on.
+
+Chain accounting: a delta whose resolved chain would exceed the cold-start limit (63
+deltas after the last FULL snapshot) is refused before anything is uploaded; publish a
+FULL snapshot instead.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from cwtrain.errors import (
+    APIError,
+    CWTrainError,
+    FailedPreconditionError,
+    HotLoadFailedError,
+    HotLoadInProgressError,
+    HotLoadTimeoutError,
+    HotLoadVerificationError,
+    SnapshotConflictError,
+    SnapshotError,
+)
+from cwtrain.hotload.format import MAX_CHAIN_DELTAS, snapshot_prefix, validate_identity
+from cwtrain.infra import lifecycle
+from cwtrain.infra.client import InferenceClient
+from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, SnapshotType
+from cwtrain.infra.models import Deployment, HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
+
+if TYPE_CHECKING:
+    from cwtrain.hotload.inspect import SnapshotInfo
+
+__all__ = ["HotLoadStatus", "HotLoader", "ProgressEvent"]
+
+log = logging.getLogger(__name__)
+
+_LOG_EVERY = 60.0
+_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One poll of a hot-load: the hot-load, its replicas, and counts.
+
+    Attributes:
+        hot_load: the hot-load as last read.
+        replicas: its replicas (all pages).
+        elapsed: seconds since the wait began.
+        ready: replicas READY on the hot-load's identity.
+        total: replicas listed.
+    """
+
+    hot_load: HotLoad
+    replicas: tuple[HotLoadReplica, ...] = ()
+    elapsed: float = 0.0
+    ready: int = 0
+    total: int = 0
+
+    @classmethod
+    def of(cls, hot_load: HotLoad, replicas: builtins.list[HotLoadReplica], elapsed: float) -> ProgressEvent:
+        """Build an event, counting the replicas caught up on the identity."""
+        ready = sum(1 for r in replicas if r.caught_up(hot_load.identity))
+        return cls(hot_load, tuple(replicas), elapsed, ready, len(replicas))
+
+    def summary(self) -> str:
+        """``in_progress after 12s (ready=1, updating=3)``."""
+        counts: dict[str, int] = {"ready": self.ready}
+        for replica in self.replicas:
+            if replica.caught_up(self.hot_load.identity):
+                continue
+            name = replica.state.name.lower() if replica.state is not ReplicaState.READY else "ready_on_other"
+            counts[name] = counts.get(name, 0) + 1
+        parts = ", ".join(f"{k}={v}" for k, v in counts.items())
+        return f"{self.hot_load.state.name.lower()} after {self.elapsed:.0f}s ({parts})"
+
+
+class HotLoadStatus(NamedTuple):
+    """A hot-load and all its replicas (``hotload status``)."""
+
+    hot_load: HotLoad
+    replicas: builtins.list[HotLoadReplica]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"hot_load": <hot-load view>, "replicas": [<replica view>, ...]}``."""
+        return {"hot_load": self.hot_load.to_json(), "replicas": [r.to_json() for r in self.replicas]}
+
+
+@dataclass
+class _Budget:
+    """One time budget shared by the steps of a call."""
+
+    total: float
+    start: float = field(default_factory=time.monotonic)
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.total - (time.monotonic() - self.start))
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+class HotLoader:
+    """Publish snapshots to one hot-load-enabled deployment and follow their hot-loads.
+
+    Args:
+        client: the API client.
+        deployment_id: the target deployment (must have ``spec.hotLoad``).
+        s3: a boto3 S3 client; built with :func:`cwtrain.infra.s3.s3_client` on first use.
+        timeout: default seconds per call (publish: readiness + single-flight + completion).
+        poll_interval: seconds between polls.
+    """
+
+    def __init__(
+        self,
+        client: InferenceClient,
+        deployment_id: str,
+        *,
+        s3: Any = None,
+        timeout: float = 1800.0,
+        poll_interval: float = 5.0,
+    ) -> None:
+        if not deployment_id:
+            raise CWTrainError("HotLoader needs a deployment id (CWTRAIN_HOTLOAD_DEPLOYMENT_ID)")
+        self.client = client
+        self.deployment_id = deployment_id
+        self.timeout = float(timeout)
+        self.poll_interval = float(poll_interval)
+        self._s3 = s3
+        self._deployment: Deployment | None = None
+
+    def __repr__(self) -> str:
+        return f"HotLoader(deployment_id={self.deployment_id!r})"
+
+    # ------------------------------------------------------------ deployment, s3
+
+    @property
+    def s3(self) -> Any:
+        """The S3 client (built on first use from the environment)."""
+        if self._s3 is None:
+            from cwtrain.infra.s3 import s3_client
+
+            self._s3 = s3_client()
+        return self._s3
+
+    @s3.setter
+    def s3(self, value: Any) -> None:
+        self._s3 = value
+
+    @property
+    def deployment(self) -> Deployment:
+        """The deployment (read once, cached); ``CWTrainError`` when it has no ``hotLoad``."""
+        if self._deployment is None:
+            return self.refresh_deployment()
+        return self._deployment
+
+    def refresh_deployment(self) -> Deployment:
+        """Re-read the deployment and check that hot-load is enabled on it."""
+        deployment = self.client.get_deployment(self.deployment_id)
+        if deployment.hot_load is None or not deployment.hot_load.bucket:
+            raise CWTrainError(
+                f"deployment {self.deployment_id} ({deployment.name}) has no hotLoad block, so it cannot hot-load; "
+                "hotLoad is only settable at creation: create a deployment with hotLoad {bucket, pathPrefix}"
+            )
+        self._deployment = deployment
+        return deployment
+
+    @property
+    def _bucket(self) -> str:
+        assert self.deployment.hot_load is not None
+        return self.deployment.hot_load.bucket
+
+    @property
+    def _prefix(self) -> str:
+        assert self.deployment.hot_load is not None
+        return self.deployment.hot_load.path_prefix.strip("/")
+
+    def snapshot_uri(self, identity: str) -> str:
+        """``s3://<bucket>/<prefix>/<identity>/``."""
+        return f"s3://{self._bucket}/{snapshot_prefix(self._prefix, identity)}/"
+
+    def wait_for_deployment_ready(self, timeout: float | None = None, poll_interval: float | None = None) -> Deployment:
+        """Wait until the deployment is READY (hot-loads need it); refreshes the cache."""
+        deployment = lifecycle.wait_for_deployment(
+            self.client,
+            self.deployment_id,
+            timeout=self.timeout if timeout is None else timeout,
+            poll_interval=self.poll_interval if poll_interval is None else poll_interval,
+        )
+        if deployment.hot_load is None:
+            raise CWTrainError(f"deployment {self.deployment_id} has no hotLoad block, so it cannot hot-load")
+        self._deployment = deployment
+        return deployment
+
+    def check_snapshot_access(self) -> str:
+        """The four-call permission check on the deployment's prefix; returns the URI."""
+        from cwtrain.hotload.upload import check_snapshot_access
+
+        return str(check_snapshot_access(self.s3, self._bucket, self._prefix))
+
+    # ------------------------------------------------------------------ listings
+
+    def list(self, limit: int | None = None) -> builtins.list[HotLoad]:
+        """The deployment's hot-loads, newest first, fetching only the pages needed."""
+        found: builtins.list[HotLoad] = []
+        if limit is not None and limit <= 0:
+            return found
+        for hot_load in self.client.list_hot_loads(self.deployment_id):
+            found.append(hot_load)
+            if limit is not None and len(found) >= limit:
+                break
+        return found
+
+    def _all_newest_first(self) -> builtins.list[HotLoad]:
+        items = builtins.list(self.client.list_hot_loads(self.deployment_id))
+        # The service lists newest first; sort by createdAt to be sure (stable for ties).
+        return sorted(items, key=lambda h: h.created_at.timestamp() if h.created_at else 0.0, reverse=True)
+
+    def status(self, hot_load_id: str) -> HotLoadStatus:
+        """The hot-load and all its replicas."""
+        return HotLoadStatus(self.client.get_hot_load(hot_load_id), self.client.list_hot_load_replicas(hot_load_id))
+
+    def active_hot_load(self) -> HotLoad | None:
+        """The newest unfinished hot-load of the deployment, if any."""
+        return next((h for h in self._all_newest_first() if not h.terminal), None)
+
+    def latest_completed(self) -> HotLoad | None:
+        """The newest COMPLETED hot-load of the deployment, if any."""
+        return next((h for h in self._all_newest_first() if h.state is HotLoadState.COMPLETED), None)
+
+    def completed_hot_load(self, identity: str) -> HotLoad | None:
+        """The newest COMPLETED hot-load of ``identity``, if any."""
+        return next(
+            (h for h in self._all_newest_first() if h.state is HotLoadState.COMPLETED and h.identity == identity),
+            None,
+        )
+
+    def current_identity(self) -> str:
+        """The identity of the newest COMPLETED hot-load, else ``"initial"``."""
+        latest = self.latest_completed()
+        return latest.identity if latest is not None else "initial"
+
+    # ------------------------------------------------------------ chain accounting
+
+    def chain_deltas(self, previous_identity: str) -> int | None:
+        """How many deltas a new delta on ``previous_identity`` would make the chain hold.
+
+        ``None`` when the predecessor's chain cannot be resolved from the listing.
+        """
+        by_identity: dict[str, HotLoad] = {}
+        for hot_load in self._all_newest_first():
+            if hot_load.state in (HotLoadState.FAILED, HotLoadState.CANCELED):
+                continue
+            known = by_identity.get(hot_load.identity)
+            if known is None or (
+                known.state is not HotLoadState.COMPLETED and hot_load.state is HotLoadState.COMPLETED
+            ):
+                by_identity[hot_load.identity] = hot_load
+        count, current = 1, previous_identity
+        for _ in range(4 * MAX_CHAIN_DELTAS):
+            link = by_identity.get(current)
+            if link is None:
+                return None
+            if link.snapshot_chain:
+                return count + link.deltas_in_chain()
+            if link.type is SnapshotType.FULL:
+                return count
+            previous = link.previous_identity
+            if not previous:
+                return None
+            count, current = count + 1, previous
+        return count
+
+    def _check_chain(self, identity: str, previous_identity: str) -> None:
+        deltas = self.chain_deltas(previous_identity)
+        if deltas is None:
+            log.debug("chain of %r not resolvable from the listing; not counting deltas", previous_identity)
+            return
+        if deltas > MAX_CHAIN_DELTAS:
+            raise SnapshotError(
+                f"delta {identity!r} on {previous_identity!r} would make the snapshot chain {deltas} deltas long; "
+                f"a replica starting cold replays at most {MAX_CHAIN_DELTAS}: publish {identity!r} as a FULL snapshot"
+            )
+
+    # --------------------------------------------------------------------- trigger
+
+    def trigger(
+        self,
+        identity: str,
+        info: SnapshotInfo | None = None,
+        *,
+        previous_identity: str | None = None,
+        snapshot_type: SnapshotType | None = None,
+        prompt_cache_policy: PromptCachePolicy | str | None = None,
+        hot_load_id: str | None = None,
+        wait_for_active: bool = True,
+        timeout: float | None = None,
+    ) -> HotLoad:
+        """Create the hot-load of an uploaded snapshot, with single-flight handling.
+
+        The type comes from ``info``, else ``snapshot_type``, else INCREMENTAL iff
+        ``previous_identity``. Does not wait for completion.
+
+        Raises:
+            SnapshotError: misuse (``previous_identity`` with ``info`` or with FULL,
+                INCREMENTAL without it, an invalid identity, a chain too long).
+            HotLoadInProgressError: another hot-load was still running when the budget ran out.
+        """
+        validate_identity(identity)
+        kind, previous = _resolve_type(info, previous_identity, snapshot_type)
+        incremental = None
+        if kind is SnapshotType.INCREMENTAL:
+            assert previous is not None
+            validate_identity(previous, what="previous identity", allow_reserved=True)
+            self._check_chain(identity, previous)
+            incremental = IncrementalSnapshotMetadata(previous)
+        policy = PromptCachePolicy.parse(prompt_cache_policy)
+        hot_load_id = hot_load_id or str(uuid.uuid4())
+        budget = _Budget(self.timeout if timeout is None else timeout)
+        while True:
+            try:
+                return self.client.create_hot_load(
+                    self.deployment_id,
+                    identity,
+                    snapshot_type=kind,
+                    incremental=incremental,
+                    prompt_cache_policy=policy,
+                    hot_load_id=hot_load_id,
+                )
+            except FailedPreconditionError as error:
+                active = self._active_or_none()
+                if not isinstance(error, HotLoadInProgressError) and active is None:
+                    raise
+                if active is not None and active.id == hot_load_id:
+                    log.info("hot-load %s is this request's earlier attempt; adopting it", hot_load_id)
+                    return active
+                if not wait_for_active or budget.remaining <= 0:
+                    raise HotLoadInProgressError(
+                        "failed_precondition",
+                        f"another hot-load ({active.id if active else 'unknown'}) of deployment "
+                        f"{self.deployment_id} is already in progress"
+                        + (f" after waiting {budget.elapsed:.0f}s" if wait_for_active else "")
+                        + "; wait for it or retry later",
+                        http_status=error.http_status,
+                    ) from None
+                if active is not None:
+                    log.info(
+                        "hot-load %s (%r) is in progress; waiting for it before creating %s",
+                        active.id,
+                        active.identity,
+                        hot_load_id,
+                    )
+                    self._wait_terminal(active.id, budget)
+                else:
+                    time.sleep(min(self.poll_interval, budget.remaining))
+
+    def _active_or_none(self) -> HotLoad | None:
+        try:
+            return self.active_hot_load()
+        except APIError as error:
+            if not error.transient:
+                raise
+            log.warning("cannot list hot-loads (%s)", error)
+            return None
+
+    def _wait_terminal(self, hot_load_id: str, budget: _Budget) -> None:
+        """Wait until another hot-load ends (its failure is not ours) or the budget is spent."""
+        while budget.remaining > 0:
+            try:
+                if self.client.get_hot_load(hot_load_id).terminal:
+                    return
+            except APIError as error:
+                if not error.transient:
+                    raise
+                log.warning("transient error while waiting for hot-load %s: %s", hot_load_id, error)
+            time.sleep(min(self.poll_interval, budget.remaining))
+
+    # ------------------------------------------------------------------------ wait
+
+    def wait(
+        self,
+        hot_load_id: str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float | None = None,
+        raise_on_failure: bool = True,
+        on_progress: Callable[[ProgressEvent], None] | None = None,
+    ) -> HotLoad:
+        """Poll until the hot-load ends and every replica serves its identity.
+
+        Returns once the state is COMPLETED and every replica is READY on the identity
+        (if replicas lag after COMPLETED until the budget is spent, the aggregate state
+        decides: a warning, and the hot-load is returned).
+
+        Raises:
+            HotLoadFailedError: FAILED or CANCELED (unless ``raise_on_failure=False``).
+            HotLoadTimeoutError: the budget ran out before the hot-load ended.
+        """
+        budget = _Budget(self.timeout if timeout is None else timeout)
+        interval = self.poll_interval if poll_interval is None else poll_interval
+        hot_load: HotLoad = HotLoad(id=hot_load_id)
+        replicas: builtins.list[HotLoadReplica] = []
+        last_summary, last_log = "", 0.0
+        while True:
+            try:
+                hot_load = self.client.get_hot_load(hot_load_id)
+                replicas = self.client.list_hot_load_replicas(hot_load_id)
+            except APIError as error:
+                if not error.transient:
+                    raise
+                log.warning("hot-load %s: transient error while waiting (%s); still waiting", hot_load_id, error)
+            else:
+                event = ProgressEvent.of(hot_load, replicas, budget.elapsed)
+                summary = event.summary()
+                state_part = summary.split(" after ")[0] + summary[summary.find("(") :]
+                if state_part != last_summary or budget.elapsed - last_log >= _LOG_EVERY:
+                    log.info("hot-load %s of %r: %s", hot_load.id, hot_load.identity, summary)
+                    last_summary, last_log = state_part, budget.elapsed
+                if on_progress is not None:
+                    on_progress(event)
+                if hot_load.state in (HotLoadState.FAILED, HotLoadState.CANCELED):
+                    if raise_on_failure:
+                        raise HotLoadFailedError(hot_load, replicas)
+                    return hot_load
+                if hot_load.state is HotLoadState.COMPLETED:
+                    if event.ready == event.total:
+                        return hot_load
+                    if budget.remaining <= 0:
+                        log.warning(
+                            "hot-load %s COMPLETED but %d/%d replicas serve %r",
+                            hot_load.id,
+                            event.ready,
+                            event.total,
+                            hot_load.identity,
+                        )
+                        return hot_load
+            if budget.remaining <= 0:
+                raise HotLoadTimeoutError(hot_load, replicas, budget.total)
+            time.sleep(min(interval, budget.remaining))
+
+    def verify_served(self, hot_load_id: str, identity: str) -> builtins.list[HotLoadReplica]:
+        """Every replica READY on ``identity``, else :class:`HotLoadVerificationError`."""
+        replicas = self.client.list_hot_load_replicas(hot_load_id)
+        problems = [
+            f"{r.name}: {r.state.name} on {r.current_snapshot_identity or '?'!r}"
+            + (f" ({r.error_reason})" if r.error_reason else "")
+            for r in replicas
+            if not r.caught_up(identity)
+        ]
+        if not replicas:
+            problems = ["no replicas listed"]
+        if problems:
+            hot_load = self.client.get_hot_load(hot_load_id)
+            raise HotLoadVerificationError(hot_load, replicas, problems)
+        return replicas
+
+    # ----------------------------------------------------------------- rollback
+
+    def rollback(
+        self,
+        identity: str,
+        *,
+        prompt_cache_policy: PromptCachePolicy | str | None = None,
+        hot_load_id: str | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> HotLoad:
+        """Re-activate ``identity``: a new hot-load copying its newest COMPLETED one.
+
+        Raises:
+            CWTrainError: no COMPLETED hot-load of ``identity`` on this deployment.
+            SnapshotError: its objects (or its chain's) are gone from the bucket.
+        """
+        validate_identity(identity)
+        prior = self.completed_hot_load(identity)
+        if prior is None:
+            raise CWTrainError(
+                f"no COMPLETED hot-load of {identity!r} on deployment {self.deployment_id}; "
+                "only identities that were served can be rolled back to (see `cwtrain hotload list`)"
+            )
+        chain = [ref.identity for ref in prior.snapshot_chain] or [identity]
+        missing = [ident for ident in chain if not self._index_exists(ident)]
+        if missing:
+            raise SnapshotError(
+                f"cannot roll back to {identity!r}: the snapshot objects of {', '.join(map(repr, missing))} are gone "
+                f"from s3://{self._bucket}/{self._prefix}; publish the weights again under a new identity"
+            )
+        budget = _Budget(self.timeout if timeout is None else timeout)
+        policy = prompt_cache_policy if prompt_cache_policy is not None else prior.prompt_cache_policy
+        hot_load = self.trigger(
+            identity,
+            snapshot_type=prior.type,
+            previous_identity=prior.previous_identity,
+            prompt_cache_policy=policy,
+            hot_load_id=hot_load_id,
+            timeout=budget.remaining,
+        )
+        return self.wait(hot_load.id, timeout=budget.remaining) if wait else hot_load
+
+    def _index_exists(self, identity: str) -> bool:
+        key = f"{snapshot_prefix(self._prefix, identity)}/{_INDEX}"
+        try:
+            self.s3.head_object(Bucket=self._bucket, Key=key)
+        except Exception as exc:
+            if _s3_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    # ------------------------------------------------------------------ publish
+
+    def upload(
+        self,
+        checkpoint: str | os.PathLike[str],
+        identity: str,
+        *,
+        previous_identity: str | None = None,
+        workers: int = 8,
+        on_file: Callable[..., None] | None = None,
+    ) -> SnapshotInfo:
+        """Inspect a snapshot directory and upload it under ``identity`` (no hot-load).
+
+        A delta is checked against the chain limit before anything is written.
+        """
+        from cwtrain.hotload.inspect import inspect_snapshot
+        from cwtrain.hotload.upload import upload_snapshot
+
+        validate_identity(identity)
+        info = inspect_snapshot(checkpoint, previous_identity=previous_identity)
+        kind, previous = _resolve_type(info, None, None)
+        if kind is SnapshotType.INCREMENTAL and previous:
+            self._check_chain(identity, previous)
+        upload_snapshot(
+            info,
+            bucket=self._bucket,
+            identity=identity,
+            path_prefix=self._prefix,
+            s3=self.s3,
+            workers=workers,
+            on_file=on_file,
+        )
+        return info
+
+    def publish(
+        self,
+        checkpoint: str | os.PathLike[str] | Mapping[str, Any],
+        identity: str,
+        *,
+        previous_identity: str | None = None,
+        prompt_cache_policy: PromptCachePolicy | str | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+        workers: int = 8,
+        on_progress: Callable[[ProgressEvent], None] | None = None,
+        base: Mapping[str, Any] | None = None,
+        hot_load_id: str | None = None,
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> HotLoad:
+        """Upload a snapshot, create its hot-load and (by default) wait for it.
+
+        Args:
+            checkpoint: a snapshot directory (FULL checkpoint or delta), or in-memory
+                tensors (name → numpy array / torch tensor / ``TensorData``).
+            identity: the new snapshot identity.
+            previous_identity: the predecessor (a delta directory's default comes from
+                its index; for tensors it makes the snapshot a delta against ``base``).
+            prompt_cache_policy: ``RESET_ALL`` / ``PRESERVE``; unset omits the field.
+            wait: wait until every replica serves ``identity``.
+            timeout: one budget for upload, readiness, single-flight and completion.
+            workers: files uploaded in parallel.
+            on_progress: called with a :class:`ProgressEvent` on every poll of the wait.
+            base: for tensors with ``previous_identity``: the weights replicas serve now
+                (byte-exact), which the delta is computed against.
+            hot_load_id: the hot-load's permanent id (default a new UUID4).
+            extra_files: for tensors: other files of the snapshot (``config.json``, ...),
+                name → bytes, uploaded beside the shards.
+        """
+        budget = _Budget(self.timeout if timeout is None else timeout)
+        validate_identity(identity)
+        info: SnapshotInfo | None = None
+        if isinstance(checkpoint, (str, os.PathLike)):
+            info = self.upload(checkpoint, identity, previous_identity=previous_identity, workers=workers)
+            previous_identity = None
+            kind = None
+        else:
+            from cwtrain.hotload import _publish_tensors
+
+            kind = _publish_tensors.upload_tensors(
+                self, checkpoint, identity, previous_identity, base, workers, extra_files
+            )
+        self.wait_for_deployment_ready(timeout=max(budget.remaining, 1e-3))
+        hot_load = self.trigger(
+            identity,
+            info,
+            previous_identity=previous_identity,
+            snapshot_type=kind,
+            prompt_cache_policy=prompt_cache_policy,
+            hot_load_id=hot_load_id,
+            timeout=budget.remaining,
+        )
+        if not wait:
+            return hot_load
+        return self.wait(hot_load.id, timeout=max(budget.remaining, 1e-3), on_progress=on_progress)
+
+    # ---------------------------------------------------------------- manifests
+
+    def manifest_key(self, identity: str) -> str:
+        """``P/_manifests/<identity>.json`` (snapshot-format.md section 8.1)."""
+        validate_identity(identity)
+        return f"{self._prefix}/_manifests/{identity}.json" if self._prefix else f"_manifests/{identity}.json"
+
+    def upload_manifest(self, identity: str, manifest: Mapping[str, Any]) -> str:
+        """Write the manifest create-only (identical content already there is success); returns its URI.
+
+        Raises:
+            SnapshotConflictError: another manifest is stored under this identity.
+        """
+        key = self.manifest_key(identity)
+        body = manifest_bytes(manifest)
+        uri = f"s3://{self._bucket}/{key}"
+        try:
+            self.s3.put_object(Bucket=self._bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*")
+            return uri
+        except Exception as exc:
+            code = _s3_code(exc)
+            if code in ("501", "NotImplemented") and self.read_manifest(identity) is None:
+                # A store without conditional writes: check, then write.
+                self.s3.put_object(Bucket=self._bucket, Key=key, Body=body, ContentType="application/json")
+                return uri
+            if code not in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict", "501", "NotImplemented"):
+                raise
+        existing = self.read_manifest(identity)
+        if existing is not None and manifest_bytes(existing) == body:
+            return uri
+        raise SnapshotConflictError(identity, [f"{key} (a different manifest)"])
+
+    def read_manifest(self, identity: str) -> dict[str, Any] | None:
+        """The manifest of ``identity``, or ``None`` when absent."""
+        key = self.manifest_key(identity)
+        try:
+            response = self.s3.get_object(Bucket=self._bucket, Key=key)
+        except Exception as exc:
+            if _s3_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        value = json.loads(response["Body"].read())
+        if not isinstance(value, dict):
+            raise SnapshotError(f"manifest s3://{self._bucket}/{key} is not a JSON object")
+        return value
+
+
+def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
+    """A manifest's bytes: JSON, sorted keys, one per line, no indentation."""
+    return json.dumps(dict(manifest), sort_keys=True, indent=0).encode("utf-8")
+
+
+def _s3_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        error = response.get("Error") or {}
+        code = str(error.get("Code") or "")
+        status = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
+        if code:
+            return code if code not in ("", "None") else status
+        return status
+    return ""
+
+
+def _info_type(info: Any) -> SnapshotType:
+    return SnapshotType.parse(getattr(info, "type", None) if not isinstance(info, Mapping) else info.get("type"))
+
+
+def _info_previous(info: Any) -> str | None:
+    incremental = getattr(info, "incremental", None)
+    if incremental is None:
+        return None
+    if isinstance(incremental, Mapping):
+        value = incremental.get("previous_snapshot_identity")
+    else:
+        value = getattr(incremental, "previous_snapshot_identity", None)
+    return str(value) if value else None
+
+
+def _resolve_type(
+    info: Any, previous_identity: str | None, snapshot_type: SnapshotType | None
+) -> tuple[SnapshotType, str | None]:
+    """The hot-load type and predecessor from ``info`` or the explicit arguments."""
+    if info is not None:
+        if previous_identity is not None:
+            raise SnapshotError(
+                "pass previous_identity to inspect_snapshot, not together with its SnapshotInfo (it already names one)"
+            )
+        kind = _info_type(info)
+        previous = _info_previous(info)
+        if kind is SnapshotType.INCREMENTAL and not previous:
+            raise SnapshotError("the delta snapshot names no predecessor; pass --previous-identity")
+        return kind, previous if kind is SnapshotType.INCREMENTAL else None
+    kind = SnapshotType.parse(snapshot_type) if snapshot_type is not None else SnapshotType.UNSPECIFIED
+    if kind is SnapshotType.UNSPECIFIED:
+        kind = SnapshotType.INCREMENTAL if previous_identity else SnapshotType.FULL
+    if kind is SnapshotType.FULL and previous_identity:
+        raise SnapshotError(f"a FULL snapshot has no predecessor; drop previous_identity={previous_identity!r}")
+    if kind is SnapshotType.INCREMENTAL and not previous_identity:
+        raise SnapshotError("an INCREMENTAL snapshot needs previous_identity (the snapshot it applies on)")
+    return kind, previous_identity
