@@ -1,0 +1,665 @@
+"""Writing one snapshot object: create-only, resumable, with its SHA-256 in user metadata.
+
+This is the object layer under :mod:`cwtrain.hotload.upload` (which plans a whole
+snapshot). It follows spec ``snapshot-format.md`` section 7 for a single key:
+
+* **Bytes once.** An :class:`ObjectSource` is a file's bytes as flat memory views: the
+  encoder's buffers, or a read-only ``mmap`` of a file on disk. The SHA-256 is one pass
+  over those views (the only pass that reads every byte in Python); the request bodies
+  are slices of the same views, handed to the socket without copies (see
+  :func:`install_zero_copy`). Multipart needs the hash before the first part, because user
+  metadata is fixed at CreateMultipartUpload; hashing the mapped views first costs no
+  extra read or copy, unlike a hash pre-pass that reads the file and then reads it again.
+* **Create-only.** ``PutObject`` up to the part size, else a multipart upload with
+  parallel parts; the condition ``If-None-Match: *`` goes on PutObject and on
+  CompleteMultipartUpload. Store answers: 412 -> HEAD and compare ``cwtrain-sha256``
+  (equal: already uploaded; else :class:`~cwtrain.errors.SnapshotConflictError`); 409
+  ``ConditionalRequestConflict`` -> retried 3 times with backoff, then as 412; 501
+  ``NotImplemented`` -> HEAD, then an unconditional write when absent, with one warning
+  per process.
+* **Resume.** An unfinished multipart upload of the same key (listed by the caller with
+  ListMultipartUploads) is continued when its parts match the local bytes (ETag = MD5 of
+  the part, sizes per the same part plan); only missing parts are sent. Its metadata cannot
+  be read back before completion, so the completed object's ``cwtrain-sha256`` is checked
+  with a HEAD afterwards; a mismatch raises :class:`~cwtrain.errors.SnapshotChecksumError`.
+* **Abort.** A multipart upload that fails or is cancelled in this process is aborted.
+  Nothing is ever deleted or overwritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cwtrain.errors import ConfigError, SnapshotChecksumError, SnapshotConflictError, SnapshotError
+
+__all__ = [
+    "DEFAULT_PART_SIZE",
+    "ETAG_PART_SIZE",
+    "MAX_PARTS",
+    "MIN_PART_SIZE",
+    "SHA256_METADATA",
+    "ObjectSource",
+    "ObjectWriter",
+    "RemoteObject",
+    "error_code",
+    "head_object",
+    "install_zero_copy",
+    "is_missing",
+    "part_size_for",
+]
+
+log = logging.getLogger(__name__)
+
+#: Default multipart part size (64 MiB).
+DEFAULT_PART_SIZE = 64 << 20
+#: Smallest part size the store recommends (50 MB); only the last part may be smaller.
+MIN_PART_SIZE = 50_000_000
+#: Most parts one multipart upload may have.
+MAX_PARTS = 10_000
+#: User-metadata name of the object's SHA-256 (``x-amz-meta-cwtrain-sha256``).
+SHA256_METADATA = "cwtrain-sha256"
+#: Part size of the SDK's managed transfers, used to check multipart ETags.
+ETAG_PART_SIZE = 8 << 20
+
+_MIB = 1 << 20
+_CONFLICT_RETRIES = 3
+_HASH_CHUNK = 16 << 20
+
+_conditional_lock = threading.Lock()
+_conditional_unsupported = False
+
+
+def part_size_for(size: int, part_size: int = DEFAULT_PART_SIZE) -> int:
+    """The part size for an object of ``size`` bytes: ``part_size``, or more for huge objects.
+
+    Objects that would need more than :data:`MAX_PARTS` parts get ``ceil(size / 10000)``
+    rounded up to a whole MiB.
+    """
+    needed = -(-size // MAX_PARTS)
+    needed = -(-needed // _MIB) * _MIB
+    return max(part_size, needed)
+
+
+def check_part_size(part_size: int) -> int:
+    """Refuse part sizes below :data:`MIN_PART_SIZE` (the store's advice) or above 5 GiB."""
+    if part_size < MIN_PART_SIZE or part_size > (5 << 30):
+        raise ConfigError(
+            f"part size {part_size} is out of range: use at least {MIN_PART_SIZE} bytes (50 MB) and at most 5 GiB"
+        )
+    return part_size
+
+
+# ------------------------------------------------------------------------ errors
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore ``ClientError``, else ``"?"``."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+    return "?"
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a botocore ``ClientError``, if any."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status else None
+    return None
+
+
+def is_missing(exc: BaseException) -> bool:
+    """Whether a ``ClientError`` means "no such key" (404, ``NoSuchKey``, ``NotFound``)."""
+    return error_code(exc) in ("NoSuchKey", "NotFound", "404") or http_status(exc) == 404
+
+
+def _client_error() -> type[Exception]:
+    from botocore.exceptions import ClientError
+
+    return ClientError
+
+
+# ------------------------------------------------------------------------ sources
+
+
+class ObjectSource:
+    """The bytes of one object as flat, read-only memory views (nothing is copied).
+
+    Build one with :meth:`from_path` (a read-only ``mmap``: the page cache is the buffer;
+    the file must not change while it uploads) or :meth:`from_buffers`.
+    """
+
+    def __init__(self, name: str, views: Sequence[memoryview], *, closer: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self.views = tuple(views)
+        self.size = sum(v.nbytes for v in self.views)
+        self._closer = closer
+        #: Whether the bytes are a file mapping (page cache) rather than caller memory.
+        self.mapped = closer is not None
+        self._sha256: str | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_buffers(cls, name: str, buffers: Sequence[Any]) -> ObjectSource:
+        """A source over in-memory buffers (bytes-like objects), concatenated in order."""
+        views = []
+        for buffer in buffers:
+            view = memoryview(buffer)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            if view.nbytes:
+                views.append(view)
+        return cls(name, views)
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str], name: str | None = None) -> ObjectSource:
+        """A source over a file on disk, memory-mapped read-only."""
+        path = Path(path)
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0:
+                return cls(name or path.name, ())
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+        view = memoryview(mapped)
+
+        def close() -> None:
+            view.release()
+            try:
+                mapped.close()
+            except BufferError:  # a request still holds a slice; the map goes when it does
+                pass
+
+        return cls(name or path.name, (view,), closer=close)
+
+    def sha256(self) -> str:
+        """SHA-256 of the bytes, 64 lowercase hex digits (computed once; hashlib drops the GIL)."""
+        with self._lock:
+            if self._sha256 is None:
+                digest = hashlib.sha256()
+                for view in self.views:
+                    for start in range(0, view.nbytes, _HASH_CHUNK):
+                        digest.update(view[start : start + _HASH_CHUNK])
+                self._sha256 = digest.hexdigest()
+            return self._sha256
+
+    def slice(self, offset: int, length: int) -> tuple[memoryview, ...]:
+        """The views covering ``[offset, offset + length)``, without copying."""
+        out: list[memoryview] = []
+        position = 0
+        end = offset + length
+        for view in self.views:
+            lo, hi = position, position + view.nbytes
+            position = hi
+            if hi <= offset:
+                continue
+            if lo >= end:
+                break
+            out.append(view[max(offset, lo) - lo : min(end, hi) - lo])
+        return tuple(out)
+
+    def md5_hex(self, offset: int, length: int) -> str:
+        """MD5 of a byte range (to compare with a part's ETag)."""
+        digest = hashlib.md5(usedforsecurity=False)
+        for view in self.slice(offset, length):
+            digest.update(view)
+        return digest.hexdigest()
+
+    def close(self) -> None:
+        """Release the mapping, if any."""
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            closer()
+
+
+# --------------------------------------------------------------- zero-copy bodies
+
+
+class Payload:
+    """A request body over memory views: file-like for botocore, sent as the views themselves.
+
+    botocore validates and measures it as a file (``read``/``seek``/``tell``/``len``); the
+    ``before-send`` hook of :func:`install_zero_copy` swaps it for :class:`_Chunks` so that
+    urllib3 passes each view to ``sendall`` instead of copying 16 KiB reads.
+    """
+
+    def __init__(self, views: Sequence[memoryview]) -> None:
+        self.views = tuple(views)
+        self._size = sum(v.nbytes for v in self.views)
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, min(self._size, base + offset))
+        return self._pos
+
+    def read(self, amt: int | None = -1) -> bytes:
+        """Copy out up to ``amt`` bytes (used only by checksum or signing wrappers)."""
+        end = self._size if amt is None or amt < 0 else min(self._size, self._pos + amt)
+        pieces = []
+        position = 0
+        for view in self.views:
+            lo, hi = position, position + view.nbytes
+            position = hi
+            if hi <= self._pos or lo >= end:
+                continue
+            pieces.append(view[max(self._pos, lo) - lo : min(end, hi) - lo].tobytes())
+        self._pos = end
+        return b"".join(pieces)
+
+
+class _Chunks:
+    """What urllib3 sends: an iterable of views (``seek`` so botocore can rewind on retry)."""
+
+    def __init__(self, views: tuple[memoryview, ...]) -> None:
+        self._views = views
+
+    def __iter__(self) -> Iterator[memoryview]:
+        return iter(self._views)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return 0
+
+
+def _swap_body(request: Any, **_: Any) -> None:
+    body = getattr(request, "body", None)
+    if isinstance(body, Payload):
+        request.body = _Chunks(body.views)
+
+
+def install_zero_copy(s3: Any) -> None:
+    """Let ``s3`` send :class:`Payload` bodies without copying (idempotent)."""
+    events = s3.meta.events
+    for operation in ("PutObject", "UploadPart"):
+        events.register(f"before-send.s3.{operation}", _swap_body, unique_id=f"cwtrain-zero-copy-{operation}")
+
+
+# ------------------------------------------------------------------------ remote
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    """What HEAD says about a stored object."""
+
+    key: str
+    size: int
+    etag: str
+    sha256: str | None
+
+    def matches(self, source: ObjectSource) -> bool:
+        """Whether the stored object holds ``source``'s bytes (spec section 7)."""
+        if self.sha256:
+            return self.sha256.lower() == source.sha256()
+        return self.size == source.size and etag_matches(source, self.etag)
+
+
+def etag_matches(source: ObjectSource, etag: str) -> bool:
+    """Whether an ETag (no ``cwtrain-sha256``) proves the object equals ``source``.
+
+    Single-part: MD5 hex of the content. Multipart ``<hex>-<P>``: MD5 of the concatenated
+    MD5 digests of 8 MiB parts, checkable only when 8 MiB parts give exactly ``P`` parts.
+    """
+    etag = etag.strip('"').lower()
+    if "-" not in etag:
+        return etag == source.md5_hex(0, source.size)
+    hex_part, _, count = etag.partition("-")
+    if not count.isdigit() or -(-source.size // ETAG_PART_SIZE) != int(count):
+        return False
+    digest = hashlib.md5(usedforsecurity=False)
+    for offset in range(0, source.size, ETAG_PART_SIZE):
+        digest.update(bytes.fromhex(source.md5_hex(offset, min(ETAG_PART_SIZE, source.size - offset))))
+    return digest.hexdigest() == hex_part
+
+
+def head_object(s3: Any, bucket: str, key: str) -> RemoteObject | None:
+    """HEAD ``key``: a :class:`RemoteObject`, or ``None`` when it does not exist."""
+    try:
+        response = s3.head_object(Bucket=bucket, Key=key)
+    except _client_error() as exc:
+        if is_missing(exc):
+            return None
+        raise
+    metadata = {str(k).lower(): str(v) for k, v in (response.get("Metadata") or {}).items()}
+    return RemoteObject(
+        key=key,
+        size=int(response.get("ContentLength", 0)),
+        etag=str(response.get("ETag", "")),
+        sha256=metadata.get(SHA256_METADATA),
+    )
+
+
+def _warn_unconditional() -> None:
+    global _conditional_unsupported
+    with _conditional_lock:
+        if _conditional_unsupported:
+            return
+        _conditional_unsupported = True
+    log.warning(
+        "the object store refuses If-None-Match (501 NotImplemented): falling back to check-then-write, "
+        "which cannot stop two publishers racing on one identity"
+    )
+
+
+def conditional_writes_supported() -> bool:
+    """False once a store answered 501 to a conditional write in this process."""
+    return not _conditional_unsupported
+
+
+# ------------------------------------------------------------------------ writer
+
+
+class _Progress:
+    """Bytes reported for one object, so that its total is reported exactly once."""
+
+    def __init__(self, report: Callable[[int], None]) -> None:
+        self._report = report
+        self._lock = threading.Lock()
+        self.sent = 0
+
+    def __call__(self, nbytes: int) -> None:
+        with self._lock:
+            nbytes = max(0, nbytes)
+            self.sent += nbytes
+        self._report(nbytes)
+
+    def finish(self, size: int) -> None:
+        """Report what was not reported yet (an object found already stored)."""
+        with self._lock:
+            rest = max(0, size - self.sent)
+            self.sent += rest
+        if rest:
+            self._report(rest)
+
+
+@dataclass(frozen=True)
+class OpenUpload:
+    """An unfinished multipart upload found under the snapshot prefix."""
+
+    key: str
+    upload_id: str
+    initiated: float
+
+
+class ObjectWriter:
+    """Writes objects create-only under one snapshot identity (one key at a time per call).
+
+    Args:
+        s3: a boto3 S3 client (made zero-copy by :func:`install_zero_copy`).
+        bucket: the bucket.
+        identity: the snapshot identity (named by conflicts).
+        part_size: multipart part size (see :func:`part_size_for`).
+        part_pool: the executor that sends parts (shared by all objects).
+        on_bytes: called with the byte count of every part or object the store confirmed.
+        open_uploads: unfinished multipart uploads by key, candidates for resuming.
+        cancelled: set to make running uploads stop (and abort) at the next part.
+    """
+
+    def __init__(
+        self,
+        s3: Any,
+        bucket: str,
+        identity: str,
+        *,
+        part_size: int,
+        part_pool: ThreadPoolExecutor,
+        on_bytes: Callable[[int], None] | None = None,
+        open_uploads: Mapping[str, Sequence[OpenUpload]] | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> None:
+        self.s3 = s3
+        self.bucket = bucket
+        self.identity = identity
+        self.part_size = part_size
+        self._pool = part_pool
+        self._on_bytes = on_bytes or (lambda n: None)
+        self._open = dict(open_uploads or {})
+        self._cancelled = cancelled or threading.Event()
+        install_zero_copy(s3)
+
+    # ---------------------------------------------------------------- entry point
+
+    def write(self, key: str, source: ObjectSource) -> str:
+        """Write ``source`` at ``key``: ``"uploaded"``, or ``"existing"`` when it was already there.
+
+        Raises:
+            SnapshotConflictError: the key holds different bytes.
+            SnapshotChecksumError: a resumed upload completed with a different recorded SHA-256.
+        """
+        self._check_cancelled()
+        metadata = {SHA256_METADATA: source.sha256()}
+        progress = _Progress(self._on_bytes)
+        if source.size <= part_size_for(source.size, self.part_size):
+            outcome = self._put(key, source, metadata, progress)
+        else:
+            outcome = self._multipart(key, source, metadata, progress)
+        progress.finish(source.size)
+        return outcome
+
+    # ----------------------------------------------------------------- helpers
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled.is_set():
+            raise SnapshotError(f"upload of snapshot {self.identity!r} was cancelled")
+
+    def _existing(self, key: str, source: ObjectSource) -> str | None:
+        """After a refused create: ``"existing"`` when equal, ``None`` when absent; else conflict."""
+        remote = head_object(self.s3, self.bucket, key)
+        if remote is None:
+            return None
+        if remote.matches(source):
+            return "existing"
+        recorded = remote.sha256 or f"no {SHA256_METADATA}, ETag {remote.etag}"
+        raise SnapshotConflictError(
+            self.identity, [f"{source.name} (stored {recorded}, local sha256 {source.sha256()})"]
+        )
+
+    def _answer(self, exc: Exception, key: str, source: ObjectSource, attempt: int) -> str:
+        """The store-answer table: ``"retry"``, ``"existing"``, or raise."""
+        code, status = error_code(exc), http_status(exc)
+        if code == "ConditionalRequestConflict" or status == 409:
+            if attempt < _CONFLICT_RETRIES:
+                time.sleep(0.2 * (2**attempt) * (1 + random.random()))
+                return "retry"
+            code, status = "PreconditionFailed", 412
+        if code == "PreconditionFailed" or status == 412:
+            found = self._existing(key, source)
+            if found is None:
+                raise exc  # refused, yet absent: let the caller see the store's answer
+            return found
+        if code == "NotImplemented" or status == 501:
+            _warn_unconditional()
+            return "retry"
+        raise exc
+
+    # ---------------------------------------------------------------- PutObject
+
+    def _put(self, key: str, source: ObjectSource, metadata: dict[str, str], progress: _Progress) -> str:
+        client_error = _client_error()
+        attempt = 0
+        while True:
+            self._check_cancelled()
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Metadata": metadata}
+            if conditional_writes_supported():
+                kwargs["IfNoneMatch"] = "*"
+            else:
+                found = self._existing(key, source)
+                if found is not None:
+                    return found
+            try:
+                self.s3.put_object(Body=Payload(source.views), **kwargs)
+            except client_error as exc:
+                outcome = self._answer(exc, key, source, attempt)
+                attempt += 1
+                if outcome == "retry":
+                    continue
+                return outcome
+            progress(source.size)
+            return "uploaded"
+
+    # ---------------------------------------------------------------- multipart
+
+    def _plan(self, size: int) -> list[tuple[int, int, int]]:
+        step = part_size_for(size, self.part_size)
+        return [(i + 1, offset, min(step, size - offset)) for i, offset in enumerate(range(0, size, step))]
+
+    def _resume(self, key: str, source: ObjectSource, plan: list[tuple[int, int, int]]) -> tuple[str, dict[int, str]]:
+        """An open upload of ``key`` whose stored parts all match the local bytes, if any."""
+        client_error = _client_error()
+        by_number = {number: (offset, length) for number, offset, length in plan}
+        for upload in sorted(self._open.get(key, ()), key=lambda u: u.initiated, reverse=True):
+            try:
+                parts = self._list_parts(key, upload.upload_id)
+            except client_error as exc:
+                log.debug("cannot list parts of upload %s of %s (%s); not resuming it", upload.upload_id, key, exc)
+                continue
+            done: dict[int, str] = {}
+            for number, (etag, size) in parts.items():
+                where = by_number.get(number)
+                if where is None or where[1] != size or source.md5_hex(*where) != etag.strip('"').lower():
+                    done = {}
+                    break
+                done[number] = etag
+            if done:
+                log.info("%s: resuming multipart upload (%d of %d parts already stored)", key, len(done), len(plan))
+                return upload.upload_id, done
+        return "", {}
+
+    def _list_parts(self, key: str, upload_id: str) -> dict[int, tuple[str, int]]:
+        parts: dict[int, tuple[str, int]] = {}
+        marker = 0
+        while True:
+            response = self.s3.list_parts(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker)
+            for part in response.get("Parts", []):
+                parts[int(part["PartNumber"])] = (str(part["ETag"]), int(part["Size"]))
+            if not response.get("IsTruncated"):
+                return parts
+            marker = int(response["NextPartNumberMarker"])
+
+    def _send_part(
+        self, key: str, upload_id: str, number: int, views: tuple[memoryview, ...], progress: _Progress
+    ) -> str:
+        self._check_cancelled()
+        response = self.s3.upload_part(
+            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=Payload(views)
+        )
+        progress(sum(v.nbytes for v in views))
+        return str(response["ETag"])
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:  # best effort: the original error matters more
+            log.warning("could not abort multipart upload %s of %s: %s", upload_id, key, exc)
+
+    def _multipart(self, key: str, source: ObjectSource, metadata: dict[str, str], progress: _Progress) -> str:
+        plan = self._plan(source.size)
+        upload_id, done = self._resume(key, source, plan)
+        resumed = bool(upload_id)
+        if not conditional_writes_supported():
+            found = self._existing(key, source)
+            if found is not None:
+                return found
+        if not upload_id:
+            upload_id = str(self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata=metadata)["UploadId"])
+        else:
+            progress(sum(length for number, _, length in plan if number in done))
+        try:
+            outcome = self._send_and_complete(key, source, plan, upload_id, done, progress)
+        except BaseException:
+            self._abort(key, upload_id)
+            raise
+        if outcome == "restart":
+            self._open.pop(key, None)
+            return self._multipart(key, source, metadata, progress)
+        if outcome == "uploaded" and resumed:
+            remote = head_object(self.s3, self.bucket, key)
+            if remote is None or (remote.sha256 or "").lower() != source.sha256():
+                raise SnapshotChecksumError(
+                    f"{key}: the resumed multipart upload completed, but its recorded {SHA256_METADATA} "
+                    f"({remote.sha256 if remote else 'absent'}) is not the local {source.sha256()}; an earlier "
+                    f"attempt uploaded other bytes under identity {self.identity!r}: publish under a new identity"
+                )
+        return outcome
+
+    def _send_and_complete(
+        self,
+        key: str,
+        source: ObjectSource,
+        plan: list[tuple[int, int, int]],
+        upload_id: str,
+        done: dict[int, str],
+        progress: _Progress,
+    ) -> str:
+        client_error = _client_error()
+        futures: dict[int, Future[str]] = {}
+        for number, offset, length in plan:
+            if number not in done:
+                views = source.slice(offset, length)
+                futures[number] = self._pool.submit(self._send_part, key, upload_id, number, views, progress)
+        finished, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+        for future in finished:
+            if future.exception() is not None:
+                for other in futures.values():
+                    other.cancel()
+                wait(futures.values())
+                missing = future.exception()
+                if isinstance(missing, client_error) and error_code(missing) == "NoSuchUpload":
+                    return self._after_lost_upload(key, source)
+                future.result()
+        etags = {**done, **{number: future.result() for number, future in futures.items()}}
+        parts = [{"PartNumber": number, "ETag": etags[number]} for number, _, _ in plan]
+        attempt = 0
+        while True:
+            self._check_cancelled()
+            kwargs: dict[str, Any] = {
+                "Bucket": self.bucket,
+                "Key": key,
+                "UploadId": upload_id,
+                "MultipartUpload": {"Parts": parts},
+            }
+            if conditional_writes_supported():
+                kwargs["IfNoneMatch"] = "*"
+            else:
+                found = self._existing(key, source)
+                if found is not None:
+                    self._abort(key, upload_id)
+                    return found
+            try:
+                self.s3.complete_multipart_upload(**kwargs)
+            except client_error as exc:
+                if error_code(exc) == "NoSuchUpload":
+                    return self._after_lost_upload(key, source)
+                if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
+                    self._abort(key, upload_id)
+                outcome = self._answer(exc, key, source, attempt)
+                attempt += 1
+                if outcome == "retry":
+                    continue
+                return outcome
+            return "uploaded"
+
+    def _after_lost_upload(self, key: str, source: ObjectSource) -> str:
+        """The upload vanished (completed or aborted by another publisher): compare or restart."""
+        found = self._existing(key, source)
+        return "restart" if found is None else found

@@ -1,0 +1,601 @@
+"""Publishing snapshots to object storage: immutable, resumable, race-free, index last.
+
+A snapshot goes to ``s3://<bucket>/<P>/<identity>/`` (spec ``snapshot-format.md``
+sections 1 and 7). Two entry points:
+
+* :func:`upload_snapshot` publishes a directory (or a
+  :class:`~cwtrain.hotload.inspect.SnapshotInfo`)::
+
+      from cwtrain.hotload import upload_snapshot
+      from cwtrain.infra import s3_client
+
+      uri = upload_snapshot("ckpt/step-7", bucket="weights", identity="run1-v000007",
+                            path_prefix="hotload", s3=s3_client())
+
+* :class:`SnapshotUpload` takes files as an encoder produces them, without staging them
+  on disk; the index goes last, at :meth:`SnapshotUpload.commit`::
+
+      with SnapshotUpload(s3, bucket="weights", identity="run1-v000008", path_prefix="hotload") as up:
+          for shard in encoder.iter_files():
+              up.add(shard)                 # uploads in the background
+          uri = up.commit(encoded.index)    # waits for every shard, then writes the index
+
+  Leaving the block without ``commit`` (an exception, a signal) cancels the uploads,
+  aborts their unfinished multipart uploads and never writes the index.
+
+**Guarantees.** Every object carries ``x-amz-meta-cwtrain-sha256`` (one SHA-256 pass per
+file, see :mod:`cwtrain.hotload.objects`) and is written create-only
+(``If-None-Match: *``). Before writing, the keys directly under the snapshot prefix are
+listed: objects with the local SHA-256 are skipped, so a second run of the same snapshot
+uploads nothing and a re-run after a crash sends only what is missing (unfinished multipart
+uploads continue at part granularity); different bytes, or keys that are not part of the
+snapshot, raise :class:`~cwtrain.errors.SnapshotConflictError` naming each key, before
+anything is written. The first file in name order is written alone before the others: two
+publishers racing on one identity collide on it, so exactly one proceeds and the other gets
+``SnapshotConflictError`` with nothing of its own stored. The index is written only after
+every other object is confirmed, so a reader that sees it can rely on the shards.
+
+**Concurrency and memory.** ``workers`` objects upload in parallel and ``workers`` parts
+are in flight across them (``CWTRAIN_HOTLOAD_UPLOAD_WORKERS`` in the integrations). Files
+on disk are memory-mapped; in the streaming form :meth:`SnapshotUpload.add` blocks while
+the encoded bytes in flight exceed ``memory_budget`` (``CWTRAIN_HOTLOAD_MEMORY_BUDGET``,
+1 GiB). Part size: ``part_size`` or ``CWTRAIN_HOTLOAD_PART_SIZE`` (64 MiB, at least 50 MB).
+
+**Progress.** ``on_progress(nbytes)`` is called from worker threads with every confirmed
+part or object (skipped objects count as done), the signature of
+:class:`cwtrain.progress.ByteProgress`; ``on_file(UploadedFile)`` once per object.
+
+The permission check :func:`check_snapshot_access` (spec section 9) lives here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from cwtrain.config import env_int
+from cwtrain.errors import SnapshotAccessError, SnapshotConflictError, SnapshotError, SnapshotNotFoundError, UsageError
+from cwtrain.hotload.format import INDEX_NAME, snapshot_prefix, validate_identity
+from cwtrain.hotload.objects import (
+    DEFAULT_PART_SIZE,
+    ObjectSource,
+    ObjectWriter,
+    OpenUpload,
+    RemoteObject,
+    check_part_size,
+    error_code,
+    head_object,
+    is_missing,
+)
+
+__all__ = ["SnapshotUpload", "UploadedFile", "check_snapshot_access", "snapshot_uri", "upload_snapshot"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """One object of a published snapshot.
+
+    Attributes:
+        name: the file name.
+        key: the object key.
+        size: bytes.
+        sha256: the SHA-256 recorded in ``cwtrain-sha256``.
+        outcome: ``"uploaded"``, or ``"existing"`` when the store already held these bytes.
+    """
+
+    name: str
+    key: str
+    size: int
+    sha256: str
+    outcome: str
+
+
+def snapshot_uri(bucket: str, path_prefix: str, identity: str) -> str:
+    """``s3://<bucket>/<snapshot prefix>/``."""
+    return f"s3://{bucket}/{snapshot_prefix(path_prefix, identity)}/"
+
+
+def _default_s3() -> Any:
+    from cwtrain.infra.s3 import s3_client
+
+    return s3_client()
+
+
+class _Budget:
+    """Bytes in flight; a request larger than the limit waits until nothing else is in flight."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, nbytes: int, cancelled: threading.Event) -> None:
+        with self._cond:
+            while self.used and self.used + nbytes > self.limit:
+                if cancelled.is_set():
+                    raise SnapshotError("upload cancelled")
+                self._cond.wait(0.5)
+            self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._cond:
+            self.used -= nbytes
+            self._cond.notify_all()
+
+
+def _list_existing(s3: Any, bucket: str, prefix: str) -> dict[str, RemoteObject]:
+    """Objects directly under ``prefix/`` (all pages, ``Delimiter=/``), with their metadata."""
+    names: list[str] = []
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix + "/", "Delimiter": "/"}
+    while True:
+        response = s3.list_objects_v2(**kwargs)
+        names.extend(item["Key"][len(prefix) + 1 :] for item in response.get("Contents", []))
+        if not response.get("IsTruncated"):
+            break
+        kwargs["ContinuationToken"] = response["NextContinuationToken"]
+    found: dict[str, RemoteObject] = {}
+    for name in names:
+        remote = head_object(s3, bucket, f"{prefix}/{name}")
+        if remote is not None:
+            found[name] = remote
+    return found
+
+
+def _list_open_uploads(s3: Any, bucket: str, prefix: str) -> dict[str, list[OpenUpload]]:
+    """Unfinished multipart uploads under ``prefix/``, by key (empty if listing is refused)."""
+    from botocore.exceptions import ClientError
+
+    found: dict[str, list[OpenUpload]] = {}
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix + "/"}
+    try:
+        while True:
+            response = s3.list_multipart_uploads(**kwargs)
+            for item in response.get("Uploads", []):
+                initiated = item.get("Initiated")
+                stamp = initiated.timestamp() if hasattr(initiated, "timestamp") else 0.0
+                found.setdefault(item["Key"], []).append(OpenUpload(item["Key"], item["UploadId"], stamp))
+            if not response.get("IsTruncated"):
+                return found
+            kwargs["KeyMarker"] = response.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = response.get("NextUploadIdMarker", "")
+    except ClientError as exc:
+        log.debug("cannot list unfinished multipart uploads under %s (%s); no part-level resume", prefix, exc)
+        return found
+
+
+def _file_name(name: str) -> str:
+    if not name or "/" in name or name in (".", ".."):
+        raise UsageError(f"snapshot file name {name!r} must be one path segment")
+    return name
+
+
+class SnapshotUpload:
+    """Streaming upload of one snapshot: files as they are produced, the index last.
+
+    Args:
+        s3: a boto3 S3 client (default: :func:`cwtrain.infra.s3_client`).
+        bucket: the bucket (deployment ``spec.hotLoad.bucket``).
+        identity: the snapshot identity.
+        path_prefix: deployment ``spec.hotLoad.pathPrefix`` (may be empty).
+        workers: objects uploaded in parallel, and parts in flight.
+        part_size: multipart part size; else ``CWTRAIN_HOTLOAD_PART_SIZE``, else 64 MiB.
+        memory_budget: bytes of added files in flight before :meth:`add` blocks; else
+            ``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, else 1 GiB.
+        on_file: called with an :class:`UploadedFile` once each object is stored.
+        on_progress: called with byte counts as the store confirms them.
+    """
+
+    def __init__(
+        self,
+        s3: Any = None,
+        *,
+        bucket: str,
+        identity: str,
+        path_prefix: str = "",
+        workers: int = 8,
+        part_size: int | None = None,
+        memory_budget: int | None = None,
+        on_file: Callable[[UploadedFile], None] | None = None,
+        on_progress: Callable[[int], None] | None = None,
+        _existing: Mapping[str, RemoteObject] | None = None,
+    ) -> None:
+        if workers < 1:
+            raise UsageError(f"workers={workers} must be at least 1")
+        self.s3 = s3 if s3 is not None else _default_s3()
+        self.bucket = bucket
+        self.identity = validate_identity(identity)
+        self.path_prefix = (path_prefix or "").strip("/")
+        self.prefix = snapshot_prefix(self.path_prefix, self.identity)
+        self.uri = snapshot_uri(bucket, self.path_prefix, self.identity)
+        self.workers = workers
+        self.part_size = check_part_size(
+            part_size if part_size is not None else env_int("CWTRAIN_HOTLOAD_PART_SIZE", DEFAULT_PART_SIZE)
+        )
+        budget = memory_budget if memory_budget is not None else env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", 1 << 30)
+        self._budget = _Budget(budget)
+        self._on_file = on_file
+        self._on_progress = on_progress
+        self._given_existing = _existing
+        self.existing: dict[str, RemoteObject] = {}
+        self.results: dict[str, UploadedFile] = {}
+        self._futures: dict[str, Future[UploadedFile]] = {}
+        self._claim: Future[UploadedFile] | None = None
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._writer: ObjectWriter | None = None
+        self._objects: ThreadPoolExecutor | None = None
+        self._parts: ThreadPoolExecutor | None = None
+        self._committed = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> SnapshotUpload:
+        self.existing = (
+            dict(self._given_existing)
+            if self._given_existing is not None
+            else _list_existing(self.s3, self.bucket, self.prefix)
+        )
+        opened = _list_open_uploads(self.s3, self.bucket, self.prefix)
+        self._objects = ThreadPoolExecutor(self.workers, thread_name_prefix="cwtrain-upload")
+        self._parts = ThreadPoolExecutor(self.workers, thread_name_prefix="cwtrain-part")
+        self._writer = ObjectWriter(
+            self.s3,
+            self.bucket,
+            self.identity,
+            part_size=self.part_size,
+            part_pool=self._parts,
+            on_bytes=self._progress,
+            open_uploads=opened,
+            cancelled=self._cancelled,
+        )
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._committed:
+            self.cancel()
+        self._shutdown()
+
+    def cancel(self) -> None:
+        """Stop: pending files are dropped, running multipart uploads aborted, no index written."""
+        self._cancelled.set()
+        for future in list(self._futures.values()):
+            future.cancel()
+        for future in list(self._futures.values()):
+            if not future.cancelled():
+                try:
+                    future.result()
+                except BaseException:  # already reported by whoever needed it
+                    pass
+
+    def _shutdown(self) -> None:
+        for pool in (self._objects, self._parts):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._objects = self._parts = None
+
+    def _progress(self, nbytes: int) -> None:
+        if self._on_progress is not None and nbytes:
+            self._on_progress(nbytes)
+
+    # ---------------------------------------------------------------- files
+
+    def add(self, file: Any) -> None:
+        """Upload one file in the background (blocks while the memory budget is used up).
+
+        Args:
+            file: a :class:`~cwtrain.hotload.format.SnapshotFile` (``name``, ``buffers``)
+                or an :class:`~cwtrain.hotload.objects.ObjectSource`.
+
+        Raises:
+            SnapshotConflictError: an earlier file found a conflict.
+            UsageError: a duplicate or invalid name, the index, or use outside ``with``.
+        """
+        if self._objects is None or self._writer is None:
+            raise UsageError("SnapshotUpload.add() needs the upload opened with `with SnapshotUpload(...)`")
+        source = file if isinstance(file, ObjectSource) else ObjectSource.from_buffers(file.name, file.buffers)
+        name = _file_name(source.name)
+        if name == INDEX_NAME:
+            raise UsageError(f"{INDEX_NAME} is the index: pass it to commit(), which writes it last")
+        with self._lock:
+            if name in self._futures:
+                raise UsageError(f"{name} was already added to snapshot {self.identity!r}")
+        self._raise_failures(done_only=True)
+        held = 0 if source.mapped else min(source.size, self._budget.limit)
+        self._budget.acquire(held, self._cancelled)
+        claim = self._claim
+        future = self._objects.submit(self._upload_one, source, claim, held)
+        with self._lock:
+            self._futures[name] = future
+            if self._claim is None:
+                self._claim = future
+
+    def _upload_one(self, source: ObjectSource, claim: Future[UploadedFile] | None, held: int) -> UploadedFile:
+        try:
+            if claim is not None:
+                claim.result()  # the first file decides who owns the identity
+            assert self._writer is not None
+            key = f"{self.prefix}/{source.name}"
+            remote = self.existing.get(source.name)
+            if remote is not None:
+                if not remote.matches(source):
+                    raise SnapshotConflictError(self.identity, [_conflict_line(source, remote)])
+                outcome = "existing"
+                self._progress(source.size)
+            else:
+                outcome = self._writer.write(key, source)
+            result = UploadedFile(source.name, key, source.size, source.sha256(), outcome)
+            if self._on_file is not None:
+                self._on_file(result)
+            log.debug("%s: %s (%d bytes)", key, outcome, source.size)
+            return result
+        finally:
+            self._budget.release(held)
+            source.close()
+
+    def _raise_failures(self, *, done_only: bool) -> None:
+        """Raise the first failure; conflicts from several files become one error."""
+        conflicts: list[str] = []
+        first: BaseException | None = None
+        for name, future in list(self._futures.items()):
+            if done_only and not future.done():
+                continue
+            error = future.exception() if not future.cancelled() else None
+            if error is None:
+                if future.done() and not future.cancelled():
+                    self.results[name] = future.result()
+                continue
+            if isinstance(error, SnapshotConflictError):
+                conflicts.extend(error.conflicts)
+            elif first is None:
+                first = error
+        if conflicts:
+            raise SnapshotConflictError(self.identity, list(dict.fromkeys(conflicts)))
+        if first is not None:
+            raise first
+
+    def wait(self) -> list[UploadedFile]:
+        """Wait for every added file; raise the first failure."""
+        for future in list(self._futures.values()):
+            try:
+                future.result()
+            except BaseException:
+                break
+        if any(not f.done() for f in self._futures.values()):
+            self.cancel()
+        self._raise_failures(done_only=False)
+        return [self.results[name] for name in sorted(self.results)]
+
+    def commit(self, index: Any) -> str:
+        """Wait for every file, then write the index; returns ``s3://bucket/prefix/identity/``.
+
+        Args:
+            index: the index file (a ``SnapshotFile``, an ``ObjectSource``, or raw bytes);
+                ``None`` for a snapshot without one (only files, for tests and side uses).
+
+        Raises:
+            SnapshotConflictError: a conflict on any file, or stored keys that are not part
+                of this snapshot; the index is then not written.
+        """
+        if self._writer is None:
+            raise UsageError("SnapshotUpload.commit() needs the upload opened with `with SnapshotUpload(...)`")
+        source: ObjectSource | None
+        if index is None:
+            source = None
+        elif isinstance(index, (bytes, bytearray, memoryview)):
+            source = ObjectSource.from_buffers(INDEX_NAME, [index])
+        elif isinstance(index, ObjectSource):
+            source = index
+        else:
+            source = ObjectSource.from_buffers(index.name, index.buffers)
+        try:
+            self.wait()
+            strays = sorted(set(self.existing) - set(self._futures) - {INDEX_NAME if source is None else source.name})
+            if strays:
+                raise SnapshotConflictError(self.identity, [f"{name} (not part of this snapshot)" for name in strays])
+            if source is not None:
+                self.results[source.name] = self._upload_one(source, None, 0)
+        except BaseException:
+            self.cancel()
+            raise
+        self._committed = True
+        log.info("snapshot %s complete (%d objects)", self.uri, len(self.results))
+        return self.uri
+
+
+def _conflict_line(source: ObjectSource, remote: RemoteObject) -> str:
+    if remote.sha256:
+        return f"{source.name} (stored sha256 {remote.sha256}, local {source.sha256()})"
+    return f"{source.name} (stored object without cwtrain-sha256, {remote.size} bytes, ETag {remote.etag})"
+
+
+# ------------------------------------------------------------------- directory
+
+
+def _directory_sources(path: Path) -> list[ObjectSource]:
+    if not path.is_dir():
+        raise SnapshotNotFoundError(f"snapshot directory {str(path)!r} does not exist")
+    sources = []
+    for entry in sorted(path.iterdir()):
+        if entry.is_dir():
+            log.warning("%s: subdirectory skipped (only the directory's own files are uploaded)", entry)
+        elif entry.is_file():
+            sources.append(ObjectSource.from_path(entry))
+    return sources
+
+
+def _snapshot_sources(snapshot: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource | None]:
+    """The files and the index (bytes as uploaded) of a directory or a ``SnapshotInfo``."""
+    info = snapshot
+    if isinstance(snapshot, (str, os.PathLike)):
+        try:
+            from cwtrain.hotload.inspect import inspect_snapshot
+        except ImportError:  # pragma: no cover - inspect is part of core
+            inspect_snapshot = None
+        if inspect_snapshot is None:
+            sources = _directory_sources(Path(snapshot))
+            index = next((s for s in sources if s.name == INDEX_NAME), None)
+            return [s for s in sources if s is not index], index
+        info = inspect_snapshot(snapshot)
+    return _info_sources(info, identity)
+
+
+def _info_sources(info: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource | None]:
+    from cwtrain.hotload.inspect import delta_index_for_upload
+
+    root = Path(info.path)
+    names = [Path(f).name for f in info.files]
+    files = [ObjectSource.from_path(root / name, name) for name in names if name != INDEX_NAME]
+    if getattr(info, "empty_delta", False):
+        for source in files:
+            source.close()
+        raise SnapshotError(f"{root}: an empty delta (no changed tensor) is never uploaded")
+    if info.incremental is not None:
+        data = delta_index_for_upload(info, identity)
+        return files, ObjectSource.from_buffers(INDEX_NAME, [data])
+    index_bytes = getattr(info, "index_bytes", None)
+    if index_bytes is not None:
+        return files, ObjectSource.from_buffers(INDEX_NAME, [index_bytes])
+    if (root / INDEX_NAME).is_file():
+        return files, ObjectSource.from_path(root / INDEX_NAME)
+    return files, None
+
+
+def upload_snapshot(
+    snapshot: Any,
+    *,
+    bucket: str,
+    identity: str,
+    path_prefix: str = "",
+    s3: Any = None,
+    workers: int = 8,
+    on_file: Callable[[UploadedFile], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    part_size: int | None = None,
+) -> str:
+    """Publish a snapshot under ``<path_prefix>/<identity>/``; returns its ``s3://`` URI.
+
+    Args:
+        snapshot: a snapshot directory, or a ``SnapshotInfo`` from ``inspect_snapshot``
+            (a delta's index is uploaded in the rewritten form of spec section 5.2).
+        bucket: the bucket.
+        identity: the snapshot identity.
+        path_prefix: the deployment's hot-load path prefix.
+        s3: a boto3 S3 client (default :func:`cwtrain.infra.s3_client`).
+        workers: objects in parallel (and parts in flight), at least 1.
+        on_file: called with an :class:`UploadedFile` per object.
+        on_progress: called with byte counts (see :class:`cwtrain.progress.ByteProgress`).
+        part_size: multipart part size (default ``CWTRAIN_HOTLOAD_PART_SIZE`` or 64 MiB).
+
+    Raises:
+        SnapshotConflictError: the identity holds other bytes or other keys (nothing written).
+        SnapshotError: the snapshot cannot be published (e.g. an empty delta).
+    """
+    identity = validate_identity(identity)
+    s3 = s3 if s3 is not None else _default_s3()
+    files, index = _snapshot_sources(snapshot, identity)
+    everything = [*files, *([index] if index is not None else [])]
+    try:
+        prefix = snapshot_prefix(path_prefix, identity)
+        existing = _list_existing(s3, bucket, prefix)
+        _check_conflicts(identity, existing, everything)
+        with SnapshotUpload(
+            s3,
+            bucket=bucket,
+            identity=identity,
+            path_prefix=path_prefix,
+            workers=workers,
+            part_size=part_size,
+            on_file=on_file,
+            on_progress=on_progress,
+            _existing=existing,
+        ) as upload:
+            for source in files:
+                upload.add(source)
+            return upload.commit(index)
+    finally:
+        for source in everything:
+            source.close()
+
+
+def _check_conflicts(identity: str, existing: Mapping[str, RemoteObject], sources: Iterable[ObjectSource]) -> None:
+    """Every conflict between stored keys and local files, raised before anything is written."""
+    local = {s.name: s for s in sources}
+    conflicts = [f"{name} (not part of this snapshot)" for name in sorted(set(existing) - set(local))]
+    for name in sorted(set(existing) & set(local)):
+        if not existing[name].matches(local[name]):
+            conflicts.append(_conflict_line(local[name], existing[name]))
+    if conflicts:
+        raise SnapshotConflictError(identity, conflicts)
+
+
+# ---------------------------------------------------------------- permissions
+
+
+def check_snapshot_access(s3: Any, bucket: str, path_prefix: str = "") -> str:
+    """Prove the four permissions publishing needs, leaving nothing behind (spec section 9).
+
+    1. ListObjectsV2(``P/``, MaxKeys=1) -> ``s3:ListBucket``; 2. HEAD of a random
+    ``P/_preflight/<hex>`` answering 404 -> ``s3:GetObject``; 3. CreateMultipartUpload
+    there -> ``s3:PutObject``; 4. AbortMultipartUpload -> ``s3:AbortMultipartUpload``.
+
+    Args:
+        s3: a boto3 S3 client.
+        bucket: the bucket.
+        path_prefix: the hot-load path prefix (may be empty).
+
+    Returns:
+        ``s3://<bucket>/<P>/`` (``s3://<bucket>/`` when ``P`` is empty).
+
+    Raises:
+        SnapshotAccessError: a call was refused; names the permission and the S3 error code.
+            Missing credentials and transport errors pass through unchanged.
+    """
+    from botocore.exceptions import ClientError
+
+    prefix = (path_prefix or "").strip("/")
+    base = f"{prefix}/" if prefix else ""
+    uri = f"s3://{bucket}/{base}"
+    probe = f"{base}_preflight/{uuid.uuid4().hex}"
+    try:
+        s3.list_objects_v2(Bucket=bucket, Prefix=base, MaxKeys=1)
+    except ClientError as exc:
+        raise SnapshotAccessError(uri, "s3:ListBucket", error_code(exc)) from exc
+    try:
+        s3.head_object(Bucket=bucket, Key=probe)
+    except ClientError as exc:
+        if not is_missing(exc):
+            raise SnapshotAccessError(uri, "s3:GetObject", error_code(exc)) from exc
+    else:
+        raise SnapshotAccessError(uri, "s3:GetObject", "?")  # a random key that exists: not a 404
+    try:
+        upload_id = str(s3.create_multipart_upload(Bucket=bucket, Key=probe)["UploadId"])
+    except ClientError as exc:
+        raise SnapshotAccessError(uri, "s3:PutObject", error_code(exc)) from exc
+    try:
+        s3.abort_multipart_upload(Bucket=bucket, Key=probe, UploadId=upload_id)
+    except ClientError as exc:
+        raise SnapshotAccessError(uri, "s3:AbortMultipartUpload", error_code(exc), upload_id=upload_id) from exc
+    return uri
+
+
+def describe_results(results: Sequence[UploadedFile]) -> str:
+    """``"3 uploaded, 1 already stored (1.2 GiB)"`` for logs."""
+    from cwtrain.progress import format_bytes
+
+    uploaded = sum(1 for r in results if r.outcome == "uploaded")
+    total = sum(r.size for r in results)
+    return f"{uploaded} uploaded, {len(results) - uploaded} already stored ({format_bytes(total)})"
