@@ -129,14 +129,29 @@ def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> int:
 
 @dataclass(frozen=True)
 class FileRegion:
-    """Tensor bytes that live in a file: read with ``pread`` into reused buffers, never mapped."""
+    """Tensor bytes that live in a file: read with ``pread`` into reused buffers, never mapped.
+
+    The encoder streams these in chunks; anything else that asks for the buffer
+    (``memoryview(region)``) gets the whole region read into memory.
+    """
 
     fd: int
     offset: int
     nbytes: int
 
+    def __buffer__(self, flags: int, /) -> memoryview:
+        data = bytearray(self.nbytes)
+        view = memoryview(data)
+        done = 0
+        while done < self.nbytes:
+            got = os.preadv(self.fd, [view[done:]], self.offset + done)
+            if got <= 0:
+                raise SnapshotError(f"file ended early while reading {self.nbytes} bytes at {self.offset}")
+            done += got
+        return memoryview(data)
 
-TensorSource = Buffer | FileRegion
+
+TensorSource = Buffer
 
 
 def as_uint8(data: Buffer) -> U8Array:

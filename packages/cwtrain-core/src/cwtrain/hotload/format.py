@@ -168,6 +168,9 @@ class TensorData(NamedTuple):
     @property
     def nbytes(self) -> int:
         """Length of ``data`` in bytes."""
+        size = getattr(self.data, "nbytes", None)
+        if isinstance(size, int):
+            return size
         return memoryview(self.data).nbytes
 
 
