@@ -1,1 +1,57 @@
-"""cwtrain-miles: publish miles weight versions by checkpoint hot-load (work in progress)."""
+"""cwtrain for miles: publish weight versions by hot-load, sample rollouts from the deployment.
+
+Flags to copy (``--update-weight-transfer-mode disk-delta``; ``--colocate``, PD and LoRA are
+rejected by miles in this mode)::
+
+    python train.py ... \\
+      --hf-checkpoint /models/Qwen3-4B \\
+      --update-weight-transfer-mode disk-delta \\
+      --update-weight-disk-dir /shared/run1/weights \\
+      --update-weight-local-checkpoint-dir /tmp/run1-local \\
+      --update-weight-delta-encoding xor --update-weight-delta-checksum adler32 \\
+      --custom-update-weight-post-write-path cwtrain.integrations.miles.hook \\
+      --rollout-function-path cwtrain.integrations.miles.CoreWeaveRolloutFn
+
+Entry points (miles loads ``module.attr``; a class is built with
+``RolloutFnConstructorInput(args, data_source)``):
+
+* ``cwtrain.integrations.miles.hook`` - the post-write hook, the very function of
+  ``cwtrain.integrations.slime.hook`` (same call pattern and delta format in miles): baseline
+  ``<run>-v000000`` from ``--hf-checkpoint``, then a delta per version, FULL every
+  ``CWTRAIN_HOTLOAD_FULL_EVERY``, empty deltas skipped, rank 0 only. miles' ``update_weights``
+  does not skip when there are no engines, so no patch is needed.
+* ``cwtrain.integrations.miles.actor_hook`` - the same through a publishing Ray actor, one
+  step ahead.
+* ``cwtrain.integrations.miles.CoreWeaveRolloutFn`` - an ``InferenceRolloutFn`` subclass: one
+  ``/v1/completions`` request per group; it replaces miles' engine semaphore (sized from local
+  rollout GPUs, zero here) with ``CWTRAIN_ROLLOUT_CONCURRENCY`` slots.
+* ``cwtrain.integrations.miles.post_save_hook`` - the alternative to the post-write hook:
+  ``--custom-megatron-post-save-hook-path cwtrain.integrations.miles.post_save_hook`` with
+  ``--save`` and ``--save-hf`` publishes each checkpoint's HF export.
+
+``train.py`` (synchronous) and ``train_async.py`` (generation k+1 overlaps training k) both
+work. With ``CWTRAIN_HOTLOAD_WAIT=0`` the hook returns once the hot-load exists and the next
+publish waits for it. Variables: ``CWTRAIN_HOTLOAD_*`` and ``CWTRAIN_ROLLOUT_*`` as for slime
+(:mod:`cwtrain.integrations.slime`). Nothing here imports miles, Ray or torch until used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cwtrain.integrations.slime import HookConfig, actor_hook, hook
+
+from .post_save import post_save_hook
+
+__all__ = ["CoreWeaveRolloutFn", "HookConfig", "actor_hook", "hook", "post_save_hook"]
+
+
+def __getattr__(name: str) -> Any:
+    # Built on first access so that importing this package never imports miles.
+    if name == "CoreWeaveRolloutFn":
+        from .rollout import make_rollout_fn_cls
+
+        cls = make_rollout_fn_cls()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module 'cwtrain.integrations.miles' has no attribute {name!r}")

@@ -1,1 +1,81 @@
-"""cwtrain-slime: publish slime weight versions by checkpoint hot-load (work in progress)."""
+"""cwtrain for slime: publish every weight version by hot-load, sample rollouts remotely.
+
+slime trains with Megatron under Ray and normally pushes weights into local SGLang engines.
+With cwtrain there are no local engines: each weight version slime writes is published to a
+CoreWeave Dedicated Inference deployment by checkpoint hot-load, and rollouts come from the
+deployment's ``/v1/completions``.
+
+Flags to copy (delta mode, recommended)::
+
+    python train.py ... \\
+      --hf-checkpoint /models/Qwen3-4B \\
+      --update-weight-mode delta --update-weight-transport disk \\
+      --update-weight-disk-dir /shared/run1/weights \\
+      --update-weight-local-checkpoint-dir /tmp/run1-local \\
+      --update-weight-delta-encoding xor --update-weight-delta-checksum adler32 \\
+      --custom-update-weight-post-write-path cwtrain.integrations.slime.hook \\
+      --rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout \\
+      --rollout-num-gpus 0 --custom-config-path zero_engines.yaml   # rollout_num_engines: 1
+
+Full mode (each version a complete HF checkpoint) works too:
+``--update-weight-mode full --update-weight-transport disk --update-weight-disk-dir DIR``.
+
+Entry points, all loadable the way slime loads them (``module.attr``):
+
+* ``cwtrain.integrations.slime.hook`` - the post-write hook, ``hook(args, version_dir,
+  rollout_engines)``. The first call (slime's delta root, rank 0) publishes ``--hf-checkpoint``
+  as ``<run>-v000000``; each ``weight_vNNNNNN`` is then published as a delta over what the
+  replicas serve, empty deltas are skipped, and a FULL snapshot cuts the chain every
+  ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions (default 20) from the served copy kept in the state
+  directory. Only rank 0 publishes. See :mod:`~cwtrain.integrations.slime.publisher`.
+* ``cwtrain.integrations.slime.actor_hook`` - the same, handed to a long-lived Ray actor on
+  the trainer node so upload and hot-load overlap the next step (at most one step ahead;
+  a failure raises at the next step). See :mod:`~cwtrain.integrations.slime.actor`.
+* ``cwtrain.integrations.slime.rollout.generate_rollout`` - slime's rollout function, one
+  ``/v1/completions`` request per GRPO group. See :mod:`~cwtrain.integrations.slime.rollout`.
+* ``python -m cwtrain.integrations.slime.launch train.py ARGS`` - runs slime's ``train.py``
+  with a ``MegatronTrainRayActor`` subclass whose ``update_weights()`` publishes from the
+  model's tensors (no HF export to disk). See :mod:`~cwtrain.integrations.slime.tensors`.
+
+Variables (``CWTRAIN_HOTLOAD_*`` for publishing, ``CWTRAIN_ROLLOUT_*`` for rollouts; see
+:mod:`~cwtrain.integrations.slime.config`)::
+
+    export CWTRAIN_HOTLOAD_DEPLOYMENT_ID=3b1d2c54-...   COREWEAVE_API_TOKEN=...
+    export CWTRAIN_HOTLOAD_RUN_ID=grpo-a                # identities grpo-a-v000000, -v000001, ...
+    export CWTRAIN_ROLLOUT_BASE_URL=https://.../v1     CWTRAIN_ROLLOUT_MODEL=Qwen3-4B
+    export AWS_REGION=US-EAST-04A                       # plus object-storage credentials
+
+Other ranks wait in slime's gloo barrier while rank 0 uploads and hot-loads, so the gloo
+timeout must exceed ``CWTRAIN_HOTLOAD_TIMEOUT`` plus upload time. Nothing here imports
+slime, Ray or torch until it is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .actor import actor_hook, drain
+from .config import HookConfig, default_run_id, is_rank_zero
+from .post_write import hook, reset
+from .publisher import SlimePublisher
+
+__all__ = [
+    "HookConfig",
+    "SlimePublisher",
+    "actor_hook",
+    "default_run_id",
+    "drain",
+    "hook",
+    "is_rank_zero",
+    "make_actor_cls",
+    "reset",
+]
+
+SLIME_MISSING = 'this needs slime installed (the slime image ships it); cwtrain itself: pip install "cwtrain[slime]"'
+
+
+def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
+    """The ``MegatronTrainRayActor`` subclass that publishes from live tensors (see ``tensors``)."""
+    from .tensors import make_actor_cls as make
+
+    return make(base)

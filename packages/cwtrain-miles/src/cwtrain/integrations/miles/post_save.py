@@ -1,0 +1,114 @@
+"""The post-save alternative: publish each ``--save-hf`` export after miles saves a checkpoint.
+
+``--custom-megatron-post-save-hook-path cwtrain.integrations.miles.post_save_hook`` makes miles
+call ``post_save_hook(args, rollout_id, checkpoint_dir, hf_checkpoint_dir)`` on rank 0 after
+each save (``--save`` and ``--save-hf`` are required). Use it when weights should reach the
+deployment only at checkpoints rather than at every ``update_weights``.
+
+Version ``rollout_id + 1`` is published: the first call publishes ``--hf-checkpoint`` as the
+baseline ``<run>-v000000``; each export then becomes an XOR delta over the previous published
+export, written into the state directory in slime's delta format and published like any
+other version (FULL every ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions, empty deltas skipped). The
+previous export directory must still exist at the next save (miles keeps them).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cwtrain.errors import ConfigError
+from cwtrain.integrations.slime.config import HookConfig, default_run_id, is_rank_zero
+from cwtrain.integrations.slime.publisher import SlimePublisher
+
+__all__ = ["PostSavePublisher", "post_save_hook", "reset"]
+
+log = logging.getLogger(__name__)
+
+
+class PostSavePublisher:
+    """Publishes miles' HF exports as consecutive weight versions.
+
+    Args:
+        publisher: the :class:`SlimePublisher` doing the hot-loads (its state directory holds
+            the delta staging).
+    """
+
+    def __init__(self, publisher: SlimePublisher) -> None:
+        self.publisher = publisher
+        self._previous: Path | None = None
+
+    def __call__(self, args: Any, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
+        """Publish the export of ``rollout_id`` (the baseline first, on the first call)."""
+        from cwtrain.hotload.delta import write_delta
+
+        metrics: dict[str, float] = {}
+        if self._previous is None:
+            metrics.update(self.publisher.publish_baseline(args))
+            self._previous = Path(str(args.hf_checkpoint))
+        version = int(rollout_id) + 1
+        base_version = self.publisher._version
+        if version <= base_version:
+            raise ConfigError(f"rollout {rollout_id} was already published as version {base_version}")
+        staging = self.publisher.state_dir / "post-save" / f"weight_v{version:06d}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        write_delta(
+            self._previous, hf_checkpoint_dir, staging, version=f"{version:06d}", base_version=f"{base_version:06d}"
+        )
+        try:
+            metrics.update(self.publisher.publish_version(args, staging, version))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._previous = Path(hf_checkpoint_dir)
+        return metrics
+
+
+_lock = threading.Lock()
+_current: PostSavePublisher | None = None
+
+
+def reset() -> None:
+    """Forget the process's post-save publisher."""
+    global _current
+    with _lock:
+        _current = None
+
+
+def post_save_hook(
+    args: Any, rollout_id: int, checkpoint_dir: str, hf_checkpoint_dir: str | None
+) -> dict[str, float] | None:
+    """miles' ``--custom-megatron-post-save-hook-path`` hook.
+
+    Args:
+        args: miles' namespace.
+        rollout_id: the rollout step just saved.
+        checkpoint_dir: the Megatron checkpoint (not read).
+        hf_checkpoint_dir: the HF export of this save (``--save-hf``); required.
+
+    Raises:
+        ConfigError: ``--save-hf`` is not set.
+    """
+    del checkpoint_dir
+    if not is_rank_zero(args):
+        return None
+    if not hf_checkpoint_dir:
+        raise ConfigError(
+            "the post-save hook publishes the HF export of each save: pass --save-hf DIR_WITH_{rollout_id}"
+        )
+    global _current
+    with _lock:
+        if _current is None:
+            config = HookConfig.from_env(default_run_id=default_run_id(args))
+            if not config.state_dir:
+                root = getattr(args, "update_weight_disk_dir", None) or getattr(args, "save", None)
+                if not root:
+                    raise ConfigError("set CWTRAIN_HOTLOAD_STATE_DIR (no --update-weight-disk-dir or --save)")
+                config = replace(config, state_dir=str(root).rstrip("/") + "-hotload")
+            _current = PostSavePublisher(SlimePublisher(config))
+        current = _current
+    return current(args, rollout_id, hf_checkpoint_dir)

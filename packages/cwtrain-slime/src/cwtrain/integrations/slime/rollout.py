@@ -1,0 +1,323 @@
+"""Remote rollouts for slime: ``--rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout``.
+
+slime calls :func:`generate_rollout` with its contract
+``generate_rollout(args, rollout_id, data_source, evaluation=False)``. Each call takes
+``--rollout-batch-size`` groups from ``data_source.get_samples``, sends **one**
+``/v1/completions`` request per group with ``n = --n-samples-per-prompt`` through the rollout
+sampler (:mod:`cwtrain.integrations.rollout`), fills every ``Sample`` (``tokens``,
+``response``, ``response_length``, ``rollout_log_probs``, ``rollout_routed_experts``,
+``status``) and appends the weight version that served it to ``weight_versions``. Rewards
+come from slime's own reward hooks (``--custom-rm-path``, ``--rm-type``, ``--group-rm``).
+
+Flags to copy::
+
+    --rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout
+    --rollout-num-gpus 0                     # no local engines
+    --custom-config-path zero_engines.yaml   # holds "rollout_num_engines: 1" so slime does not
+                                             # size its (unused) engine semaphore to zero
+    --rollout-top-p 1.0                      # other values need a patched SGLang's token ids
+    --apply-chat-template                    # prompts are strings, tokenised by the trainer
+
+Refused, naming the flag (they replace the part of the rollout cwtrain owns):
+``--custom-generate-function-path``, ``--dynamic-sampling-filter-path``,
+``--rollout-sample-filter-path``, ``--rollout-all-samples-process-path``,
+``--use-session-server``, and ``--over-sampling-batch-size`` above ``--rollout-batch-size``.
+``--use-tis``, ``--use-rollout-logprobs`` and ``--get-mismatch-metrics`` make log-probs
+required (and need ``--rollout-temperature 1.0``).
+
+Variables: ``CWTRAIN_ROLLOUT_BASE_URL``, ``CWTRAIN_ROLLOUT_MODEL`` (required) and the other
+``CWTRAIN_ROLLOUT_*`` of the sampler. The served version comes from the endpoint's
+``x-cwtrain-snapshot-identity`` when it sends one, else from the deployment's current identity
+(``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``), else from the hook's state directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cwtrain.errors import ConfigError, RolloutError
+
+from .config import HookConfig
+
+if TYPE_CHECKING:
+    from cwtrain.integrations.rollout import Completion, CompletionSampler, RolloutConfig
+
+__all__ = [
+    "fill_sample",
+    "generate_rollout",
+    "process_sampler",
+    "prompt_of",
+    "sample_groups_into",
+    "served_version",
+    "set_tokenizer",
+    "version_of_identity",
+]
+
+log = logging.getLogger(__name__)
+
+SLIME_MISSING = (
+    'cwtrain.integrations.slime.rollout runs inside slime: install slime (pip install "cwtrain[slime]" adds cwtrain)'
+)
+_IDENTITY_VERSION = re.compile(r"-v(\d{6,})$")
+
+_lock = threading.Lock()
+_tokenizer: Any = None
+_tokenizer_loaded = False
+_samplers: dict[Any, CompletionSampler] = {}
+
+
+def set_tokenizer(tokenizer: Any) -> None:
+    """Use ``tokenizer`` (``encode(text, add_special_tokens=False)``, ``decode``) for prompts.
+
+    By default the trainer's tokenizer is loaded from ``--hf-checkpoint`` with transformers;
+    without one, prompts are sent as text and the endpoint's prompt token ids are used.
+    """
+    global _tokenizer, _tokenizer_loaded
+    with _lock:
+        _tokenizer, _tokenizer_loaded = tokenizer, True
+        _samplers.clear()
+
+
+def _load_tokenizer(args: Any) -> Any:
+    global _tokenizer, _tokenizer_loaded
+    with _lock:
+        if not _tokenizer_loaded:
+            _tokenizer_loaded = True
+            try:
+                from transformers import AutoTokenizer
+
+                _tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint, trust_remote_code=True)
+            except Exception as exc:
+                log.warning(
+                    "no tokenizer from --hf-checkpoint %s (%s): prompts are sent as text and the endpoint's "
+                    "prompt token ids are trained on",
+                    getattr(args, "hf_checkpoint", None),
+                    exc,
+                )
+        return _tokenizer
+
+
+def process_sampler(config: RolloutConfig, tokenizer: Any, group_size: int) -> CompletionSampler:
+    """One sampler per configuration for the process (its connection pool outlives a step)."""
+    from cwtrain.integrations.rollout import CompletionSampler
+
+    key = (config, id(tokenizer), group_size)
+    with _lock:
+        sampler = _samplers.get(key)
+        if sampler is None:
+            sampler = _samplers[key] = CompletionSampler(config, tokenizer=tokenizer, group_size=group_size)
+        return sampler
+
+
+def version_of_identity(identity: str | None, run_id: str | None = None) -> int | None:
+    """The version N of ``<run>-vNNNNNN`` (``None`` for ``initial`` or another run's identity)."""
+    if not identity:
+        return None
+    match = _IDENTITY_VERSION.search(identity)
+    if match is None or (run_id and identity[: match.start()] != run_id):
+        return None
+    return int(match.group(1))
+
+
+def served_version(args: Any, environ: dict[str, str] | None = None) -> int | None:
+    """The weight version the deployment serves now, or ``None`` when it cannot be told.
+
+    Asks the control plane for the current identity when ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` is
+    set, else reads the ``served_identity`` file the hook keeps in its state directory.
+    """
+    env = dict(os.environ if environ is None else environ)
+    run_id = env.get("CWTRAIN_HOTLOAD_RUN_ID") or None
+    if env.get("CWTRAIN_HOTLOAD_DEPLOYMENT_ID"):
+        try:
+            from .publisher import build_loader
+
+            config = HookConfig.from_env(env, default_run_id=run_id or "unknown")
+            loader = build_loader(config)
+            try:
+                return version_of_identity(loader.current_identity(), run_id)
+            finally:
+                close = getattr(loader.client, "close", None)
+                if callable(close):
+                    close()
+        except Exception as exc:
+            log.warning("could not ask the deployment which identity it serves: %s", exc)
+    state_dir = env.get("CWTRAIN_HOTLOAD_STATE_DIR") or (
+        str(getattr(args, "update_weight_disk_dir", "") or "").rstrip("/") + "-hotload"
+    )
+    path = Path(state_dir) / "served_identity"
+    try:
+        return version_of_identity(path.read_text(encoding="utf-8").strip(), run_id)
+    except OSError:
+        return None
+
+
+def prompt_of(sample: Any, tokenizer: Any) -> Any:
+    """The prompt to send for ``sample``: its token ids when it has them or a tokenizer can make them."""
+    from cwtrain.integrations.rollout import Prompt
+
+    if getattr(sample, "tokens", None):
+        return Prompt(ids=tuple(int(t) for t in sample.tokens), text=sample.prompt or None)
+    prompt = sample.prompt
+    if not isinstance(prompt, str):
+        raise ConfigError(
+            "a sample's prompt is a list of messages: cwtrain sends token ids of a string prompt; "
+            "pass --apply-chat-template so slime renders the chat template"
+        )
+    if tokenizer is not None:
+        return Prompt(ids=tuple(tokenizer.encode(prompt, add_special_tokens=False)), text=prompt)
+    return Prompt(text=prompt)
+
+
+def fill_sample(sample: Any, completion: Completion, *, version: int | None, keep_logprobs: bool) -> None:
+    """Write one completion into a slime/miles ``Sample`` (interface.md section 4.3)."""
+    sample.tokens = list(completion.tokens)
+    sample.response = completion.text
+    sample.response_length = len(completion.response_ids)
+    sample.rollout_log_probs = list(completion.logprobs) if keep_logprobs and completion.logprobs else None
+    if completion.routed_experts is not None:
+        sample.rollout_routed_experts = completion.routed_experts
+    status = type(sample).Status
+    sample.status = status.TRUNCATED if completion.truncated else status.COMPLETED
+    served = version_of_identity(completion.identity) if completion.identity else None
+    served = version if served is None else served
+    if served is not None:
+        sample.weight_versions.append(str(served))
+
+
+def sampling_params(args: Any) -> Any:
+    """The sampler's settings from slime's/miles' rollout flags."""
+    from cwtrain.integrations.rollout import SamplingParams
+
+    stop = getattr(args, "rollout_stop", None) or ()
+    stop_ids = getattr(args, "rollout_stop_token_ids", None) or ()
+    return SamplingParams(
+        max_tokens=int(args.rollout_max_response_len),
+        temperature=float(getattr(args, "rollout_temperature", 1.0)),
+        top_p=float(getattr(args, "rollout_top_p", 1.0)),
+        top_k=max(0, int(getattr(args, "rollout_top_k", -1) or 0)),
+        stop=tuple(stop),
+        stop_token_ids=tuple(int(t) for t in stop_ids),
+        include_stop_str_in_output=bool(stop),
+    )
+
+
+async def sample_groups_into(
+    args: Any,
+    groups: Sequence[Sequence[Any]],
+    *,
+    rm: Any,
+    version: int | None,
+    sampler: CompletionSampler | None = None,
+) -> dict[str, float]:
+    """Sample every group with one request each, fill its samples, then score them.
+
+    Args:
+        args: slime's or miles' namespace.
+        groups: lists of ``Sample`` sharing one prompt each; filled in place.
+        rm: the framework's reward module (``async_rm``, ``batched_async_rm``).
+        version: the served version when the endpoint does not report one.
+        sampler: the sampler to use (default: the process's, from the environment).
+
+    Returns:
+        the ``coreweave/*`` metrics of the batch.
+    """
+    from cwtrain.integrations.rollout import RolloutConfig
+
+    if sampler is None:
+        config = RolloutConfig.for_trainer(args)
+        sampler = process_sampler(config, _load_tokenizer(args), int(args.n_samples_per_prompt))
+    tokenizer = sampler.tokenizer
+    prompts = [prompt_of(group[0], tokenizer) for group in groups]
+    params = sampling_params(args)
+    started = time.perf_counter()
+    batch = await sampler.sample_groups(prompts, [len(group) for group in groups], params)
+    keep = all(c.logprobs is not None for completions in batch.groups for c in completions)
+    for group, completions in zip(groups, batch.groups, strict=True):
+        if len(completions) != len(group):
+            raise RolloutError(f"asked for {len(group)} completions of a group, got {len(completions)}")
+        for sample, completion in zip(group, completions, strict=True):
+            fill_sample(sample, completion, version=version, keep_logprobs=keep)
+    await _score(args, groups, rm)
+    metrics = dict(batch.metrics)
+    metrics.setdefault("coreweave/generation_seconds", time.perf_counter() - started)
+    return metrics
+
+
+async def _score(args: Any, groups: Sequence[Sequence[Any]], rm: Any) -> None:
+    """Rewards through the framework's own hooks (``--custom-rm-path``, ``--group-rm``)."""
+    if getattr(args, "group_rm", False):
+        for group in groups:
+            rewards = await rm.batched_async_rm(args, list(group))
+            for sample, reward in zip(group, rewards, strict=True):
+                sample.reward = reward
+        return
+    pending = [sample for group in groups for sample in group if sample.reward is None]
+    rewards = await asyncio.gather(*(rm.async_rm(args, sample) for sample in pending))
+    for sample, reward in zip(pending, rewards, strict=True):
+        sample.reward = reward
+
+
+def _run(coro: Any) -> Any:
+    """Run ``coro`` to completion from synchronous code, inside or outside a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coro))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="cwtrain-rollout")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime's rollout function: one completions request per group, rewards by slime's hooks.
+
+    Args:
+        args: slime's namespace.
+        rollout_id: the rollout step.
+        data_source: slime's data source (``get_samples(n) -> list[list[Sample]]``).
+        evaluation: evaluation rollouts are not served by cwtrain (unset ``--eval-interval``).
+
+    Returns:
+        ``RolloutFnTrainOutput(samples, metrics)`` with ``--rollout-batch-size`` groups.
+
+    Raises:
+        ConfigError: a refused flag is set, or ``evaluation`` is requested.
+        RolloutError: sampling failed.
+    """
+    try:
+        from slime.rollout import rm_hub
+        from slime.rollout.base_types import RolloutFnTrainOutput
+    except ImportError as exc:
+        raise ImportError(SLIME_MISSING) from exc
+    if evaluation:
+        raise ConfigError(
+            "evaluation rollouts are not served by cwtrain.integrations.slime.rollout: unset --eval-interval "
+            "(or point --eval-function-path at your own evaluation)"
+        )
+    groups = data_source.get_samples(int(args.rollout_batch_size))
+    version = served_version(args)
+    metrics = _run(sample_groups_into(args, groups, rm=rm_hub, version=version))
+    metrics["coreweave/rollout_id"] = float(rollout_id)
+    if version is not None:
+        metrics["coreweave/served_version"] = float(version)
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)

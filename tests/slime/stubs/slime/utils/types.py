@@ -1,0 +1,31 @@
+"""slime.utils.types.Sample: the fields cwtrain reads and writes, with slime's defaults."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+@dataclass
+class Sample:
+    group_index: int | None = None
+    index: int | None = None
+    prompt: str | list[dict[str, str]] = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    rollout_routed_experts: Any = None
+
+    class Status(Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    status: Status = Status.PENDING
+    metadata: dict = field(default_factory=dict)

@@ -1,0 +1,254 @@
+"""The post-write hook as slime loads and calls it (frameworks.md sections 1.1 and 5)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from slime_driver import SlimeRun, nudge, slime_args, tiny_weights, write_hf_checkpoint
+
+from cwtrain.errors import ConfigError, CWTrainError, SnapshotError
+
+
+def _load(path: str) -> Any:
+    from slime.utils.misc import load_function
+
+    return load_function(path)
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep-1")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "grpo-a")
+
+
+def _run(tmp_path: Path, loader: Any, *, every: int = 0, mirror: bool = False, **overrides: Any) -> SlimeRun:
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher
+    from cwtrain.integrations.slime.post_write import use_publisher
+
+    base = tiny_weights()
+    hf = write_hf_checkpoint(tmp_path / "hf", base)
+    args = slime_args(tmp_path, hf, **overrides)
+    config = HookConfig("dep-1", "grpo-a", full_every=every, mirror=mirror).with_state_dir(args)
+    use_publisher(SlimePublisher(config, loader=loader))
+    return SlimeRun(args, base, _load(args.custom_update_weight_post_write_path))
+
+
+def test_flag_value_resolves_to_the_function_by_slimes_rule(slime_stubs: Path) -> None:
+    import cwtrain.integrations.slime as package
+
+    hook = _load("cwtrain.integrations.slime.hook")
+    assert hook is package.hook
+    assert callable(hook) and not isinstance(hook, type(sys))
+    assert _load("cwtrain.integrations.slime.actor_hook") is package.actor_hook
+    from cwtrain.integrations import HookConfig
+    from cwtrain.integrations import hook as reexported
+
+    assert reexported is hook and HookConfig is package.HookConfig
+
+
+def test_import_loads_no_framework() -> None:
+    import subprocess
+
+    code = (
+        "import sys, cwtrain.integrations.slime, cwtrain.integrations.miles;"
+        "bad=[m for m in ('torch','ray','slime','miles') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_baseline_then_deltas_skips_empty_and_keeps_the_chain(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader)
+    run.baseline()
+    weights = tiny_weights()
+    weights = nudge(weights, ["lm_head.weight"], 1)
+    run.step(weights, writers=1)
+    run.step(weights)  # nothing changed: an empty delta
+    weights = nudge(weights, ["model.norm.weight", "model.embed_tokens.weight"], 2)
+    directory = run.step(weights, writers=2)
+    published = [(p[0], p[1], p[2]) for p in recording_loader.published]
+    assert published == [
+        ("grpo-a-v000000", "FULL", None),
+        ("grpo-a-v000001", "INCREMENTAL", "grpo-a-v000000"),
+        ("grpo-a-v000003", "INCREMENTAL", "grpo-a-v000001"),  # v2 was empty: v3 goes over v1
+    ]
+    assert recording_loader.published[0][3] == ["config.json", "model.safetensors"]
+    assert recording_loader.published[2][3] == sorted(p.name for p in directory.iterdir())
+    metrics = run.results
+    assert metrics[0]["hotload/chain_cut"] == 1.0 and metrics[0]["hotload/completed"] == 1.0
+    assert metrics[1]["hotload/incremental"] == 1.0 and metrics[1]["hotload/replicas_ready"] == 2.0
+    assert metrics[2]["hotload/skipped_empty"] == 1.0 and "hotload/upload_seconds" not in metrics[2]
+    assert metrics[3]["hotload/tensors_changed"] == 2.0
+    assert all(key.startswith("hotload/") for m in metrics for key in m)
+    state = Path(run.args.update_weight_disk_dir + "-hotload")
+    assert (state / "served_identity").read_text() == "grpo-a-v000003"
+
+
+def test_only_rank_zero_publishes(slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any) -> None:
+    run = _run(tmp_path, recording_loader)
+    run.world_size = 4
+    run.baseline()
+    run.step(nudge(tiny_weights(), ["lm_head.weight"], 0), writers=2)
+    assert [p[0] for p in recording_loader.published] == ["grpo-a-v000000", "grpo-a-v000001"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("update_weight_delta_encoding", "overwrite", "--update-weight-delta-encoding xor"),
+        ("update_weight_delta_checksum", "xxh3-128", "--update-weight-delta-checksum adler32"),
+        ("update_weight_delta_checksum", "blake3", "--update-weight-delta-checksum adler32"),
+    ],
+)
+def test_refuses_delta_settings_the_engine_cannot_apply(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any, flag: str, value: str, message: str
+) -> None:
+    run = _run(tmp_path, recording_loader, **{flag: value})
+    with pytest.raises(ConfigError, match=message):
+        run.baseline()
+    assert recording_loader.published == []
+
+
+def test_adler_spelled_with_dash_is_accepted(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader, update_weight_delta_checksum="Adler-32")
+    run.baseline()
+    assert recording_loader.published[0][0] == "grpo-a-v000000"
+
+
+def test_versions_out_of_order_are_refused(slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any) -> None:
+    run = _run(tmp_path, recording_loader)
+    with pytest.raises(CWTrainError, match="before the baseline"):
+        run.step(tiny_weights())
+    run.version = 0
+    shutil_root = Path(run.args.update_weight_disk_dir)
+    run.baseline()
+    run.version = 4  # slime would never skip versions
+    with pytest.raises(SnapshotError, match="in order"):
+        run.step(nudge(tiny_weights(), ["lm_head.weight"], 0))
+    assert shutil_root.exists()
+
+
+def test_failed_publish_surfaces_and_needs_a_full_next(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader)
+    run.baseline()
+    recording_loader.fail_next = CWTrainError("upload refused")
+    with pytest.raises(CWTrainError, match="upload refused"):
+        run.step(nudge(tiny_weights(), ["lm_head.weight"], 0))
+    # without a served copy the chain cannot be cut: the hook says so instead of sending a bad delta
+    with pytest.raises(CWTrainError, match="CWTRAIN_HOTLOAD_MIRROR"):
+        run.step(nudge(tiny_weights(), ["lm_head.weight"], 1))
+
+
+def test_resumed_baseline_with_matching_manifest_is_not_published_again(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader)
+    run.baseline()
+    manifest = recording_loader.manifests["grpo-a-v000000"]
+    assert manifest["run_id"] == "grpo-a" and manifest["version"] == "000000"
+    assert manifest["deployment_id"] == "dep-1" and manifest["checksum_format"] == "adler32"
+    assert sorted(manifest["tensors"]) == sorted(tiny_weights())
+    recording_loader.current = "grpo-a-v000007"  # the replicas moved on since
+    run2 = _run(tmp_path, recording_loader)
+    run2.baseline()
+    assert len(recording_loader.published) == 1
+    assert run2.results[0]["hotload/baseline_skipped"] == 1.0
+    assert recording_loader.rollbacks == ["grpo-a-v000000"]
+
+
+def test_publish_baseline_off_requires_the_identity(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher
+
+    hf = write_hf_checkpoint(tmp_path / "hf", tiny_weights())
+    args = slime_args(tmp_path, hf)
+    publisher = SlimePublisher(HookConfig("dep-1", "grpo-a", publish_baseline=False, full_every=0), recording_loader)
+    with pytest.raises(CWTrainError, match="CWTRAIN_HOTLOAD_PUBLISH_BASELINE"):
+        publisher(args, args.update_weight_disk_dir)
+
+
+def test_full_mode_publishes_each_version_full(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader, update_weight_mode="full")
+    run.baseline()
+    version = Path(run.args.update_weight_disk_dir) / "weight_v000001"
+    write_hf_checkpoint(version, tiny_weights(1))
+    (version / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    run.hook(run.args, str(version), [])
+    assert [(p[0], p[1]) for p in recording_loader.published][-1] == ("grpo-a-v000001", "FULL")
+
+
+def test_hook_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cwtrain.infra.enums import PromptCachePolicy
+    from cwtrain.integrations.slime import HookConfig
+
+    env = {
+        "CWTRAIN_HOTLOAD_DEPLOYMENT_ID": "d",
+        "CWTRAIN_HOTLOAD_WAIT": "off",
+        "CWTRAIN_HOTLOAD_FULL_EVERY": "3",
+        "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY": "reset_all",
+        "CWTRAIN_API_HEADERS": '{"X-Secret": "s3cr3t"}',
+    }
+    config = HookConfig.from_env(env, default_run_id="run")
+    assert (config.run_id, config.wait, config.full_every, config.use_mirror) == ("run", False, 3, True)
+    assert config.prompt_cache_policy is PromptCachePolicy.RESET_ALL
+    assert "s3cr3t" not in repr(config)
+    assert HookConfig.from_env(env, default_run_id="run", wait=True).wait is True
+    fields = [f for f in HookConfig.__dataclass_fields__]
+    assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[-1] == "api_insecure"
+    with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
+        HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": "65"}, default_run_id="run")
+    with pytest.raises(ConfigError, match="MIRROR"):
+        HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_MIRROR": "0"}, default_run_id="run")
+    with pytest.raises(ConfigError, match="DEPLOYMENT_ID"):
+        HookConfig.from_env({}, default_run_id="run")
+    with pytest.raises(ConfigError, match="run id"):
+        HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_RUN_ID": "a/b"})
+    with pytest.raises(ConfigError, match="prompt cache policy"):
+        HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY": "sometimes"}, default_run_id="r")
+    with pytest.raises(ConfigError) as info:
+        HookConfig.from_env({**env, "CWTRAIN_API_HEADERS": "{not json s3cr3t"}, default_run_id="r")
+    assert "s3cr3t" not in str(info.value)
+
+
+def test_default_run_id_and_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import re
+
+    from cwtrain.integrations.slime import default_run_id, is_rank_zero
+    from cwtrain.integrations.slime.config import resolve_rank
+
+    run = default_run_id(argparse.Namespace(update_weight_disk_dir="/shared/my run!/weights/"))
+    assert re.fullmatch(r"weights-\d{8}T\d{6}Z", run)
+    assert default_run_id(argparse.Namespace(update_weight_disk_dir="/x/weights")) == run  # fixed per process
+    assert default_run_id(argparse.Namespace(update_weight_disk_dir="/")).startswith("slime-")
+    long = default_run_id(argparse.Namespace(update_weight_disk_dir="/" + "a" * 300))
+    assert len(long) == 100
+    assert resolve_rank(argparse.Namespace(rank=3)) == 3
+    monkeypatch.setenv("RANK", "2")
+    assert not is_rank_zero(argparse.Namespace(rank=None))
+    assert is_rank_zero(argparse.Namespace(rank=0))
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ConfigError, match="RANK"):
+        resolve_rank(None)
+
+
+def test_weights_unchanged_keep_numpy_semantics() -> None:
+    # guard of the driver itself: nudging changes exactly the named tensors
+    base = tiny_weights()
+    moved = nudge(base, ["lm_head.weight"], 0)
+    assert not np.array_equal(base["lm_head.weight"], moved["lm_head.weight"])
+    assert np.array_equal(base["model.norm.weight"], moved["model.norm.weight"])
