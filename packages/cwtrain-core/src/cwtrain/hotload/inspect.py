@@ -1,0 +1,251 @@
+"""Local validation of a snapshot directory before upload (``cwtrain hotload inspect``).
+
+::
+
+    info = inspect_snapshot("ckpt/weight_v000007")          # SnapshotInfo, or SnapshotError
+    info.type                                              # "FULL" or "INCREMENTAL"
+    info.to_json()                                         # the CLI's snapshot-info shape
+    body = delta_index_for_upload(info, "grpo-a-v000007")  # the index bytes to upload
+
+Classification (spec 3.1): INCREMENTAL iff the index ``metadata`` has the key
+``delta_encoding``, else FULL. Checks, all before any network use:
+
+- FULL: ``config.json``; an index (or a lone ``model.safetensors``, whose index is
+  generated, spec 3.2); a non-empty ``weight_map`` whose shards exist as immediate
+  files; every shard header valid and every tensor in it mapped to it; no LoRA
+  adapter; no predecessor.
+- INCREMENTAL: ``xor``/``zstd``/``adler32`` metadata; shards present and valid; every
+  mapped tensor a 1-D ``U8`` payload starting with a zstd frame header with its
+  Adler-32 in the shard ``__metadata__``; a predecessor (``previous_identity``, else
+  ``identity_for_version(metadata.base_version)``, default spec section 2); an empty
+  ``weight_map`` is refused unless ``allow_empty_delta`` (it must never be uploaded).
+
+Every immediate regular file is part of the snapshot; subdirectories are skipped
+with a warning. Failures raise :class:`~cwtrain.errors.SnapshotError` naming the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cwtrain.errors import SnapshotError, SnapshotNotFoundError
+from cwtrain.hotload.format import (
+    INDEX_NAME,
+    SINGLE_FILE_NAME,
+    check_delta_metadata,
+    generated_index_bytes,
+    identity_for_base_version,
+    index_metadata,
+    is_delta_index,
+    parse_index,
+    read_header,
+    upload_index_bytes,
+    validate_identity,
+)
+
+__all__ = ["SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"]
+
+log = logging.getLogger(__name__)
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A validated snapshot directory.
+
+    Attributes:
+        path: the directory.
+        type: ``"FULL"`` or ``"INCREMENTAL"``.
+        files: every immediate regular file, sorted (the objects to upload besides a
+            generated index).
+        total_bytes: the files' total size (plus a generated index).
+        empty_delta: an INCREMENTAL with no changed tensor (never uploaded).
+        previous_identity: the predecessor of an INCREMENTAL, else ``None``.
+        index: the parsed index.
+        index_generated: the index was generated for a lone ``model.safetensors``.
+        generated_index: the generated index bytes (``None`` when the directory has one).
+        shards: the shard files the index names.
+    """
+
+    path: Path
+    type: str
+    files: tuple[Path, ...]
+    total_bytes: int
+    empty_delta: bool
+    previous_identity: str | None
+    index: Mapping[str, Any] = field(repr=False)
+    index_generated: bool = False
+    generated_index: bytes | None = field(default=None, repr=False)
+    shards: tuple[str, ...] = ()
+
+    @property
+    def incremental(self) -> bool:
+        """Whether this is a delta."""
+        return self.type == "INCREMENTAL"
+
+    @property
+    def index_metadata(self) -> dict[str, Any]:
+        """The index ``metadata`` object."""
+        return index_metadata(self.index)
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's snapshot-info shape (interface.md section 1.2)."""
+        incremental = None
+        if self.incremental:
+            incremental = {
+                "previous_snapshot_identity": self.previous_identity,
+                "compression_format": "ZSTD",
+                "checksum_format": "ADLER32",
+            }
+        return {
+            "path": str(self.path),
+            "type": self.type,
+            "files": [str(f) for f in self.files],
+            "total_bytes": self.total_bytes,
+            "empty_delta": self.empty_delta,
+            "incremental": incremental,
+            "index_metadata": dict(self.index_metadata),
+            "index_generated": self.index_generated,
+        }
+
+
+def _immediate_files(root: Path) -> list[Path]:
+    files = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=True):
+            log.warning("skipping subdirectory %s (only immediate files are part of a snapshot)", entry.path)
+        elif entry.is_file(follow_symlinks=True):
+            files.append(root / entry.name)
+    return files
+
+
+def inspect_snapshot(
+    path: str | Path,
+    *,
+    previous_identity: str | None = None,
+    identity_for_version: Callable[[str | None], str] = identity_for_base_version,
+    allow_empty_delta: bool = False,
+) -> SnapshotInfo:
+    """Validate a snapshot directory and describe what would be uploaded.
+
+    Args:
+        path: the directory.
+        previous_identity: predecessor identity of a delta (refused for a FULL).
+        identity_for_version: maps a delta's ``metadata.base_version`` to its
+            predecessor identity when ``previous_identity`` is not given.
+        allow_empty_delta: accept a delta with no changed tensor (reported as
+            ``empty_delta``) instead of refusing it.
+
+    Raises:
+        SnapshotNotFoundError: no such directory, no index, or a missing shard.
+        SnapshotError: anything else the spec refuses (see the module docstring).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise SnapshotNotFoundError(f"{root}: no such snapshot directory")
+    files = _immediate_files(root)
+    names = {f.name for f in files}
+    if "adapter_config.json" in names and SINGLE_FILE_NAME not in names:
+        raise SnapshotError(f"{root}: is a LoRA adapter (adapter_config.json); merge it into the base model first")
+    generated: bytes | None = None
+    if INDEX_NAME in names:
+        index = parse_index((root / INDEX_NAME).read_bytes(), source=str(root / INDEX_NAME))
+    elif SINGLE_FILE_NAME in names:
+        generated = generated_index_bytes(read_header(root / SINGLE_FILE_NAME))
+        index = parse_index(generated, source=f"{root / SINGLE_FILE_NAME} (generated index)")
+    else:
+        raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no lone {SINGLE_FILE_NAME})")
+    index_path = root / INDEX_NAME
+    weight_map: dict[str, str] = index["weight_map"]
+    delta = is_delta_index(index)
+    shards = tuple(dict.fromkeys(weight_map.values()))
+    for shard in shards:
+        if shard not in names:
+            raise SnapshotNotFoundError(f"{root}: shard {shard} named in {INDEX_NAME} is missing")
+    headers = {shard: read_header(root / shard) for shard in shards}
+    for shard, header in headers.items():
+        for tensor in header.tensors:
+            if weight_map.get(tensor) != shard:
+                raise SnapshotError(f"{root / shard}: tensor {tensor!r} is not mapped to this shard by the index")
+    for tensor, shard in weight_map.items():
+        if tensor not in headers[shard].tensors:
+            raise SnapshotError(f"{root / shard}: tensor {tensor!r} named in the index is not in the shard")
+    predecessor: str | None = None
+    if delta:
+        check_delta_metadata(index_metadata(index), source=str(index_path))
+        if not weight_map and not allow_empty_delta:
+            raise SnapshotError(
+                f"{root}: empty delta (no tensor changed); an empty delta is never uploaded, "
+                "publish the next version against the last published one"
+            )
+        for tensor, shard in weight_map.items():
+            _check_payload(root / shard, headers[shard], tensor)
+        if previous_identity is None:
+            predecessor = identity_for_version(index_metadata(index).get("base_version"))
+        else:
+            predecessor = previous_identity
+        validate_identity(predecessor, what="previous identity", allow_reserved=predecessor == "initial")
+    else:
+        if previous_identity is not None:
+            raise SnapshotError(
+                f"{root}: is a FULL snapshot; a previous identity ({previous_identity!r}) applies only to deltas"
+            )
+        if "config.json" not in names:
+            raise SnapshotError(f"{root}: a FULL snapshot needs config.json")
+        if not weight_map:
+            raise SnapshotError(f"{index_path}: weight_map is empty")
+    total = sum(f.stat().st_size for f in files) + (len(generated) if generated is not None else 0)
+    return SnapshotInfo(
+        path=root,
+        type="INCREMENTAL" if delta else "FULL",
+        files=tuple(files),
+        total_bytes=total,
+        empty_delta=delta and not weight_map,
+        previous_identity=predecessor,
+        index=index,
+        index_generated=generated is not None,
+        generated_index=generated,
+        shards=shards,
+    )
+
+
+def _check_payload(shard_path: Path, header: Any, tensor: str) -> None:
+    where = f"{shard_path}: tensor {tensor!r}"
+    entry = header.tensors[tensor]
+    if entry.dtype != "U8" or len(entry.shape) != 1:
+        raise SnapshotError(f"{where}: delta payloads must be 1-D U8, got {entry.dtype} {list(entry.shape)}")
+    checksum = (header.metadata or {}).get(tensor)
+    if checksum is None or len(checksum) != 8 or any(c not in "0123456789abcdef" for c in checksum):
+        raise SnapshotError(f"{where}: needs its Adler-32 as 8 lowercase hex digits in __metadata__, got {checksum!r}")
+    with open(shard_path, "rb") as handle:
+        handle.seek(header.data_start + entry.begin)
+        magic = handle.read(4)
+    if entry.nbytes < 6 or magic != _ZSTD_MAGIC:
+        raise SnapshotError(f"{where}: payload is not a zstd frame")
+
+
+def delta_index_for_upload(info: SnapshotInfo, identity: str) -> bytes:
+    """The index bytes to upload for ``info`` under ``identity``.
+
+    For a delta: the section 5.2 form with ``version`` = ``identity`` and
+    ``base_version`` = the predecessor. For a FULL: the directory's index file as is,
+    or the generated index.
+
+    Raises:
+        SnapshotError: an invalid identity, or an empty delta (never uploaded).
+    """
+    validate_identity(identity)
+    if not info.incremental:
+        if info.generated_index is not None:
+            return info.generated_index
+        return (info.path / INDEX_NAME).read_bytes()
+    if info.empty_delta:
+        raise SnapshotError(f"{info.path}: empty delta; an empty delta is never uploaded")
+    assert info.previous_identity is not None
+    return upload_index_bytes(info.index, version=identity, base_version=info.previous_identity)
