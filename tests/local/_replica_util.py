@@ -79,7 +79,11 @@ class ReplicaProcess:
         return dict(self.client.get("/health").json())
 
     def hot_load(self, identity: str, chain: list[tuple[str, str]], hot_load_id: str = "hl") -> httpx.Response:
-        body = {"hot_load_id": hot_load_id, "identity": identity, "chain": [{"identity": i, "type": t} for i, t in chain]}
+        body = {
+            "hot_load_id": hot_load_id,
+            "identity": identity,
+            "chain": [{"identity": i, "type": t} for i, t in chain],
+        }
         return self.client.post("/admin/hotload", json=body)
 
     def wait_settled(self, hot_load_id: str, timeout: float = 30.0) -> dict[str, Any]:
@@ -101,3 +105,9 @@ class ReplicaProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+def put_snapshot(s3: Any, bucket: str, prefix: str, identity: str, snapshot: Any) -> None:
+    """Upload an ``EncodedSnapshot`` (shards first, index last) under ``prefix/identity/``."""
+    for file in snapshot.all_files:
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{identity}/{file.name}", Body=file.tobytes())

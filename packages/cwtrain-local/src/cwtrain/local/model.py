@@ -50,6 +50,8 @@ import torch.nn.functional as F
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from cwtrain.hotload.format import TensorData
+
 __all__ = [
     "CHECKPOINT_FILE",
     "CONFIG_FILE",
@@ -242,15 +244,15 @@ _TORCH_TO_ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F3
 _ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
 
 
-def to_tensor_data(weights: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
-    """Weights as the codec's ``TensorData`` tuples ``(dtype, shape, uint8 bytes)``."""
-    out: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+def to_tensor_data(weights: Mapping[str, torch.Tensor]) -> dict[str, TensorData]:
+    """Weights as the codec's :class:`~cwtrain.hotload.format.TensorData` (dtype, shape, uint8 bytes)."""
+    out: dict[str, TensorData] = {}
     for name, t in weights.items():
         t = t.detach().contiguous().cpu()
         if t.dtype not in _TORCH_TO_ST:
             raise ValueError(f"tensor {name!r} has dtype {t.dtype}; the tiny model stores BF16, F16 or F32")
         raw = t.reshape(-1).view(torch.uint8).numpy()
-        out[name] = (_TORCH_TO_ST[t.dtype], tuple(t.shape), raw)
+        out[name] = TensorData(_TORCH_TO_ST[t.dtype], tuple(t.shape), raw)
     return out
 
 

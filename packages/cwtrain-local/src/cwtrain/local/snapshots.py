@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cwtrain.errors import SnapshotError
+from cwtrain.hotload.codec import apply_delta, load_full
+from cwtrain.hotload.format import TensorData
 from cwtrain.local.model import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -53,8 +55,6 @@ __all__ = [
 INDEX_FILE = "model.safetensors.index.json"
 #: A replica replaying a chain from its FULL root applies at most this many deltas.
 MAX_REPLAY_DELTAS = 63
-
-TensorData = tuple[str, tuple[int, ...], Any]
 
 
 @dataclass(frozen=True)
@@ -220,8 +220,6 @@ def apply_chain(
         SnapshotError: A missing object, a bad index, a broken link or a checksum mismatch
             (:class:`~cwtrain.errors.SnapshotChecksumError`), naming the snapshot.
     """
-    from cwtrain.hotload.codec import apply_delta, load_full
-
     full, deltas = plan_chain(served.identity, chain)
     if full is None and not deltas:
         return served
@@ -246,13 +244,12 @@ def apply_chain(
             on_step(link.identity)
         shards = source.read_shards(link.identity, index)
         if link.type == "FULL":
-            loaded = dict(load_full(index, shards))
+            loaded = load_full(index, shards, workers=1, source=f"snapshot {link.identity!r}")
             if set(loaded) != set(served.tensors):
                 raise SnapshotError(f"FULL snapshot {link.identity!r} does not hold the served model's tensors")
             tensors = loaded
         else:
-            changed = apply_delta(tensors, index, shards)
-            tensors = {**tensors, **changed}
+            tensors = apply_delta(tensors, index, shards, workers=1, source=f"snapshot {link.identity!r}")
     return ServedWeights.build(chain[-1].identity, served.config, tensors)
 
 
