@@ -505,6 +505,10 @@ def upload_snapshot(
         SnapshotError: the snapshot cannot be published (e.g. an empty delta).
     """
     identity = validate_identity(identity)
+    if workers < 1:
+        raise UsageError(f"workers={workers} must be at least 1")
+    if part_size is not None:
+        check_part_size(part_size)
     s3 = s3 if s3 is not None else _default_s3()
     files, index = _snapshot_sources(snapshot, identity)
     everything = [*files, *([index] if index is not None else [])]
