@@ -1,0 +1,151 @@
+"""``cwtrain gym eval``: a scored NeMo Gym evaluation on a temporary deployment.
+
+::
+
+    cwtrain gym eval --request deployment.json --config env.yaml \\
+        --input rows.jsonl --output rollouts.jsonl [--keep]
+
+Creates the deployment of ``--request`` (placeholders refused), waits until it is READY,
+runs NeMo Gym's rollout collection against its endpoint, prints the scores as one JSON
+document and deletes the deployment, also when the evaluation fails or is interrupted
+(Ctrl-C or SIGTERM); ``--keep`` leaves it running. The endpoint key is the API token
+(``--token``, ``COREWEAVE_API_TOKEN``, ``CW_API_TOKEN``) unless ``CWTRAIN_ROLLOUT_API_KEY``
+is set. Needs NeMo Gym's ``gym`` command on ``PATH`` (``pip install "nemo-gym"``).
+
+Output: ``{"deployment": {"id", "name", "deleted"}, "model", "rollout_base_url",
+"output", "aggregate_metrics", "scores": {"rollouts", "scored", "mean_reward",
+"by_agent", "aggregate_metrics"}, "seconds"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be finite and > 0: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``gym`` group (``gym eval``) to the ``cwtrain`` parser."""
+    group = subparsers.add_parser("gym", help="scored NeMo Gym evaluations on a temporary deployment")
+    commands = group.add_subparsers(dest="command", metavar="<command>", parser_class=type(group))
+    commands.required = True
+    ev = commands.add_parser(
+        "eval",
+        help="create a deployment, evaluate it with NeMo Gym, delete it",
+        description=(__doc__ or "").split("::")[0].strip(),
+    )
+    ev.add_argument("--request", required=True, type=Path, help="CreateDeploymentRequest JSON file")
+    ev.add_argument(
+        "--config", required=True, action="append", type=Path, help="Gym config YAML (repeatable, in order)"
+    )
+    ev.add_argument("--input", required=True, type=Path, help="input JSONL of Gym rows")
+    ev.add_argument("--output", required=True, type=Path, help="rollouts JSONL to write")
+    ev.add_argument("--keep", action="store_true", help="leave the deployment running afterwards")
+    ev.add_argument("--agent", help="agent for rows without agent_ref")
+    ev.add_argument("--limit", type=_positive_int, help="at most this many input rows")
+    ev.add_argument("--num-repeats", type=_positive_int, default=1, help="rollouts per row (1)")
+    ev.add_argument("--concurrency", type=_positive_int, help="rollouts in flight")
+    ev.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="return_token_id_information on Gym's vllm_model server (as for training)",
+    )
+    ev.add_argument("--timeout", type=_positive_float, default=3600.0, help="seconds to wait for READY (3600)")
+    ev.add_argument(
+        "--delete-timeout", type=_positive_float, default=600.0, help="seconds to wait for the deletion (600)"
+    )
+    ev.add_argument(
+        "--server-timeout", type=_positive_float, default=900.0, help="seconds for Gym's servers to start (900)"
+    )
+    ev.set_defaults(func=_eval)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    # Imported here: registration stays cheap (no httpx, no YAML) for every other command.
+    from cwtrain.cli.output import emit
+    from cwtrain.integrations.gym.evaluate import load_request
+
+    request = load_request(args.request)
+    previous: Any = None
+    if threading.current_thread() is threading.main_thread():
+        # A Kubernetes Job is stopped with SIGTERM: treat it like Ctrl-C so the deployment is deleted.
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        result = _run(args, request)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    emit(
+        {
+            "deployment": {
+                "id": result.deployment_id,
+                "name": result.deployment_name,
+                "deleted": result.deployment_deleted,
+            },
+            "model": result.model,
+            "rollout_base_url": result.rollout_base_url,
+            "output": result.output_path,
+            "aggregate_metrics": result.aggregate_metrics_path,
+            "scores": result.scores,
+            "seconds": round(result.seconds, 3),
+        }
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace, request: dict[str, Any]) -> Any:
+    from cwtrain.config import env_str
+    from cwtrain.infra import InferenceClient, token_from_env
+    from cwtrain.integrations.gym.collect import GymCLICollector
+    from cwtrain.integrations.gym.evaluate import evaluate
+
+    api_key = env_str("CWTRAIN_ROLLOUT_API_KEY") or args.token or token_from_env()
+    with InferenceClient(args.token, base_url=args.base_url) as client:
+        return evaluate(
+            client,
+            request,
+            config_paths=list(args.config),
+            input_path=args.input,
+            output_path=args.output,
+            api_key=api_key,
+            agent=args.agent,
+            limit=args.limit,
+            num_repeats=args.num_repeats,
+            concurrency=args.concurrency,
+            token_ids=args.token_ids,
+            keep=args.keep,
+            ready_timeout=args.timeout,
+            delete_timeout=args.delete_timeout,
+            collector=GymCLICollector(server_timeout=args.server_timeout),
+            source=str(args.request),
+        )

@@ -1,0 +1,374 @@
+"""The collection step: NeMo Gym's rollout collection pointed at a deployment's endpoint.
+
+:func:`cwtrain.integrations.gym.evaluate` creates the deployment and hands the step a
+:class:`CollectionJob`; the step runs NeMo Gym and returns a :class:`CollectionResult`.
+Any callable ``collector(job) -> CollectionResult | None`` can stand in for the default
+:class:`GymCLICollector` (tests use one; so can a caller that drives Gym's Python API).
+
+The default collector drives Gym's own command line, as its documentation does:
+
+1. writes ``<workdir>/cwtrain-policy.yaml`` (mode 0600) with ``policy_base_url`` (the
+   rollout base URL), ``policy_api_key`` (the CoreWeave token) and ``policy_model_name``
+   (``spec.model.name``), plus the ``vllm_model`` server block when the Gym config has no
+   ``policy_model`` of its own (``return_token_id_information`` set from
+   :attr:`GymEndpoint.token_ids`, ``uses_reasoning_parser: false``). The key goes into a
+   file, never onto a command line, where any process listing would show it;
+2. starts the servers: ``gym env start --config GYM.yaml --config cwtrain-policy.yaml``
+   and waits for its ``All N / N servers ready!`` line;
+3. collects: ``gym eval run --no-serve --input IN --output OUT [--agent A] [--limit N]
+   [--num-repeats K] [--concurrency C]``;
+4. stops the servers it started (their process group: SIGINT, then SIGTERM, then SIGKILL).
+
+Gym installs without ``gym`` but with the legacy ``ng_run``/``ng_collect_rollouts``
+scripts (v0.4.0) are driven the same way with Hydra overrides (``+config_paths=[...]``,
+``+agent_name=``, ``+input_jsonl_fpath=``, ...). Without either, :func:`require_gym`
+raises :class:`GymNotInstalledError` naming the install (``pip install "nemo-gym"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped]
+
+from cwtrain.errors import CWTrainError
+
+__all__ = [
+    "GYM_INSTALL_HINT",
+    "CollectionJob",
+    "CollectionResult",
+    "Collector",
+    "GymCLICollector",
+    "GymEndpoint",
+    "GymNotInstalledError",
+    "GymTools",
+    "aggregate_metrics_path",
+    "policy_overlay",
+    "require_gym",
+    "write_policy_overlay",
+]
+
+log = logging.getLogger(__name__)
+
+#: What to install when NeMo Gym is missing (the recipes target v0.6.0).
+GYM_INSTALL_HINT = 'pip install "nemo-gym>=0.6.0" (or run inside the NeMo Gym image)'
+
+_READY = re.compile(r"All (\d+) / (\d+) servers ready")
+
+
+class GymNotInstalledError(CWTrainError, ImportError):
+    """NeMo Gym's command line is not installed where the evaluation runs."""
+
+
+@dataclass(frozen=True)
+class GymEndpoint:
+    """Where Gym's model server sends its requests: the deployment's OpenAI endpoint.
+
+    Attributes:
+        base_url: the rollout base URL, ending in ``/v1``.
+        model: the OpenAI model name (the deployment's ``spec.model.name``).
+        api_key: the bearer key (a CoreWeave API token for ``coreWeaveAuth`` gateways).
+        token_ids: ask Gym's ``vllm_model`` server for token-id information
+            (``return_token_id_information``), as Gym's training model server does. It relies on
+            vLLM's ``/tokenize`` at the server root, which the gateway may not expose, and a scored
+            evaluation does not need it, so it is off by default.
+    """
+
+    base_url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    token_ids: bool = False
+
+
+@dataclass(frozen=True)
+class CollectionJob:
+    """One rollout collection against a ready deployment.
+
+    Attributes:
+        endpoint: the deployment's endpoint.
+        config_paths: Gym YAML configs (resources server, agent, optionally model server).
+        input_path: the input JSONL (rows with ``responses_create_params``, ``agent_ref``).
+        output_path: where the rollouts JSONL goes; Gym writes
+            ``<stem>_materialized_inputs.jsonl`` and ``<stem>_aggregate_metrics.json`` beside it.
+        workdir: a private scratch directory (the endpoint overlay, server logs).
+        agent: the agent for rows without ``agent_ref``.
+        limit: at most this many input rows.
+        num_repeats: rollouts per row.
+        concurrency: rollouts in flight.
+        extra_args: more arguments for Gym's collection command, passed unchanged.
+    """
+
+    endpoint: GymEndpoint
+    config_paths: tuple[Path, ...]
+    input_path: Path
+    output_path: Path
+    workdir: Path
+    agent: str | None = None
+    limit: int | None = None
+    num_repeats: int = 1
+    concurrency: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CollectionResult:
+    """What the collection step produced (paths as Gym wrote them)."""
+
+    output_path: Path
+    aggregate_metrics_path: Path | None = None
+
+
+#: The collection step: run Gym for one job. ``None`` means "the files are where the job said".
+Collector = Callable[[CollectionJob], "CollectionResult | None"]
+
+
+def aggregate_metrics_path(output_path: Path) -> Path:
+    """Where Gym writes the aggregate metrics of a rollouts file (``<stem>_aggregate_metrics.json``)."""
+    return output_path.with_name(output_path.stem + "_aggregate_metrics.json")
+
+
+# --------------------------------------------------------------------------- the endpoint overlay
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CWTrainError(f"Gym config {path} does not exist; pass the YAML of the Gym environment") from None
+    except yaml.YAMLError as exc:
+        raise CWTrainError(f"Gym config {path} is not valid YAML: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _policy_model_types(config_paths: Sequence[Path]) -> set[str]:
+    """The model-server types the configs declare under ``policy_model.responses_api_models``."""
+    types: set[str] = set()
+    for path in config_paths:
+        policy = _load_yaml(path).get("policy_model")
+        if isinstance(policy, dict):
+            servers = policy.get("responses_api_models")
+            types.update(servers if isinstance(servers, dict) else {"<unknown>"})
+    return types
+
+
+def policy_overlay(endpoint: GymEndpoint, config_paths: Sequence[Path] = ()) -> dict[str, Any]:
+    """The Gym config that points its policy model server at ``endpoint``.
+
+    The three global keys every Gym model config interpolates (``policy_base_url``,
+    ``policy_api_key``, ``policy_model_name``) always; the ``vllm_model`` server block when
+    no config declares a ``policy_model`` (with the token-id options), or the token-id
+    options alone when they declare a ``vllm_model`` one. Another model type keeps its own
+    settings (logged).
+    """
+    overlay: dict[str, Any] = {
+        "policy_base_url": endpoint.base_url,
+        "policy_api_key": endpoint.api_key or "",
+        "policy_model_name": endpoint.model,
+    }
+    declared = _policy_model_types(config_paths)
+    server: dict[str, Any] = {"return_token_id_information": endpoint.token_ids}
+    if not declared:
+        server = {
+            "entrypoint": "app.py",
+            "base_url": "${policy_base_url}",
+            "api_key": "${policy_api_key}",
+            "model": "${policy_model_name}",
+            "return_token_id_information": endpoint.token_ids,
+            "uses_reasoning_parser": False,
+        }
+    elif "vllm_model" not in declared:
+        log.info(
+            "the Gym config's policy model is %s, not vllm_model: only policy_base_url, policy_api_key and "
+            "policy_model_name are set",
+            ", ".join(sorted(declared)),
+        )
+        return overlay
+    overlay["policy_model"] = {"responses_api_models": {"vllm_model": server}}
+    return overlay
+
+
+def write_policy_overlay(job: CollectionJob) -> Path:
+    """Write :func:`policy_overlay` to ``<workdir>/cwtrain-policy.yaml``, readable by the owner only."""
+    path = job.workdir / "cwtrain-policy.yaml"
+    text = yaml.safe_dump(policy_overlay(job.endpoint, job.config_paths), sort_keys=False)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
+
+
+# --------------------------------------------------------------------------- locating Gym
+
+
+@dataclass(frozen=True)
+class GymTools:
+    """The Gym executables found: the ``gym`` CLI, or the legacy ``ng_run``/``ng_collect_rollouts`` pair."""
+
+    gym: str | None = None
+    ng_run: str | None = None
+    ng_collect_rollouts: str | None = None
+
+    @property
+    def legacy(self) -> bool:
+        """Whether only the legacy scripts are available."""
+        return self.gym is None
+
+
+def require_gym(which: Callable[[str], str | None] = shutil.which) -> GymTools:
+    """Find NeMo Gym's command line on ``PATH``.
+
+    Raises:
+        GymNotInstalledError: neither ``gym`` nor ``ng_run`` + ``ng_collect_rollouts`` exists;
+            the message names the install.
+    """
+    gym = which("gym")
+    if gym:
+        return GymTools(gym=gym)
+    ng_run, ng_collect = which("ng_run"), which("ng_collect_rollouts")
+    if ng_run and ng_collect:
+        return GymTools(ng_run=ng_run, ng_collect_rollouts=ng_collect)
+    raise GymNotInstalledError(
+        f"NeMo Gym is not installed: no `gym` (or `ng_run`/`ng_collect_rollouts`) on PATH. Install it with "
+        f"{GYM_INSTALL_HINT}, or pass a collector of your own to cwtrain.integrations.gym.evaluate"
+    )
+
+
+def serve_command(tools: GymTools, config_paths: Sequence[Path]) -> list[str]:
+    """The command that starts Gym's servers for ``config_paths`` (the overlay last)."""
+    if tools.gym:
+        command = [tools.gym, "env", "start"]
+        for path in config_paths:
+            command += ["--config", str(path)]
+        return command
+    assert tools.ng_run is not None
+    return [tools.ng_run, f"+config_paths=[{','.join(str(p) for p in config_paths)}]"]
+
+
+def collect_command(tools: GymTools, job: CollectionJob) -> list[str]:
+    """The command that collects the rollouts of ``job`` from the running servers."""
+    if tools.gym:
+        command = [tools.gym, "eval", "run", "--no-serve", "--input", str(job.input_path)]
+        command += ["--output", str(job.output_path), "--num-repeats", str(job.num_repeats)]
+        if job.agent:
+            command += ["--agent", job.agent]
+        if job.limit is not None:
+            command += ["--limit", str(job.limit)]
+        if job.concurrency is not None:
+            command += ["--concurrency", str(job.concurrency)]
+        return [*command, *job.extra_args]
+    assert tools.ng_collect_rollouts is not None
+    command = [
+        tools.ng_collect_rollouts,
+        f"+input_jsonl_fpath={job.input_path}",
+        f"+output_jsonl_fpath={job.output_path}",
+        f"+num_repeats={job.num_repeats}",
+    ]
+    if job.agent:
+        command.append(f"+agent_name={job.agent}")
+    if job.limit is not None:
+        command.append(f"+limit={job.limit}")
+    if job.concurrency is not None:
+        command.append(f"+num_samples_in_parallel={job.concurrency}")
+    return [*command, *job.extra_args]
+
+
+# --------------------------------------------------------------------------- the default collector
+
+
+class GymCLICollector:
+    """The default collection step: Gym's own CLI, servers started and stopped around it.
+
+    Args:
+        server_timeout: seconds to wait for Gym's servers to report ready.
+        tools: the Gym executables (default: found on ``PATH`` at call time).
+        env: extra environment variables for Gym's processes.
+    """
+
+    def __init__(
+        self,
+        *,
+        server_timeout: float = 900.0,
+        tools: GymTools | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.server_timeout = server_timeout
+        self.tools = tools
+        self.env = dict(env or {})
+
+    def __call__(self, job: CollectionJob) -> CollectionResult:
+        """Start Gym's servers, collect the rollouts of ``job``, stop the servers."""
+        tools = self.tools or require_gym()
+        overlay = write_policy_overlay(job)
+        env = {**os.environ, **self.env}
+        server_log = job.workdir / "gym-servers.log"
+        with server_log.open("wb") as log_file:
+            server = subprocess.Popen(
+                serve_command(tools, [*job.config_paths, overlay]),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own process group: stopped as a whole below
+            )
+            try:
+                self._wait_ready(server, server_log)
+                command = collect_command(tools, job)
+                log.info("collecting rollouts: %s", " ".join(command))
+                done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, check=False)
+                if done.returncode != 0:
+                    raise CWTrainError(
+                        f"NeMo Gym's rollout collection exited with {done.returncode}; its output is above, "
+                        f"the servers' log is {server_log}"
+                    )
+            finally:
+                _stop(server)
+        metrics = aggregate_metrics_path(job.output_path)
+        return CollectionResult(job.output_path, metrics if metrics.exists() else None)
+
+    def _wait_ready(self, server: subprocess.Popen[bytes], server_log: Path) -> None:
+        deadline = time.monotonic() + self.server_timeout
+        while True:
+            text = server_log.read_text(encoding="utf-8", errors="replace")
+            if _READY.search(text):
+                log.info("NeMo Gym servers ready")
+                return
+            if server.poll() is not None:
+                raise CWTrainError(
+                    f"NeMo Gym's servers exited with {server.returncode} before they were ready; "
+                    f"see {server_log}:\n{_tail(text)}"
+                )
+            if time.monotonic() > deadline:
+                raise CWTrainError(
+                    f"NeMo Gym's servers were not ready after {self.server_timeout:.0f}s; see {server_log}"
+                )
+            time.sleep(0.5)
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """Stop the process group the server runs in: SIGINT, SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
