@@ -62,6 +62,7 @@ from cwtrain.hotload.format import (
     INDEX_NAME,
     MAX_CHAIN_DELTAS,
     SINGLE_FILE_NAME,
+    FileRegion,
     SafetensorsHeader,
     SnapshotFile,
     TensorData,
@@ -91,6 +92,7 @@ __all__ = [
     "ShardSink",
     "apply_delta",
     "apply_delta_dir",
+    "apply_payload",
     "as_uint8",
     "decode_frame",
     "default_workers",
@@ -99,6 +101,7 @@ __all__ = [
     "memory_budget_from_env",
     "read_snapshot_dir",
     "replay_chain",
+    "tensor_adler32",
     "zstd_frame_size",
 ]
 
@@ -127,39 +130,17 @@ def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> int:
     return env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET, environ, minimum=1 << 20)
 
 
-@dataclass(frozen=True)
-class FileRegion:
-    """Tensor bytes that live in a file: read with ``pread`` into reused buffers, never mapped.
-
-    The encoder streams these in chunks; anything else that asks for the buffer
-    (``memoryview(region)``) gets the whole region read into memory.
-    """
-
-    fd: int
-    offset: int
-    nbytes: int
-
-    def __buffer__(self, flags: int, /) -> memoryview:
-        data = bytearray(self.nbytes)
-        view = memoryview(data)
-        done = 0
-        while done < self.nbytes:
-            got = os.preadv(self.fd, [view[done:]], self.offset + done)
-            if got <= 0:
-                raise SnapshotError(f"file ended early while reading {self.nbytes} bytes at {self.offset}")
-            done += got
-        return memoryview(data)
+TensorSource = Buffer | FileRegion
 
 
-TensorSource = Buffer
-
-
-def as_uint8(data: Buffer) -> U8Array:
-    """A flat ``uint8`` view of a bytes-like object (no copy).
+def as_uint8(data: Buffer | FileRegion) -> U8Array:
+    """A flat ``uint8`` view of a bytes-like object (no copy; a :class:`FileRegion` is read).
 
     Raises:
         ValueError: a numpy array that is not C-contiguous.
     """
+    if isinstance(data, FileRegion):
+        return np.frombuffer(data.read(), dtype=np.uint8)
     if isinstance(data, np.ndarray):
         if not data.flags.c_contiguous:
             raise ValueError("tensor data must be C-contiguous")
@@ -487,6 +468,8 @@ class DeltaEncoder:
         shard_metadata: Mapping[str, str] | None = None,
         index_meta: Mapping[str, Any] | None = None,
         checksums: Mapping[str, str] | None = None,
+        shard_entries: Mapping[str, Sequence[TensorEntry]] | None = None,
+        shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None = None,
     ) -> EncodedSnapshot:
         """A FULL snapshot with checksums (spec 3.3) from tensors in memory.
 
@@ -499,9 +482,16 @@ class DeltaEncoder:
             index_meta: the index ``metadata`` to keep; ``total_size`` and
                 ``checksum_format`` are set (appended when new).
             checksums: Adler-32s already known (else computed).
+            shard_entries: exact header entries per shard (header order and data
+                offsets of a source checkpoint, so the bytes equal a rewrite of it);
+                the layout is taken from them.
+            shard_metadata_by_shard: ``__metadata__`` per shard, overriding
+                ``shard_metadata``.
         """
         start = time.perf_counter()
         known = dict(checksums) if checksums is not None else self.checksums(tensors)
+        if shard_entries is not None:
+            layout = {entry.name: shard for shard, entries in shard_entries.items() for entry in entries}
         if layout is None:
             layout = _default_layout(tensors, self.shard_bytes)
         groups: dict[str, list[str]] = {}
@@ -512,18 +502,31 @@ class DeltaEncoder:
             groups.setdefault(shard, []).append(name)
         files = []
         for shard, members in groups.items():
-            entries = []
-            offset = 0
-            for name in members:
-                t = tensors[name]
-                size = _checked_size(t, f"tensor {name!r}")
-                entries.append(TensorEntry(name, t.dtype, tuple(t.shape), offset, offset + size))
-                offset += size
-            meta = dict(shard_metadata) if shard_metadata is not None else {"format": "pt"}
-            for name in members:
-                meta[name] = known[name]
+            entries: list[TensorEntry] = []
+            if shard_entries is not None:
+                entries = list(shard_entries[shard])
+                for entry in entries:
+                    t = tensors[entry.name]
+                    if (t.dtype, tuple(t.shape), t.nbytes) != (entry.dtype, entry.shape, entry.nbytes):
+                        raise SnapshotError(f"tensor {entry.name!r} does not match its header entry in {shard}")
+            else:
+                offset = 0
+                for name in members:
+                    t = tensors[name]
+                    size = _checked_size(t, f"tensor {name!r}")
+                    entries.append(TensorEntry(name, t.dtype, tuple(t.shape), offset, offset + size))
+                    offset += size
+            if shard_metadata_by_shard is not None and shard in shard_metadata_by_shard:
+                meta = dict(shard_metadata_by_shard[shard])
+            else:
+                meta = dict(shard_metadata) if shard_metadata is not None else {"format": "pt"}
+            for entry in entries:
+                meta[entry.name] = known[entry.name]
             buffers: list[Buffer] = [encode_header(entries, meta)]
-            buffers.extend(tensors[name].data for name in members if tensors[name].nbytes)
+            for entry in sorted(entries, key=lambda e: e.begin):
+                data = tensors[entry.name].data
+                if entry.nbytes:
+                    buffers.append(data.read() if isinstance(data, FileRegion) else data)
             files.append(SnapshotFile(shard, tuple(buffers)))
         total = sum(t.nbytes for t in tensors.values())
         metadata = dict(index_meta or {})
@@ -626,6 +629,11 @@ class DeltaEncoder:
 def _append(pieces: list[Buffer], chunk: bytes) -> None:
     if chunk:
         pieces.append(chunk)
+
+
+def tensor_adler32(data: TensorSource) -> int:
+    """Adler-32 of a tensor's bytes (a :class:`FileRegion` is streamed in chunks)."""
+    return _adler_of(data, _ThreadState())
 
 
 def _adler_of(data: TensorSource, state: _ThreadState) -> int:
@@ -760,6 +768,31 @@ def decode_frame(frame: Buffer, nbytes: int) -> U8Array:
     return np.frombuffer(out, np.uint8)
 
 
+def apply_payload(old: Buffer | FileRegion, payload: Buffer, expected: int, *, where: str = "tensor") -> U8Array:
+    """Decode one delta payload against the old tensor bytes and verify the result.
+
+    Returns:
+        A new array with the new tensor bytes (``old`` is not modified).
+
+    Raises:
+        SnapshotError: the payload is not exactly one zstd frame of the tensor's size.
+        SnapshotChecksumError: the result's Adler-32 is not ``expected``.
+    """
+    old_bytes = as_uint8(old)
+    try:
+        xor = decode_frame(payload, old_bytes.size)
+    except ValueError as exc:
+        raise SnapshotError(f"{where}: {exc}") from None
+    out = np.bitwise_xor(xor, old_bytes)
+    actual = adler32(out)
+    if actual != expected:
+        raise SnapshotChecksumError(
+            f"{where}: Adler-32 of the result is {actual:08x}, expected {expected:08x} "
+            "(wrong base weights or corrupt delta)"
+        )
+    return out
+
+
 def _shard_headers(index: Mapping[str, Any], shards: Mapping[str, Buffer], source: str) -> dict[str, SafetensorsHeader]:
     headers: dict[str, SafetensorsHeader] = {}
     weight_map: Mapping[str, str] = index.get("weight_map") or {}
@@ -838,24 +871,13 @@ def apply_delta(
         if name not in base:
             raise SnapshotError(f"{where}: the base has no such tensor")
         expected = _expected_checksum(headers[shard], name, where, required=True)
+        assert expected is not None
         jobs.append((name, shard, entry, expected, where))
 
-    def decode(job: tuple[str, str, TensorEntry, int | None, str]) -> tuple[str, U8Array]:
+    def decode(job: tuple[str, str, TensorEntry, int, str]) -> tuple[str, U8Array]:
         name, shard, entry, expected, where = job
-        old = base[name]
-        old_bytes = as_uint8(old.data)
-        try:
-            xor = decode_frame(_tensor_bytes(shards[shard], headers[shard], entry), old_bytes.size)
-        except ValueError as exc:
-            raise SnapshotError(f"{where}: {exc}") from None
-        out = np.bitwise_xor(xor, old_bytes)
-        actual = adler32(out)
-        if actual != expected:
-            raise SnapshotChecksumError(
-                f"{where}: Adler-32 of the result is {actual:08x}, expected {expected:08x} "
-                "(wrong base weights or corrupt delta)"
-            )
-        return name, out
+        payload = _tensor_bytes(shards[shard], headers[shard], entry)
+        return name, apply_payload(base[name].data, payload, expected, where=where)
 
     results = _map(decode, jobs, workers)
     out = dict(base)

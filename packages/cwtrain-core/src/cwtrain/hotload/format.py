@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import zlib
 from collections.abc import Buffer, Iterator, Mapping, Sequence
@@ -57,6 +58,7 @@ __all__ = [
     "DEFAULT_SHARD_BYTES",
     "DELTA_ENCODING",
     "DTYPE_BITS",
+    "FileRegion",
     "INDEX_NAME",
     "MAX_CHAIN_DELTAS",
     "MAX_FULL_EVERY",
@@ -158,20 +160,52 @@ def adler32_hex(data: Buffer) -> str:
 # ----------------------------------------------------------------------------- tensors
 
 
+@dataclass(frozen=True)
+class FileRegion:
+    """Tensor bytes that live in a file, read on demand (never memory-mapped).
+
+    The encoder streams a region with ``pread`` into reused buffers; :meth:`read`
+    returns the whole region.
+    """
+
+    fd: int
+    offset: int
+    nbytes: int
+
+    def read(self) -> bytearray:
+        """The region's bytes."""
+        data = bytearray(self.nbytes)
+        view = memoryview(data)
+        done = 0
+        while done < self.nbytes:
+            got = os.preadv(self.fd, [view[done:]], self.offset + done)
+            if got <= 0:
+                raise SnapshotError(f"file ended early while reading {self.nbytes} bytes at offset {self.offset}")
+            done += got
+        return data
+
+
 class TensorData(NamedTuple):
-    """One tensor: safetensors dtype name, shape and raw little-endian bytes."""
+    """One tensor: safetensors dtype name, shape and raw little-endian bytes.
+
+    ``data`` is any bytes-like (``bytes``, ``memoryview``, a C-contiguous numpy array)
+    or a :class:`FileRegion` (checkpoint directories and the on-disk mirror).
+    """
 
     dtype: str
     shape: tuple[int, ...]
-    data: Buffer
+    data: Buffer | FileRegion
 
     @property
     def nbytes(self) -> int:
         """Length of ``data`` in bytes."""
-        size = getattr(self.data, "nbytes", None)
+        data = self.data
+        if isinstance(data, FileRegion):
+            return data.nbytes
+        size = getattr(data, "nbytes", None)
         if isinstance(size, int):
             return size
-        return memoryview(self.data).nbytes
+        return memoryview(data).nbytes
 
 
 def dtype_nbytes(dtype: str, shape: Sequence[int], *, where: str = "tensor") -> int:
