@@ -130,7 +130,8 @@ def is_missing(exc: BaseException) -> bool:
 def _client_error() -> type[Exception]:
     from botocore.exceptions import ClientError
 
-    return ClientError
+    error: type[Exception] = ClientError
+    return error
 
 
 # ------------------------------------------------------------------------ sources

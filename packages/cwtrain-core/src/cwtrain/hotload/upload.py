@@ -51,7 +51,6 @@ The permission check :func:`check_snapshot_access` (spec section 9) lives here t
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -62,7 +61,7 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.config import env_int
-from cwtrain.errors import SnapshotAccessError, SnapshotConflictError, SnapshotError, SnapshotNotFoundError, UsageError
+from cwtrain.errors import SnapshotAccessError, SnapshotConflictError, SnapshotError, UsageError
 from cwtrain.hotload.format import INDEX_NAME, snapshot_prefix, validate_identity
 from cwtrain.hotload.objects import (
     DEFAULT_PART_SIZE,
@@ -425,53 +424,16 @@ def _conflict_line(source: ObjectSource, remote: RemoteObject) -> str:
 # ------------------------------------------------------------------- directory
 
 
-def _directory_sources(path: Path) -> list[ObjectSource]:
-    if not path.is_dir():
-        raise SnapshotNotFoundError(f"snapshot directory {str(path)!r} does not exist")
-    sources = []
-    for entry in sorted(path.iterdir()):
-        if entry.is_dir():
-            log.warning("%s: subdirectory skipped (only the directory's own files are uploaded)", entry)
-        elif entry.is_file():
-            sources.append(ObjectSource.from_path(entry))
-    return sources
+def _snapshot_sources(snapshot: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource]:
+    """The files (memory-mapped) and the index bytes as uploaded, of a directory or a ``SnapshotInfo``."""
+    from cwtrain.hotload.inspect import SnapshotInfo, delta_index_for_upload, inspect_snapshot
 
-
-def _snapshot_sources(snapshot: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource | None]:
-    """The files and the index (bytes as uploaded) of a directory or a ``SnapshotInfo``."""
-    info = snapshot
-    if isinstance(snapshot, (str, os.PathLike)):
-        try:
-            from cwtrain.hotload.inspect import inspect_snapshot
-        except ImportError:  # pragma: no cover - inspect is part of core
-            inspect_snapshot = None
-        if inspect_snapshot is None:
-            sources = _directory_sources(Path(snapshot))
-            index = next((s for s in sources if s.name == INDEX_NAME), None)
-            return [s for s in sources if s is not index], index
-        info = inspect_snapshot(snapshot)
-    return _info_sources(info, identity)
-
-
-def _info_sources(info: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource | None]:
-    from cwtrain.hotload.inspect import delta_index_for_upload
-
-    root = Path(info.path)
-    names = [Path(f).name for f in info.files]
-    files = [ObjectSource.from_path(root / name, name) for name in names if name != INDEX_NAME]
-    if getattr(info, "empty_delta", False):
-        for source in files:
-            source.close()
-        raise SnapshotError(f"{root}: an empty delta (no changed tensor) is never uploaded")
-    if info.incremental is not None:
-        data = delta_index_for_upload(info, identity)
-        return files, ObjectSource.from_buffers(INDEX_NAME, [data])
-    index_bytes = getattr(info, "index_bytes", None)
-    if index_bytes is not None:
-        return files, ObjectSource.from_buffers(INDEX_NAME, [index_bytes])
-    if (root / INDEX_NAME).is_file():
-        return files, ObjectSource.from_path(root / INDEX_NAME)
-    return files, None
+    info = snapshot if isinstance(snapshot, SnapshotInfo) else inspect_snapshot(snapshot)
+    if info.empty_delta:
+        raise SnapshotError(f"{info.path}: an empty delta (no changed tensor) is never uploaded")
+    index = ObjectSource.from_buffers(INDEX_NAME, [delta_index_for_upload(info, identity)])
+    files = [ObjectSource.from_path(path, Path(path).name) for path in info.files if Path(path).name != INDEX_NAME]
+    return files, index
 
 
 def upload_snapshot(
@@ -511,7 +473,7 @@ def upload_snapshot(
         check_part_size(part_size)
     s3 = s3 if s3 is not None else _default_s3()
     files, index = _snapshot_sources(snapshot, identity)
-    everything = [*files, *([index] if index is not None else [])]
+    everything = [*files, index]
     try:
         prefix = snapshot_prefix(path_prefix, identity)
         existing = _list_existing(s3, bucket, prefix)

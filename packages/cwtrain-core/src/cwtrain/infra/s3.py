@@ -145,7 +145,7 @@ def resolve_region(
         ConfigError: no region anywhere; the message names ``AWS_REGION``.
     """
     env = os.environ if environ is None else environ
-    region = region_name or env_str("AWS_REGION", env) or (env.get("AWS_DEFAULT_REGION") or "").strip()
+    region: str | None = region_name or env_str("AWS_REGION", env) or (env.get("AWS_DEFAULT_REGION") or "").strip()
     if not region:
         try:
             region = (session if session is not None else _botocore_session()).get_config_variable("region")
