@@ -227,7 +227,7 @@ def test_transport_errors_are_retried_then_unavailable_without_secrets() -> None
         calls.append(request)
         raise httpx.ConnectError(f"refused {TOKEN}")
 
-    api, sleeps = _client(httpx.MockTransport(handler))
+    api, _ = _client(httpx.MockTransport(handler))
     with pytest.raises(TransportError) as info:
         api.get_deployment("d")
     assert isinstance(info.value, UnavailableError)
