@@ -1,1 +1,43 @@
-"""cwtrain-local: the remote side of cwtrain on one machine (work in progress)."""
+"""cwtrain-local: the remote side of cwtrain on one machine.
+
+Object storage (moto's S3 server), the v1alpha1 inference control plane, engine replicas
+serving a tiny causal LM, and an OpenAI-compatible gateway, all on loopback, faithful to
+the service contract, so every part of cwtrain runs for real in tests and in
+``cwtrain demo``::
+
+    from cwtrain.local import LocalStack
+
+    with LocalStack(replicas=2) as stack:
+        target = stack.deploy()
+        ...
+
+Command line: ``cwtrain local up [--replicas N] [--port P]``, ``cwtrain local down``,
+``cwtrain demo``. Importing this package loads neither torch nor boto3; the names below
+are imported on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cwtrain.local.faults import Faults
+    from cwtrain.local.objectstore import MotoS3Server
+    from cwtrain.local.stack import DeployedModel, LocalStack
+
+__all__ = ["DeployedModel", "Faults", "LocalStack", "MotoS3Server"]
+
+_LAZY = {
+    "LocalStack": "cwtrain.local.stack",
+    "DeployedModel": "cwtrain.local.stack",
+    "Faults": "cwtrain.local.faults",
+    "MotoS3Server": "cwtrain.local.objectstore",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cwtrain.local' has no attribute {name!r}")
+    return getattr(import_module(module), name)

@@ -1,0 +1,280 @@
+"""The local control plane: CoreWeave's v1alpha1 inference API over loopback HTTP.
+
+:class:`ControlPlaneServer` serves ``/v1alpha1/inference`` (``shared/spec/service-api.md``)
+from a :class:`~cwtrain.local.state.ControlPlaneState` on a ``ThreadingHTTPServer`` in a
+background thread:
+
+=======  ======================================  ==========================================
+Method   Path                                    Answer
+=======  ======================================  ==========================================
+GET      ``/gateways`` (``updatedAfter``)        ``{"items": [gateway, ...]}``
+POST     ``/gateways``                           ``{"gateway": ...}`` (client ``id``)
+GET      ``/gateways/parameters``                ``{"zones": [...]}``
+GET      ``/gateways/{id}``                      ``{"gateway": ...}``
+DELETE   ``/gateways/{id}``                      ``{}`` (failed_precondition while attached)
+GET      ``/deployments`` (``parentGatewayId``)  ``{"items": [deployment, ...]}``
+POST     ``/deployments``                        ``{"deployment": ...}`` (client ``id``)
+GET      ``/deployments/parameters``             allowed engines (``gatewayIds`` repeated)
+GET      ``/deployments/{id}``                   ``{"deployment": ...}``
+PATCH    ``/deployments/{id}``                   ``{"deployment": ...}`` (``hotLoad`` frozen)
+DELETE   ``/deployments/{id}``                   ``{}``; STATUS_DELETING, then not_found
+POST     ``/hotLoads``                           ``{"hotLoad": ...}`` (client ``hotLoadId``)
+GET      ``/hotLoads``                           ``hotLoads[]``, ``nextPageToken``, newest first
+GET      ``/hotLoads/{id}``                      ``{"hotLoad": ...}``
+GET      ``/hotLoads/{id}/replicas``             ``replicas[]``, ``nextPageToken``
+POST     ``/hotLoads/{id}:cancel``               ``{"hotLoad": ...}``
+=======  ======================================  ==========================================
+
+Every call needs ``Authorization: Bearer <token>``: an admin token may write, a viewer
+token may only read (``permission_denied`` otherwise), anything else is
+``unauthenticated``. Errors are ``{"code": <Connect code>, "message", "details": []}`` with
+the usual HTTP status. Armed :class:`~cwtrain.local.faults.APIFaults` apply before routing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from cwtrain.local.faults import APIFaults
+from cwtrain.local.resources import ServiceError
+from cwtrain.local.state import ControlPlaneState
+
+__all__ = ["API_PREFIX", "ControlPlaneServer"]
+
+log = logging.getLogger("cwtrain.local.controlplane")
+
+#: Path prefix of the inference API.
+API_PREFIX = "/v1alpha1/inference"
+
+Query = dict[str, list[str]]
+Route = tuple[str, re.Pattern[str], Callable[[ControlPlaneState, re.Match[str], Query, Any], dict[str, Any]]]
+
+_SEGMENT = r"([^/:]+)"
+
+
+def _one(query: Query, key: str) -> str | None:
+    values = query.get(key)
+    return values[-1] if values else None
+
+
+def _many(query: Query, key: str) -> list[str]:
+    return [part for value in query.get(key, []) for part in value.split(",") if part]
+
+
+_ROUTES: tuple[Route, ...] = (
+    ("GET", re.compile(r"^/gateways/parameters$"), lambda s, m, q, b: s.gateway_parameters()),
+    ("GET", re.compile(r"^/gateways$"), lambda s, m, q, b: s.list_gateways(_one(q, "updatedAfter"))),
+    ("POST", re.compile(r"^/gateways$"), lambda s, m, q, b: s.create_gateway(b)),
+    ("GET", re.compile(rf"^/gateways/{_SEGMENT}$"), lambda s, m, q, b: s.get_gateway(m[1])),
+    ("DELETE", re.compile(rf"^/gateways/{_SEGMENT}$"), lambda s, m, q, b: s.delete_gateway(m[1])),
+    (
+        "GET",
+        re.compile(r"^/deployments/parameters$"),
+        lambda s, m, q, b: s.deployment_parameters(_many(q, "gatewayIds")),
+    ),
+    (
+        "GET",
+        re.compile(r"^/deployments$"),
+        lambda s, m, q, b: s.list_deployments(_one(q, "parentGatewayId") or None, _one(q, "updatedAfter")),
+    ),
+    ("POST", re.compile(r"^/deployments$"), lambda s, m, q, b: s.create_deployment(b)),
+    ("GET", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.get_deployment(m[1])),
+    ("PATCH", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.update_deployment(m[1], b)),
+    ("PUT", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.update_deployment(m[1], b)),
+    ("DELETE", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.delete_deployment(m[1])),
+    ("POST", re.compile(r"^/hotLoads$"), lambda s, m, q, b: s.create_hot_load(b)),
+    (
+        "GET",
+        re.compile(r"^/hotLoads$"),
+        lambda s, m, q, b: s.list_hot_loads(
+            _one(q, "parentDeploymentId") or None, _one(q, "maxPageSize"), _one(q, "pageToken")
+        ),
+    ),
+    ("POST", re.compile(rf"^/hotLoads/{_SEGMENT}:cancel$"), lambda s, m, q, b: s.cancel_hot_load(m[1])),
+    ("GET", re.compile(rf"^/hotLoads/{_SEGMENT}$"), lambda s, m, q, b: s.get_hot_load(m[1])),
+    (
+        "GET",
+        re.compile(rf"^/hotLoads/{_SEGMENT}/replicas$"),
+        lambda s, m, q, b: s.list_replicas(m[1], _one(q, "maxPageSize"), _one(q, "pageToken")),
+    ),
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("api: " + format, *args)
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _drop(self) -> None:
+        """Close the connection without an answer (the client sees a transport error)."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _auth(self, method: str) -> None:
+        header = self.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise ServiceError("unauthenticated", "missing bearer token (Authorization: Bearer <token>)")
+        if token in self.server.admin_tokens:
+            return
+        if token in self.server.viewer_tokens:
+            if method != "GET":
+                raise ServiceError("permission_denied", "this call needs the Inference Admin role")
+            return
+        raise ServiceError("unauthenticated", "invalid or expired token")
+
+    def _handle(self, method: str) -> None:
+        split = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = unquote(split.path)
+        if not path.startswith(API_PREFIX + "/"):
+            self._send(404, ServiceError("not_found", f"no route for {method} {path}").body())
+            return
+        path = path[len(API_PREFIX) :].rstrip("/")
+        faults = self.server.faults.take(method, path)
+        for fault in faults:
+            if fault.kind == "delay":
+                time.sleep(fault.seconds)
+        drop = any(f.kind == "drop" for f in faults)
+        try:
+            self._auth(method)
+            for fault in faults:
+                if fault.kind == "fail":
+                    raise ServiceError(fault.code, fault.message, http_status=fault.http_status)
+            status, payload = 200, self._route(method, path, parse_qs(split.query), raw)
+        except ServiceError as exc:
+            status, payload = exc.http_status, exc.body()
+        except Exception as exc:
+            log.exception("local control plane failed on %s %s", method, path)
+            status, payload = 500, ServiceError("internal", f"internal error: {type(exc).__name__}").body()
+        if drop:
+            self._drop()
+            return
+        self._send(status, payload)
+
+    def _route(self, method: str, path: str, query: Query, raw: bytes) -> dict[str, Any]:
+        body: Any = None
+        if method in ("POST", "PATCH", "PUT"):
+            try:
+                body = json.loads(raw) if raw.strip() else {}
+            except ValueError:
+                raise ServiceError("invalid_argument", "request body is not valid JSON") from None
+            if not isinstance(body, dict):
+                raise ServiceError("invalid_argument", "request body must be a JSON object")
+        known = False
+        for verb, pattern, handler in _ROUTES:
+            match = pattern.match(path)
+            if match is None:
+                continue
+            known = True
+            if verb == method:
+                return handler(self.server.state, match, query, body)
+        if known:
+            raise ServiceError("unimplemented", f"method {method} is not supported on {path}", http_status=405)
+        raise ServiceError("not_found", f"no route for {method} {API_PREFIX}{path}")
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        port: int,
+        state: ControlPlaneState,
+        admin_tokens: frozenset[str],
+        viewer_tokens: frozenset[str],
+        faults: APIFaults,
+    ) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.state = state
+        self.admin_tokens = admin_tokens
+        self.viewer_tokens = viewer_tokens
+        self.faults = faults
+
+
+class ControlPlaneServer:
+    """The v1alpha1 inference API on ``127.0.0.1`` in a background thread.
+
+    Args:
+        state: the resources and rules it serves.
+        tokens: bearer tokens with the Inference Admin role.
+        viewer_tokens: bearer tokens with the Inference Viewer role (reads only).
+        port: the port (a free one when 0).
+        faults: armed API faults (a fresh, empty set when ``None``).
+    """
+
+    def __init__(
+        self,
+        state: ControlPlaneState,
+        tokens: Iterable[str],
+        *,
+        viewer_tokens: Iterable[str] = (),
+        port: int = 0,
+        faults: APIFaults | None = None,
+    ) -> None:
+        self.state = state
+        self.faults = faults or APIFaults()
+        self._server = _Server(port, state, frozenset(tokens), frozenset(viewer_tokens), self.faults)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="cwtrain-local-api", daemon=True)
+
+    @property
+    def port(self) -> int:
+        """The listening port."""
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The API origin, ``http://127.0.0.1:<port>`` (the value of ``COREWEAVE_API_URL``)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ControlPlaneServer:
+        """Serve in the background."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

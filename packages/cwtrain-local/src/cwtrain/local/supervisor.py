@@ -1,0 +1,425 @@
+"""The reconciler: makes processes match the control plane's records, and records match processes.
+
+:class:`Supervisor` runs one background thread that, on every change (and at least every
+quarter second), for each
+
+- **gateway**: starts its inference gateway server (CREATING → READY with
+  ``status.endpoints``) or stops it (DELETING → gone);
+- **deployment**: keeps ``autoscaling.min`` replica processes (at least one) running,
+  restarting a dead one cold (copying weights from a serving peer when one exists, else
+  from the base weights, then replaying the current chain); marks it READY once every
+  replica answered; removes it once DELETING stopped its replicas;
+- **hot-load**: dispatches it to every replica (PENDING → IN_PROGRESS), mirrors each
+  replica's ``/health`` into the hot-load's replica rows, and ends it COMPLETED when every
+  replica serves the identity, FAILED (with the replicas' reasons) when one reported
+  ERROR and the others are done, or FAILED after ``hot_load_timeout``.
+
+A replica is *routable* (the gateway sends it requests) once it answered ``/health`` and
+serves the deployment's current identity or the active hot-load's; a cold replica
+catching up is not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND, ReplicaProcess
+from cwtrain.local.objectstore import free_port
+from cwtrain.local.resources import now
+from cwtrain.local.state import ControlPlaneState, DeploymentRecord, HotLoadRecord, ReplicaRecord
+
+__all__ = ["Supervisor"]
+
+log = logging.getLogger("cwtrain.local.supervisor")
+
+_MAX_START_FAILURES = 3
+
+
+@dataclass
+class Slot:
+    """One replica position of a deployment; its process is replaced when it dies."""
+
+    name: str
+    process: ReplicaProcess | None = None
+    generation: int = 0
+    start_failures: int = 0
+    catch_up: str | None = None  # hot-load id sent to bring a cold replica up to date
+    last_exit: str = ""
+
+    def health(self) -> dict[str, Any] | None:
+        """The process's latest ``/health`` body (``None`` when down or loading)."""
+        return self.process.health if self.process is not None and self.process.alive() else None
+
+
+@dataclass
+class _Hooks:
+    kill_on_dispatch: list[tuple[str | None, int]] = field(default_factory=list)
+
+
+class Supervisor:
+    """Reconciles a :class:`ControlPlaneState` with processes and gateway servers.
+
+    Args:
+        state: the records to act on.
+        s3_endpoint: the object store URL replicas read from.
+        s3_env: credentials and region given to replica processes.
+        workdir: directory for replica logs.
+        replica_command: argv prefix starting a replica (default ``python -m cwtrain.local.replica``).
+        start_gateway: ``(gateway_id) -> (url, stop)`` starting one gateway server.
+        hot_load_timeout: seconds after which an unfinished hot-load fails.
+    """
+
+    def __init__(
+        self,
+        state: ControlPlaneState,
+        *,
+        s3_endpoint: str,
+        s3_env: dict[str, str],
+        workdir: Path,
+        replica_command: Sequence[str] = DEFAULT_REPLICA_COMMAND,
+        start_gateway: Callable[[str], tuple[str, Callable[[], None]]] | None = None,
+        hot_load_timeout: float = 600.0,
+    ) -> None:
+        self.state = state
+        self.s3_endpoint = s3_endpoint
+        self.s3_env = dict(s3_env)
+        self.workdir = workdir
+        self.replica_command = list(replica_command)
+        self.start_gateway = start_gateway
+        self.hot_load_timeout = hot_load_timeout
+        self.slots: dict[str, list[Slot]] = {}
+        self._gateway_stops: dict[str, Callable[[], None]] = {}
+        self._hooks = _Hooks()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rr = itertools.count()
+
+    # ------------------------------------------------------------------ running
+
+    def start(self) -> Supervisor:
+        """Start the reconciler thread."""
+        self._thread = threading.Thread(target=self._run, name="cwtrain-local-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread, every replica and every gateway server."""
+        self._stop.set()
+        with self.state.lock:
+            self.state.changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        procs = [s.process for slots in self.slots.values() for s in slots if s.process is not None]
+        for proc in procs:
+            proc.signal_stop()
+        for proc in procs:
+            proc.wait_stopped()
+        self.slots.clear()
+        for stop in self._gateway_stops.values():
+            stop()
+        self._gateway_stops.clear()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            busy = False
+            try:
+                busy = self.tick()
+            except Exception:
+                log.exception("local control plane reconciler failed; retrying")
+            with self.state.lock:
+                if not self._stop.is_set():
+                    self.state.changed.wait(0.02 if busy else 0.25)
+
+    def tick(self) -> bool:
+        """One reconciliation pass; ``True`` while something is still changing."""
+        busy = self._gateways()
+        with self.state.lock:
+            deployments = list(self.state.deployments.values())
+        for deployment in deployments:
+            busy = self._deployment(deployment) or busy
+        return busy
+
+    # ----------------------------------------------------------------- gateways
+
+    def _gateways(self) -> bool:
+        busy = False
+        with self.state.lock:
+            gateways = list(self.state.gateways.values())
+        for gateway in gateways:
+            if gateway.status == "STATUS_CREATING":
+                busy = True
+                url = "http://127.0.0.1:0"
+                if self.start_gateway is not None:
+                    url, stop = self.start_gateway(gateway.id)
+                    self._gateway_stops[gateway.id] = stop
+                with self.state.lock:
+                    gateway.endpoints = [url]
+                    gateway.status, gateway.updated_at = "STATUS_READY", now()
+            elif gateway.status == "STATUS_DELETING":
+                busy = True
+                stop_gateway = self._gateway_stops.pop(gateway.id, None)
+                if stop_gateway is not None:
+                    stop_gateway()
+                with self.state.lock:
+                    self.state.gateways.pop(gateway.id, None)
+        return busy
+
+    # -------------------------------------------------------------- deployments
+
+    def _deployment(self, deployment: DeploymentRecord) -> bool:
+        slots = self.slots.setdefault(deployment.id, [])
+        if deployment.status == "STATUS_DELETING":
+            for slot in slots:
+                if slot.process is not None:
+                    slot.process.signal_stop()
+            for slot in slots:
+                if slot.process is not None:
+                    slot.process.wait_stopped()
+            self.slots.pop(deployment.id, None)
+            with self.state.lock:
+                self.state.deployments.pop(deployment.id, None)
+            return True
+        busy = False
+        while len(slots) < deployment.replica_count:
+            slots.append(Slot(name=f"{deployment.spec['name']}-{len(slots)}"))
+        while len(slots) > deployment.replica_count:
+            extra = slots.pop()
+            if extra.process is not None:
+                extra.process.stop()
+        for index, slot in enumerate(slots):
+            busy = self._keep_running(deployment, slot, slots, index) or busy
+        busy = self._hot_loads(deployment, slots) or busy
+        self._catch_up(deployment, slots)
+        return self._deployment_status(deployment, slots) or busy
+
+    def _keep_running(self, deployment: DeploymentRecord, slot: Slot, slots: list[Slot], index: int) -> bool:
+        proc = slot.process
+        if proc is not None and proc.alive():
+            if proc.ever_healthy:
+                slot.start_failures = 0
+            return not proc.ever_healthy
+        if proc is not None:
+            code = proc.exit_code()
+            slot.last_exit = f"exited with code {code}: {proc.log_tail(5)}"
+            if not proc.ever_healthy:
+                slot.start_failures += 1
+            log.warning("replica %s of deployment %s %s; restarting it cold", slot.name, deployment.id, slot.last_exit)
+            proc.stop(timeout=0.5)
+            slot.process = None
+        if slot.start_failures >= _MAX_START_FAILURES:
+            return False
+        peer = self._peer(deployment, slots, exclude=slot)
+        slot.generation += 1
+        slot.catch_up = None
+        slot.process = self._spawn(deployment, slot, peer).start()
+        return True
+
+    def _peer(self, deployment: DeploymentRecord, slots: list[Slot], exclude: Slot) -> str | None:
+        for other in slots:
+            health = other.health()
+            if other is exclude or other.process is None or health is None:
+                continue
+            if health.get("identity") == deployment.current_identity and other.catch_up is None:
+                return other.process.url
+        return None
+
+    def _spawn(self, deployment: DeploymentRecord, slot: Slot, peer: str | None) -> ReplicaProcess:
+        spec = deployment.spec
+        hot_load = spec.get("hotLoad") or {}
+        port = free_port()
+        argv = [
+            *self.replica_command,
+            "--name", slot.name,
+            "--port", str(port),
+            "--s3-endpoint", self.s3_endpoint,
+            "--bucket", str(hot_load.get("bucket") or spec["model"]["bucket"]),
+            "--path-prefix", str(hot_load.get("pathPrefix", "")).strip("/"),
+            "--model-name", str(spec["model"]["name"]),
+            "--model-bucket", str(spec["model"]["bucket"]),
+            "--model-path", str(spec["model"]["path"]).strip("/"),
+        ]  # fmt: skip
+        if peer:
+            argv += ["--peer", peer]
+        env = {**os.environ, **self.s3_env, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("MKL_NUM_THREADS", "1")
+        log_path = self.workdir / f"replica-{slot.name}-{slot.generation}.log"
+        log.info("starting replica %s on port %d%s", slot.name, port, f" (copying from {peer})" if peer else "")
+        return ReplicaProcess(slot.name, port, argv, env, log_path)
+
+    def _catch_up(self, deployment: DeploymentRecord, slots: list[Slot]) -> None:
+        """Bring a cold replica to the deployment's current identity (no hot-load active)."""
+        if self.state.active_hot_load(deployment.id) is not None or deployment.current_hot_load_id is None:
+            return
+        for slot in slots:
+            health = slot.health()
+            if health is None or slot.process is None:
+                continue
+            if health.get("identity") == deployment.current_identity and health.get("state") == "READY":
+                slot.catch_up = None
+                continue
+            if slot.catch_up is None:
+                hot_load_id = deployment.current_hot_load_id
+                if slot.process.post_hot_load(hot_load_id, deployment.current_identity, deployment.current_chain):
+                    slot.catch_up = hot_load_id
+
+    def _deployment_status(self, deployment: DeploymentRecord, slots: list[Slot]) -> bool:
+        active = self.state.active_hot_load(deployment.id)
+        serving = {deployment.current_identity} | ({active.spec["identity"]} if active is not None else set())
+        ready = sum(
+            1 for s in slots if (h := s.health()) is not None and h.get("identity") in serving and s.catch_up is None
+        )
+        failed = [s for s in slots if s.start_failures >= _MAX_START_FAILURES]
+        with self.state.lock:
+            deployment.ready_replicas = ready
+            if deployment.status in ("STATUS_CREATING", "STATUS_FAILED") and failed:
+                deployment.set_status(
+                    "STATUS_FAILED", f"replica {failed[0].name} failed to start: {failed[0].last_exit}"
+                )
+            elif deployment.status == "STATUS_CREATING":
+                if ready == len(slots):
+                    deployment.set_status("STATUS_READY", f"{ready}/{len(slots)} replicas ready")
+                    return True
+            elif deployment.status in ("STATUS_READY", "STATUS_ERROR"):
+                if ready == 0:
+                    deployment.set_status("STATUS_ERROR", "no replica is serving; restarting replicas")
+                else:
+                    deployment.set_status("STATUS_READY", f"{ready}/{len(slots)} replicas ready")
+        return deployment.status == "STATUS_CREATING"
+
+    def routes(self, deployment_id: str) -> list[str]:
+        """URLs of the deployment's routable replicas, rotated for round-robin."""
+        with self.state.lock:
+            deployment = self.state.deployments.get(deployment_id)
+            if deployment is None:
+                return []
+            active = self.state.active_hot_load(deployment_id)
+            serving = {deployment.current_identity} | ({active.spec["identity"]} if active is not None else set())
+        urls = [
+            s.process.url
+            for s in list(self.slots.get(deployment_id, []))
+            if s.process is not None
+            and s.catch_up is None
+            and (h := s.health()) is not None
+            and h.get("identity") in serving
+        ]
+        if len(urls) > 1:
+            shift = next(self._rr) % len(urls)
+            urls = urls[shift:] + urls[:shift]
+        return urls
+
+    # ----------------------------------------------------------------- hot-loads
+
+    def _hot_loads(self, deployment: DeploymentRecord, slots: list[Slot]) -> bool:
+        record = self.state.active_hot_load(deployment.id)
+        if record is None:
+            return False
+        target = record.spec["identity"]
+        chain = record.spec["snapshotChain"]
+        for index, slot in enumerate(slots):
+            health = slot.health()
+            proc = slot.process
+            if health is None or proc is None or record.id in proc.dispatched:
+                continue
+            if health.get("identity") == target and health.get("state") == "READY":
+                continue
+            if proc.post_hot_load(record.id, target, chain):
+                slot.catch_up = None
+                self._fire_kill_hooks(deployment, slot, index)
+        with self.state.lock:
+            if record.terminal:  # canceled meanwhile
+                return True
+            if record.state == "HOT_LOAD_STATE_PENDING":
+                record.set_state("HOT_LOAD_STATE_IN_PROGRESS", "replicas loading the snapshot")
+            self._update_rows(record, deployment, slots)
+            self._finish(record, deployment, slots)
+        return True
+
+    def _update_rows(self, record: HotLoadRecord, deployment: DeploymentRecord, slots: list[Slot]) -> None:
+        target = record.spec["identity"]
+        for slot in slots:
+            row = record.replicas.get(slot.name)
+            if row is None:
+                row = record.replicas[slot.name] = ReplicaRecord(slot.name, deployment.zone)
+            health = slot.health()
+            if health is None:
+                state, identity, reason = "PENDING_UPDATE", row.current_snapshot_identity, None
+                if slot.process is None or not slot.process.alive():
+                    reason = "replica restarting"
+            else:
+                identity = str(health.get("identity") or "initial")
+                mine = health.get("hot_load_id") == record.id
+                state = str(health.get("state") or "PENDING_UPDATE") if mine else "PENDING_UPDATE"
+                if identity == target and health.get("state") == "READY":
+                    state = "READY"
+                if state == "READY" and identity != target:
+                    state = "PENDING_UPDATE"
+                reason = health.get("error_reason") if state == "ERROR" else None
+            stamp = now()
+            if state != row.state:
+                row.transitioned_at = stamp
+                if state == "UPDATING" and row.started_at is None:
+                    row.started_at = stamp
+                if state in ("READY", "ERROR"):
+                    row.started_at = row.started_at or stamp
+                    row.finished_at = stamp
+            changed = (state, identity, reason) != (row.state, row.current_snapshot_identity, row.error_reason)
+            row.state, row.current_snapshot_identity, row.error_reason = state, identity, reason
+            if changed:
+                row.updated_at = stamp
+
+    def _finish(self, record: HotLoadRecord, deployment: DeploymentRecord, slots: list[Slot]) -> None:
+        rows = [record.replicas[s.name] for s in slots if s.name in record.replicas]
+        if len(rows) < len(slots) or not rows:
+            return
+        if all(r.state == "READY" for r in rows):
+            record.set_state(
+                "HOT_LOAD_STATE_COMPLETED", f"{len(rows)}/{len(rows)} replicas serve {record.spec['identity']}"
+            )
+            deployment.current_identity = record.spec["identity"]
+            deployment.current_chain = [dict(link) for link in record.spec["snapshotChain"]]
+            deployment.current_hot_load_id = record.id
+            deployment.updated_at = now()
+            return
+        errors = [r for r in rows if r.state == "ERROR"]
+        if errors and all(r.state in ("READY", "ERROR") for r in rows):
+            reasons = "; ".join(f"{r.name}: {r.error_reason or 'unknown error'}" for r in errors[:5])
+            record.set_state("HOT_LOAD_STATE_FAILED", f"{len(errors)}/{len(rows)} replicas failed: {reasons}")
+            return
+        started = record.started_at or record.created_at
+        if (now() - started).total_seconds() > self.hot_load_timeout:
+            record.set_state("HOT_LOAD_STATE_FAILED", f"timed out after {self.hot_load_timeout:g} s")
+
+    # --------------------------------------------------------------------- faults
+
+    def kill_replica(self, deployment_id: str, index: int = 0) -> str:
+        """SIGKILL one replica now; returns its name. It is restarted cold."""
+        slots = self.slots.get(deployment_id) or []
+        if not 0 <= index < len(slots) or slots[index].process is None:
+            raise LookupError(f"deployment {deployment_id} has no running replica #{index}")
+        slot = slots[index]
+        assert slot.process is not None
+        slot.process.kill()
+        with self.state.lock:
+            self.state.changed.notify_all()
+        return slot.name
+
+    def kill_during_next_hot_load(self, deployment_id: str | None = None, index: int = 0) -> None:
+        """Kill replica ``index`` right after the next hot-load was dispatched to it."""
+        self._hooks.kill_on_dispatch.append((deployment_id, index))
+
+    def _fire_kill_hooks(self, deployment: DeploymentRecord, slot: Slot, index: int) -> None:
+        for hook in list(self._hooks.kill_on_dispatch):
+            if hook[0] in (None, deployment.id) and hook[1] == index and slot.process is not None:
+                self._hooks.kill_on_dispatch.remove(hook)
+                time.sleep(0.05)  # let the replica start loading
+                slot.process.kill()
+                log.info("fault: killed replica %s during a hot-load", slot.name)
