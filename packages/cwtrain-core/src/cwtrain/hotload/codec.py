@@ -90,6 +90,7 @@ __all__ = [
     "EncodedSnapshot",
     "FileRegion",
     "ShardSink",
+    "TensorResult",
     "apply_delta",
     "apply_delta_dir",
     "apply_payload",
@@ -213,7 +214,9 @@ class EncodedSnapshot:
 
 
 @dataclass
-class _Encoded:
+class TensorResult:
+    """One tensor's encode result: its Adler-32 and, when changed, its frame pieces."""
+
     name: str
     nbytes: int
     adler: int
@@ -386,15 +389,35 @@ class DeltaEncoder:
         """
         start = time.perf_counter()
         names = check_compatible(new, base)
+
+        def task(name: str) -> TensorResult:
+            return self._encode_one(name, new[name], base[name])
+
+        results = self._ordered(names, task, lambda name: new[name].nbytes)
+        return self.assemble(
+            results, start=start, version=version, base_version=base_version, sink=sink, on_progress=on_progress
+        )
+
+    def assemble(
+        self,
+        results: Iterator[TensorResult],
+        *,
+        start: float,
+        version: str | None = None,
+        base_version: str | None = None,
+        sink: ShardSink | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> EncodedSnapshot:
+        """Pack per-tensor results (ascending names) into shards and the index.
+
+        Shared by the numpy path and :mod:`cwtrain.hotload.torch`, so both give the same bytes.
+        """
         sink = sink if sink is not None else ShardSink(self.shard_bytes)
         checksums: dict[str, int] = {}
         changed: list[str] = []
-        total = changed_bytes = payload = 0
-
-        def task(name: str) -> _Encoded:
-            return self._encode_one(name, new[name], base[name])
-
-        for result in self._ordered(names, task, lambda name: new[name].nbytes):
+        total = changed_bytes = payload = count = 0
+        for result in results:
+            count += 1
             checksums[result.name] = result.adler
             total += result.nbytes
             if result.pieces is not None:
@@ -419,7 +442,7 @@ class DeltaEncoder:
             index_bytes = upload_index_bytes(index_json, version=version, base_version=base_version)
         else:
             index_bytes = local_index_bytes(index_json)
-        stats = EncodeStats(len(names), len(changed), total, changed_bytes, payload, time.perf_counter() - start)
+        stats = EncodeStats(count, len(changed), total, changed_bytes, payload, time.perf_counter() - start)
         return EncodedSnapshot(
             files=files,
             index=SnapshotFile.from_bytes(INDEX_NAME, index_bytes),
@@ -429,6 +452,24 @@ class DeltaEncoder:
             empty=not changed,
             stats=stats,
         )
+
+    def compress_xor(self, xor: U8Array) -> list[Buffer]:
+        """One zstd frame of a whole XOR buffer, by the same rule as :meth:`encode`.
+
+        Thread-safe; run it in :attr:`pool`. Small tensors use one single-threaded
+        compression; tensors above :data:`BIG_TENSOR_BYTES` use zstd's worker threads.
+        """
+        n = xor.size
+        if n <= BIG_TENSOR_BYTES:
+            return [self._state.cctx.compress(memoryview(xor))]
+        compressor = zstandard.ZstdCompressor(
+            level=ZSTD_LEVEL, write_content_size=True, write_checksum=False, threads=self.workers
+        ).compressobj(size=n)
+        pieces: list[Buffer] = []
+        for offset in range(0, n, _BIG_CHUNK):
+            _append(pieces, compressor.compress(memoryview(xor[offset : offset + _BIG_CHUNK])))
+        _append(pieces, compressor.flush())
+        return pieces
 
     def iter_files(
         self,
@@ -453,8 +494,8 @@ class DeltaEncoder:
         names = sorted(tensors)
         out: dict[str, str] = {}
 
-        def task(name: str) -> _Encoded:
-            return _Encoded(name, tensors[name].nbytes, _adler_of(tensors[name].data, self._state), None, 0)
+        def task(name: str) -> TensorResult:
+            return TensorResult(name, tensors[name].nbytes, _adler_of(tensors[name].data, self._state), None, 0)
 
         for result in self._ordered(names, task, lambda name: min(tensors[name].nbytes, _CHUNK)):
             out[result.name] = f"{result.adler:08x}"
@@ -548,10 +589,10 @@ class DeltaEncoder:
     # -- machinery
 
     def _ordered(
-        self, names: Sequence[str], task: Callable[[str], _Encoded], cost: Callable[[str], int]
-    ) -> Iterator[_Encoded]:
+        self, names: Sequence[str], task: Callable[[str], TensorResult], cost: Callable[[str], int]
+    ) -> Iterator[TensorResult]:
         """Run ``task`` over ``names`` in the pool; yield results in order, within the budget."""
-        pending: deque[tuple[Future[_Encoded], int]] = deque()
+        pending: deque[tuple[Future[TensorResult], int]] = deque()
         in_flight = 0
         try:
             for name in names:
@@ -572,7 +613,7 @@ class DeltaEncoder:
                 if not future.cancelled():
                     future.exception()
 
-    def _encode_one(self, name: str, new: TensorData, old: TensorData) -> _Encoded:
+    def _encode_one(self, name: str, new: TensorData, old: TensorData) -> TensorResult:
         n = new.nbytes
         if n > BIG_TENSOR_BYTES:
             return self._encode_big(name, new.data, old.data, n)
@@ -591,10 +632,10 @@ class DeltaEncoder:
                 changed = True
             value = adler32(a, value)
         if not changed:
-            return _Encoded(name, n, value, None, n)
-        return _Encoded(name, n, value, [state.cctx.compress(memoryview(xor))], n)
+            return TensorResult(name, n, value, None, n)
+        return TensorResult(name, n, value, [state.cctx.compress(memoryview(xor))], n)
 
-    def _encode_big(self, name: str, new: TensorSource, old: TensorSource, n: int) -> _Encoded:
+    def _encode_big(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
         state = self._state
         new_scratch, old_scratch = state.chunks(_BIG_CHUNK)
         xor = state.xor_buffer(_BIG_CHUNK)
@@ -621,9 +662,9 @@ class DeltaEncoder:
                     _append(pieces, compressor.compress(zeros[: min(zeros.size, zero_prefix - z)]))
             _append(pieces, compressor.compress(part))
         if compressor is None:
-            return _Encoded(name, n, value, None, _BIG_CHUNK)
+            return TensorResult(name, n, value, None, _BIG_CHUNK)
         _append(pieces, compressor.flush())
-        return _Encoded(name, n, value, pieces, _BIG_CHUNK)
+        return TensorResult(name, n, value, pieces, _BIG_CHUNK)
 
 
 def _append(pieces: list[Buffer], chunk: bytes) -> None:
