@@ -160,47 +160,22 @@ def _inspect(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import time
 
+    from cwtrain.hotload.inspect import inspect_snapshot
     from cwtrain.progress import ByteProgress
 
     start = time.monotonic()
+    info = inspect_snapshot(args.checkpoint, previous_identity=args.previous_identity)
     with client_from_args(args) as api:
         loader = _loader(args, api, args.deployment)
-        progress: list[ByteProgress] = []
-
-        def on_file(*event: Any) -> None:
-            nbytes = _bytes_of(event)
-            if nbytes and progress:
-                progress[0](nbytes)
-
-        from cwtrain.hotload.inspect import inspect_snapshot
-
-        total = inspect_snapshot(args.checkpoint, previous_identity=args.previous_identity).total_bytes
-        progress.append(ByteProgress(f"uploading {args.identity}", int(total)))
-        info = loader.upload(
-            args.checkpoint,
-            args.identity,
-            previous_identity=args.previous_identity,
-            workers=args.workers,
-            on_file=on_file,
-        )
-        progress[0].close()
+        progress = ByteProgress(f"uploading {args.identity}", info.total_bytes)
+        loader.upload(info, args.identity, workers=args.workers, on_progress=progress)
+        progress.close()
         remaining = max(1e-3, args.timeout - (time.monotonic() - start))
         loader.wait_for_deployment_ready(timeout=remaining)
         remaining = max(1e-3, args.timeout - (time.monotonic() - start))
         hot_load = loader.trigger(args.identity, info, prompt_cache_policy=_policy(args), timeout=remaining)
         remaining = max(1e-3, args.timeout - (time.monotonic() - start))
         return _wait_and_finish(loader, hot_load, args, remaining)
-
-
-def _bytes_of(event: tuple[Any, ...]) -> int:
-    """Bytes finished from an upload callback's arguments (an int, or an object with ``size``)."""
-    for item in reversed(event):
-        if isinstance(item, int) and not isinstance(item, bool):
-            return item
-        size = getattr(item, "size", None)
-        if isinstance(size, int):
-            return size
-    return 0
 
 
 def _trigger(args: argparse.Namespace) -> int:

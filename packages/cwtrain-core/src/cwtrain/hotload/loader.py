@@ -546,22 +546,35 @@ class HotLoader:
 
     def upload(
         self,
-        checkpoint: str | os.PathLike[str],
+        checkpoint: str | os.PathLike[str] | SnapshotInfo,
         identity: str,
         *,
         previous_identity: str | None = None,
         workers: int = 8,
-        on_file: Callable[..., None] | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ) -> SnapshotInfo:
         """Inspect a snapshot directory and upload it under ``identity`` (no hot-load).
 
         A delta is checked against the chain limit before anything is written.
+
+        Args:
+            checkpoint: the snapshot directory, or its ``SnapshotInfo`` from ``inspect_snapshot``.
+            identity: the snapshot identity.
+            previous_identity: the predecessor of a delta (default: from its index).
+            workers: files uploaded in parallel.
+            on_progress: called with byte counts as the store confirms them
+                (a :class:`cwtrain.progress.ByteProgress` fits).
         """
-        from cwtrain.hotload.inspect import inspect_snapshot
+        from cwtrain.hotload.inspect import SnapshotInfo, inspect_snapshot
         from cwtrain.hotload.upload import upload_snapshot
 
         validate_identity(identity)
-        info = inspect_snapshot(checkpoint, previous_identity=previous_identity)
+        if isinstance(checkpoint, SnapshotInfo):
+            if previous_identity is not None:
+                raise SnapshotError("pass previous_identity to inspect_snapshot, not together with its SnapshotInfo")
+            info = checkpoint
+        else:
+            info = inspect_snapshot(os.fspath(checkpoint), previous_identity=previous_identity)
         kind, previous = _resolve_type(info, None, None)
         if kind is SnapshotType.INCREMENTAL and previous:
             self._check_chain(identity, previous)
@@ -572,7 +585,7 @@ class HotLoader:
             path_prefix=self._prefix,
             s3=self.s3,
             workers=workers,
-            on_file=on_file,
+            on_progress=on_progress,
         )
         return info
 
@@ -706,13 +719,7 @@ def _info_type(info: Any) -> SnapshotType:
 
 
 def _info_previous(info: Any) -> str | None:
-    incremental = getattr(info, "incremental", None)
-    if incremental is None:
-        return None
-    if isinstance(incremental, Mapping):
-        value = incremental.get("previous_snapshot_identity")
-    else:
-        value = getattr(incremental, "previous_snapshot_identity", None)
+    value = getattr(info, "previous_identity", None)
     return str(value) if value else None
 
 
