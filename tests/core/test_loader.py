@@ -234,7 +234,7 @@ def test_chain_limit_refuses_the_64th_delta(loader: HotLoader, fake: FakeAPI) ->
         fake.add_hot_load(f"h{i}", f"v{i}", type="SNAPSHOT_TYPE_INCREMENTAL", incrementalSnapshotMetadata=meta)
     assert loader.chain_deltas("v62") == 63
     loader.trigger("v63-again", previous_identity="v62")  # the 63rd delta is fine
-    with pytest.raises(SnapshotError, match="64 deltas long.*publish 'v64' as a FULL snapshot"):
+    with pytest.raises(SnapshotError, match=r"64 deltas long.*publish 'v64' as a FULL snapshot"):
         loader.trigger("v64", previous_identity="v63")
 
 
@@ -260,7 +260,7 @@ def test_chain_uses_the_resolved_snapshot_chain(loader: HotLoader, fake: FakeAPI
 def test_wait_failure_carries_replica_reasons(loader: HotLoader, fake: FakeAPI) -> None:
     fake.fail_identities.add("bad")
     hot = loader.trigger("bad")
-    with pytest.raises(HotLoadFailedError, match="checksum mismatch in lm_head.weight") as info:
+    with pytest.raises(HotLoadFailedError, match=r"checksum mismatch in lm_head\.weight") as info:
         loader.wait(hot.id)
     assert info.value.hot_load.state is HotLoadState.FAILED
     fake.fail_identities.add("bad2")
