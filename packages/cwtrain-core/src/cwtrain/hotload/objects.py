@@ -480,7 +480,7 @@ class ObjectWriter:
         code, status = error_code(exc), http_status(exc)
         if code == "ConditionalRequestConflict" or status == 409:
             if attempt < _CONFLICT_RETRIES:
-                time.sleep(0.2 * (2**attempt) * (1 + random.random()))
+                time.sleep(0.1 * (2**attempt) * (1 + random.random()))
                 return "retry"
             code, status = "PreconditionFailed", 412
         if code == "PreconditionFailed" or status == 412:
@@ -651,12 +651,11 @@ class ObjectWriter:
             except client_error as exc:
                 if error_code(exc) == "NoSuchUpload":
                     return self._after_lost_upload(key, source)
-                if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
-                    self._abort(key, upload_id)
-                outcome = self._answer(exc, key, source, attempt)
+                outcome = self._answer(exc, key, source, attempt)  # raising: the caller aborts
                 attempt += 1
                 if outcome == "retry":
                     continue
+                self._abort(key, upload_id)  # the key holds these bytes already
                 return outcome
             return "uploaded"
 
