@@ -1,0 +1,211 @@
+"""``cwtrain local up|down`` and ``cwtrain demo``: the local stack from the command line.
+
+``cwtrain local up [--replicas N] [--port P] [--no-deploy]`` starts the whole stack
+(object store, control plane, gateway and, unless ``--no-deploy``, a hot-load deployment
+of the tiny model with N replicas), prints one JSON document with the environment to
+export on stdout and the same as ``export`` lines on stderr, then runs until Ctrl-C or
+``cwtrain local down``::
+
+    cwtrain local up --replicas 2 &
+    eval "$(cwtrain local up ... 2>&1 >/dev/null | grep ^export)"   # or copy the lines
+    cwtrain local down
+
+The environment holds ``COREWEAVE_API_URL``, ``COREWEAVE_API_TOKEN``, ``AWS_REGION``,
+``CW_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, the bucket, and with a
+deployment ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``, ``CWTRAIN_ROLLOUT_BASE_URL``,
+``CWTRAIN_ROLLOUT_MODEL`` and ``CWTRAIN_ROLLOUT_API_KEY``. ``local up`` records its pid in a
+state file (``~/.cache/cwtrain-local/stack.json``, or under ``XDG_CACHE_HOME``; mode 0600
+since it holds the local token) that ``local down`` uses to stop it (SIGTERM, then SIGKILL).
+
+``cwtrain demo`` runs :func:`cwtrain.local.demo.main` (GRPO on the tiny model against a
+fresh local stack; its options are listed by ``cwtrain demo --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["default_state_file", "register"]
+
+log = logging.getLogger("cwtrain.local.cli")
+
+
+def default_state_file() -> Path:
+    """``$XDG_CACHE_HOME/cwtrain-local/stack.json`` (``~/.cache`` without the variable)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "cwtrain-local" / "stack.json"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``local`` group (``up``, ``down``) and the ``demo`` command."""
+    parser = subparsers.add_parser(
+        "local",
+        help="run the remote side (API, gateway, replicas, S3) on this machine",
+        description="Run the remote side of cwtrain on loopback: object store, control plane, gateway, replicas.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="<command>", parser_class=type(parser))
+    commands.required = True
+
+    up = commands.add_parser("up", help="start the local stack and print the environment; runs until Ctrl-C")
+    up.add_argument("--replicas", type=_positive_int, default=2, help="replicas of the deployment (2)")
+    up.add_argument("--port", type=_port, default=None, help="control plane port (a free one)")
+    up.add_argument("--no-deploy", action="store_true", help="start without a gateway and deployment")
+    up.add_argument("--state-file", type=Path, default=None, help="pid/state file (~/.cache/cwtrain-local/stack.json)")
+    up.set_defaults(func=_up)
+
+    down = commands.add_parser("down", help="stop the stack started by 'cwtrain local up'")
+    down.add_argument(
+        "--state-file", type=Path, default=None, help="pid/state file (~/.cache/cwtrain-local/stack.json)"
+    )
+    down.add_argument("--timeout", type=float, default=30.0, help="seconds to wait before SIGKILL (30)")
+    down.set_defaults(func=_down)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="train the tiny model with GRPO against a local stack, hot-loading every step",
+        description="GRPO on the tiny model against a local stack: sample, score, update, publish, hot-load.",
+    )
+    try:
+        from cwtrain.local.demo import add_arguments
+    except ImportError:  # the demo module is missing or broken: keep the basic options
+        demo.add_argument("--steps", type=_positive_int, default=40, help="training steps (40)")
+        demo.add_argument("--seed", type=int, default=0, help="seed (0)")
+        demo.add_argument("--replicas", type=_positive_int, default=2, help="engine replicas (2)")
+    else:
+        add_arguments(demo)
+    demo.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from cwtrain.local.demo import main
+
+    return int(main(args))
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_our_process(pid: int) -> bool:
+    """Whether ``pid`` runs and looks like a ``cwtrain local up`` (not a recycled pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return True  # no /proc: trust the state file
+    return b"cwtrain" in cmdline and b"local" in cmdline
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _up(args: argparse.Namespace) -> int:
+    from cwtrain.cli.output import emit
+    from cwtrain.errors import CWTrainError
+    from cwtrain.local.stack import LocalStack
+
+    state_file: Path = args.state_file or default_state_file()
+    previous = _read_state(state_file)
+    if previous and _is_our_process(int(previous.get("pid", 0))):
+        raise CWTrainError(
+            f"a local stack is already running (pid {previous['pid']}, state file {state_file}); "
+            "stop it with 'cwtrain local down' first"
+        )
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+    try:
+        with LocalStack(replicas=args.replicas, port=args.port) as stack:
+            env = stack.env()
+            result: dict[str, Any] = {"pid": os.getpid(), "state_file": str(state_file)}
+            if not args.no_deploy:
+                log.info("starting %d replica(s) of the tiny model; this takes a few seconds", args.replicas)
+                target = stack.deploy(replicas=args.replicas)
+                env.update(
+                    CWTRAIN_HOTLOAD_DEPLOYMENT_ID=target.deployment_id,
+                    CWTRAIN_ROLLOUT_BASE_URL=target.base_url,
+                    CWTRAIN_ROLLOUT_MODEL=target.model,
+                    CWTRAIN_ROLLOUT_API_KEY=stack.token,
+                )
+                result.update(gateway_id=target.gateway_id, deployment_id=target.deployment_id)
+            result["env"] = env
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(state_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(result, out, indent=2)
+            try:
+                for key, value in env.items():
+                    print(f"export {key}={shlex.quote(value)}", file=sys.stderr)
+                print("local stack running; Ctrl-C or 'cwtrain local down' stops it", file=sys.stderr, flush=True)
+                emit(result)
+                while True:
+                    time.sleep(3600)
+            finally:
+                current = _read_state(state_file)
+                if current and current.get("pid") == os.getpid():
+                    state_file.unlink(missing_ok=True)
+    except KeyboardInterrupt:
+        print("local stack stopped", file=sys.stderr)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from cwtrain.cli.output import emit
+
+    state_file: Path = args.state_file or default_state_file()
+    state = _read_state(state_file)
+    if state is None:
+        emit({"result": "not_running", "state_file": str(state_file)})
+        return 0
+    pid = int(state.get("pid", 0))
+    if pid <= 0 or not _is_our_process(pid):
+        state_file.unlink(missing_ok=True)
+        emit({"result": "not_running", "pid": pid, "state_file": str(state_file)})
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    result = "stopped"
+    while _is_our_process(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            result = "killed"
+            break
+        time.sleep(0.1)
+    state_file.unlink(missing_ok=True)
+    emit({"result": result, "pid": pid, "state_file": str(state_file)})
+    return 0

@@ -1,0 +1,107 @@
+"""``cwtrain local up`` / ``local down`` as real processes, and the ``demo`` command's parser."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cwtrain.cli import build_parser
+
+CWTRAIN = [sys.executable, "-c", "import sys; from cwtrain.cli import main; sys.exit(main())"]
+
+
+def _start_up(state_file: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [*CWTRAIN, "local", "up", "--no-deploy", "--state-file", str(state_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # one JSON document, 2-space indent, ends with a "}" line
+        lines.append(line)
+        if line.rstrip() == "}":
+            break
+    assert lines, proc.stderr.read() if proc.stderr else ""
+    return proc, json.loads("".join(lines))
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=2)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_local_up_then_down(tmp_path: Path) -> None:
+    state_file = tmp_path / "stack.json"
+    proc, doc = _start_up(state_file)
+    try:
+        env = doc["env"]
+        assert set(env) >= {"COREWEAVE_API_URL", "COREWEAVE_API_TOKEN", "AWS_REGION", "CW_S3_ENDPOINT"}
+        assert doc["pid"] == proc.pid and state_file.exists()
+        assert oct(state_file.stat().st_mode & 0o777) == "0o600"
+        api = env["COREWEAVE_API_URL"] + "/v1alpha1/inference/gateways"
+        response = httpx.get(api, headers={"Authorization": f"Bearer {env['COREWEAVE_API_TOKEN']}"})
+        assert response.status_code == 200 and response.json() == {"items": []}
+        second = subprocess.run(
+            [*CWTRAIN, "local", "up", "--no-deploy", "--state-file", str(state_file)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1 and "already running" in second.stderr
+
+        down = subprocess.run(
+            [*CWTRAIN, "local", "down", "--state-file", str(state_file)], capture_output=True, text=True, timeout=60
+        )
+        assert down.returncode == 0, down.stderr
+        assert json.loads(down.stdout)["result"] == "stopped"
+        assert proc.wait(timeout=30) == 0
+        assert not state_file.exists()
+        assert not _answers(env["COREWEAVE_API_URL"]) and not _answers(env["CW_S3_ENDPOINT"])
+        again = subprocess.run(
+            [*CWTRAIN, "local", "down", "--state-file", str(state_file)], capture_output=True, text=True, timeout=60
+        )
+        assert json.loads(again.stdout)["result"] == "not_running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_local_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    proc, doc = _start_up(tmp_path / "stack.json")
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert not _answers(doc["env"]["CW_S3_ENDPOINT"])  # moto went with it
+        assert not (tmp_path / "stack.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_demo_and_local_parsers() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["demo", "--steps", "3", "--seed", "7", "--replicas", "1"])
+    assert (args.steps, args.seed, args.replicas) == (3, 7, 1)
+    assert callable(args.func)
+    args = parser.parse_args(["local", "up", "--replicas", "3", "--port", "8123"])
+    assert (args.replicas, args.port, args.no_deploy) == (3, 8123, False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["local", "up", "--replicas", "0"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["local", "up", "--port", "70000"])
