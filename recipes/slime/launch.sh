@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# cwtrain recipe launcher: GRPO on Qwen3-4B with slime, rollouts from a CoreWeave
+# Dedicated Inference deployment, weights published by checkpoint hot-load.
+#
+# Runs inside the slimerl/slime image (job.yaml mounts it from the
+# cwtrain-slime-launch ConfigMap, the patch from cwtrain-slime-patches). Settings
+# come from the cwtrain-slime-config ConfigMap and the cwtrain-api-token Secret as
+# environment variables. Steps:
+#   1. refuse settings that still hold a <placeholder>
+#   2. check out slime at SLIME_COMMIT, check and apply the recipe's patch
+#      (--update-weight-standalone-publish: without local engines slime would skip
+#      every weight update, so nothing would be published), install it
+#   3. install cwtrain, check the snapshot prefix is writable (preflight)
+#   4. fetch the base model and DAPO-Math-17k, convert the model for Megatron
+#   5. start Ray on this node (secrets reach its workers through the environment,
+#      never a command line) and run slime's synchronous train.py
+set -euo pipefail
+
+log() { printf '[cwtrain-slime %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+fail() {
+  log "error: $*"
+  exit 1
+}
+
+# ---------------------------------------------------------------- 1. settings
+for name in CWTRAIN_HOTLOAD_DEPLOYMENT_ID CWTRAIN_ROLLOUT_BASE_URL CWTRAIN_ROLLOUT_MODEL AWS_REGION; do
+  value="${!name:-}"
+  [[ -n "$value" ]] || fail "$name is empty: set it in the cwtrain-slime-config ConfigMap"
+  if [[ "$value" =~ \<[A-Za-z][^\<\>]*\> ]]; then
+    fail "$name is still '$value': fill it in the cwtrain-slime-config ConfigMap"
+  fi
+done
+[[ -n "${COREWEAVE_API_TOKEN:-}" ]] || fail "COREWEAVE_API_TOKEN is empty: create the cwtrain-api-token Secret (README step 4)"
+
+WORK_DIR=${WORK_DIR:-/work}
+HF_DIR="$WORK_DIR/hf/base"
+DATA_DIR="$WORK_DIR/data"
+TORCH_DIST="$WORK_DIR/torch_dist"
+DISK_DIR="$WORK_DIR/weights"        # slime writes each weight version here
+LOCAL_DIR="$WORK_DIR/weights-local" # the updater's local checkpoint
+mkdir -p "$WORK_DIR"
+
+TRAIN_SCRIPT=train.py
+FRAMEWORK_DIR="$WORK_DIR/slime"
+PATCH=/opt/cwtrain/patches/slime-standalone-publish.patch
+
+# ---------------------------------------------------------------- 2. slime, patched
+if [[ ! -d "$FRAMEWORK_DIR/.git" ]]; then
+  log "checking out slime ${SLIME_COMMIT}"
+  git clone --quiet "$SLIME_REPO" "$FRAMEWORK_DIR"
+  git -C "$FRAMEWORK_DIR" checkout --quiet "$SLIME_COMMIT"
+  if ! git -C "$FRAMEWORK_DIR" apply --check "$PATCH"; then
+    fail "the recipe patch does not apply to slime ${SLIME_COMMIT} (it was written against 624b824 / v0.3.1); see README 'Patch'"
+  fi
+  git -C "$FRAMEWORK_DIR" apply "$PATCH"
+fi
+python3 -m pip install --no-cache-dir --quiet --no-deps -e "$FRAMEWORK_DIR"
+
+# ---------------------------------------------------------------- 3. cwtrain
+log "installing ${CWTRAIN_INSTALL}"
+python3 -m pip install --no-cache-dir --quiet "${CWTRAIN_INSTALL}"
+log "checking that the trainer can list, read and write the snapshot prefix"
+python3 -m cwtrain.integrations.preflight
+
+# ---------------------------------------------------------------- 4. model and data
+log "fetching ${BASE_MODEL} and ${DATASET_REPO}"
+python3 - <<'PY'
+import os
+
+from huggingface_hub import snapshot_download
+
+work = os.environ.get("WORK_DIR", "/work")
+snapshot_download(os.environ["BASE_MODEL"], local_dir=f"{work}/hf/base")
+snapshot_download(os.environ["DATASET_REPO"], repo_type="dataset", local_dir=f"{work}/data")
+PY
+[[ -f "$DATA_DIR/$DATASET_FILE" ]] || fail "the dataset has no $DATASET_FILE; set DATASET_FILE"
+
+cd "$FRAMEWORK_DIR"
+# shellcheck disable=SC1091
+source scripts/models/qwen3-4B.sh # defines MODEL_ARGS
+if [[ ! -d "$TORCH_DIST" ]]; then
+  log "converting the checkpoint for Megatron"
+  PYTHONPATH="$MEGATRON_DIR" python3 tools/convert_hf_to_torch_dist.py "${MODEL_ARGS[@]}" \
+    --hf-checkpoint "$HF_DIR" --save "$TORCH_DIST"
+fi
+
+# ---------------------------------------------------------------- 5. train
+export CWTRAIN_HOTLOAD_STATE_DIR="${CWTRAIN_HOTLOAD_STATE_DIR:-$DISK_DIR-hotload}"
+TRAIN_ARGS=(
+  "${MODEL_ARGS[@]}"
+  --hf-checkpoint "$HF_DIR" --ref-load "$TORCH_DIST" --save "$WORK_DIR/ckpt" --save-interval 100
+  # DAPO-Math-17k
+  --prompt-data "$DATA_DIR/$DATASET_FILE" --input-key prompt --label-key label
+  --apply-chat-template --rollout-shuffle --rm-type deepscaler
+  # GRPO
+  --num-rollout "$NUM_ROLLOUT" --rollout-batch-size "$ROLLOUT_BATCH_SIZE"
+  --n-samples-per-prompt "$N_SAMPLES_PER_PROMPT" --rollout-max-response-len "$ROLLOUT_MAX_RESPONSE_LEN"
+  --rollout-temperature 1 --rollout-top-p 1.0
+  --global-batch-size "$((ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT))"
+  --advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl
+  --entropy-coef 0.00 --eps-clip 0.2 --eps-clip-high 0.28
+  --optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
+  # Megatron on this node's GPUs; no rollout GPUs: the deployment samples
+  --actor-num-nodes 1 --actor-num-gpus-per-node "$TRAIN_GPUS" --rollout-num-gpus 0
+  --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 1
+  --context-parallel-size 1 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  --use-dynamic-batch-size --max-tokens-per-gpu 9216
+  --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
+  --attention-softmax-in-fp32 --attention-backend flash
+  # rank 0 uploads and hot-loads while the other ranks wait in a gloo barrier: outlast CWTRAIN_HOTLOAD_TIMEOUT
+  --distributed-timeout-minutes "$DISTRIBUTED_TIMEOUT_MINUTES"
+  # cwtrain: XOR+zstd deltas with Adler-32, published by the post-write hook even with
+  # no local engine (the patch's flag); rollouts from the deployment
+  --update-weight-mode delta --update-weight-transport disk --update-weight-disk-dir "$DISK_DIR"
+  --update-weight-local-checkpoint-dir "$LOCAL_DIR"
+  --update-weight-delta-encoding xor --update-weight-delta-checksum adler32
+  --update-weight-standalone-publish
+  --custom-update-weight-post-write-path cwtrain.integrations.slime.hook
+  --rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout
+)
+
+log "starting Ray (${TRAIN_GPUS} GPUs)"
+ray start --head --node-ip-address 127.0.0.1 --num-gpus "$TRAIN_GPUS" --disable-usage-stats
+trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
+log "training: ${TRAIN_SCRIPT} (snapshots s3://<bucket>/hotload/${CWTRAIN_HOTLOAD_RUN_ID}-v*)"
+ray job submit --address http://127.0.0.1:8265 \
+  --runtime-env-json "{\"env_vars\": {\"PYTHONPATH\": \"${MEGATRON_DIR}\"}}" \
+  -- python3 "$TRAIN_SCRIPT" "${TRAIN_ARGS[@]}"
