@@ -71,26 +71,32 @@ class RecordingLoader:
         self.fail_next: BaseException | None = None
         self.rollbacks: list[str] = []
 
-    def upload(self, path: Any, identity: str, *, previous_identity: str | None = None, workers: int = 8) -> Any:
+    def publish(
+        self,
+        source: Any,
+        identity: str,
+        *,
+        previous_identity: str | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> _HotLoad:
         import json
 
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error
-        directory = Path(path)
-        files = sorted(p.name for p in directory.iterdir() if p.is_file())
-        index_path = directory / "model.safetensors.index.json"
-        index = json.loads(index_path.read_text()) if index_path.exists() else {}
         kind = "INCREMENTAL" if previous_identity else "FULL"
+        if isinstance(source, (str, Path)):
+            directory = Path(source)
+            files = sorted(p.name for p in directory.iterdir() if p.is_file())
+            index_path = directory / "model.safetensors.index.json"
+            index = json.loads(index_path.read_text()) if index_path.exists() else {}
+        else:  # tensors in memory (a FULL cut from the served copy)
+            files = ["<tensors>"]
+            index = {"tensors": sorted(source)}
         self.published.append((identity, kind, previous_identity, files, index))
-        return type("Info", (), {"total_bytes": sum((directory / f).stat().st_size for f in files)})()
-
-    def wait_for_deployment_ready(self, timeout: float | None = None, poll_interval: float | None = None) -> None:
-        return None
-
-    def trigger(self, identity: str, info: Any = None, **kwargs: Any) -> _HotLoad:
-        entry = self.published[-1]
-        return _HotLoad(f"hl-{len(self.published)}", identity, entry[1], entry[2])
+        return _HotLoad(f"hl-{len(self.published)}", identity, kind, previous_identity)
 
     def wait(self, hot_load_id: str, *, timeout: float | None = None, on_progress: Any = None, **kw: Any) -> _HotLoad:
         entry = self.published[-1]

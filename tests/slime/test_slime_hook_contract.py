@@ -252,3 +252,54 @@ def test_weights_unchanged_keep_numpy_semantics() -> None:
     moved = nudge(base, ["lm_head.weight"], 0)
     assert not np.array_equal(base["lm_head.weight"], moved["lm_head.weight"])
     assert np.array_equal(base["model.norm.weight"], moved["model.norm.weight"])
+
+
+def _adler(weights: dict[str, np.ndarray]) -> dict[str, str]:
+    import zlib
+
+    return {n: f"{zlib.adler32(np.ascontiguousarray(a).tobytes()) & 0xFFFFFFFF:08x}" for n, a in weights.items()}
+
+
+def test_chain_is_cut_from_the_served_copy_every_f_versions(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader, every=3, mirror=True)
+    run.baseline()
+    weights = tiny_weights()
+    history = {0: weights}
+    for step in range(1, 8):
+        if step != 4:  # version 4 is an empty delta
+            weights = nudge(weights, ["lm_head.weight"] if step % 2 else ["model.norm.weight"], step)
+        run.step(weights)
+        history[step] = weights
+    kinds = [(p[0].rsplit("-", 1)[1], p[1], p[2] and p[2].rsplit("-", 1)[1]) for p in recording_loader.published]
+    assert kinds == [
+        ("v000000", "FULL", None),
+        ("v000001", "INCREMENTAL", "v000000"),
+        ("v000002", "INCREMENTAL", "v000001"),
+        ("v000003", "FULL", None),
+        ("v000005", "INCREMENTAL", "v000003"),
+        ("v000006", "FULL", None),
+        ("v000007", "INCREMENTAL", "v000006"),
+    ]
+    assert recording_loader.published[3][4] == {"tensors": sorted(tiny_weights())}  # cut from memory, no staging
+    assert run.results[4]["hotload/skipped_empty"] == 1.0
+    assert run.results[3]["hotload/chain_cut"] == 1.0 and run.results[3]["hotload/tensors_verified"] == 1.0
+    # every manifest holds the Adler-32 of every tensor of exactly the weights of its version
+    for version in (0, 3, 5, 6, 7):
+        manifest = recording_loader.manifests[f"grpo-a-v{version:06d}"]
+        assert manifest["tensors"] == _adler(history[version]), version
+        assert manifest["version"] == f"{version:06d}"
+    assert _adler(history[6]) != _adler(history[5])
+
+
+def test_failed_publish_is_followed_by_a_full_cut(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader, every=20, mirror=True)
+    run.baseline()
+    recording_loader.fail_next = CWTrainError("hot-load failed")
+    with pytest.raises(CWTrainError):
+        run.step(nudge(tiny_weights(), ["lm_head.weight"], 1))
+    run.step(nudge(tiny_weights(), ["lm_head.weight", "model.norm.weight"], 2))
+    assert [(p[0], p[1]) for p in recording_loader.published][-1] == ("grpo-a-v000002", "FULL")

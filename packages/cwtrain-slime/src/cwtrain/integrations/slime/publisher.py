@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,6 +59,10 @@ def version_of(version_dir: str | os.PathLike[str]) -> int | None:
     return int(match.group(1)) if match else None
 
 
+POLL_INTERVAL = 1.0
+"""Seconds between hot-load polls of the hook's loader (a hot-load takes seconds to minutes)."""
+
+
 def build_loader(config: HookConfig) -> HotLoader:
     """A :class:`~cwtrain.hotload.loader.HotLoader` for ``config`` (token from the environment)."""
     from cwtrain.hotload.loader import HotLoader
@@ -70,7 +73,7 @@ def build_loader(config: HookConfig) -> HotLoader:
         headers=dict(config.api_headers) or None,
         verify=not config.api_insecure,
     )
-    return HotLoader(client, config.deployment_id, timeout=config.timeout)
+    return HotLoader(client, config.deployment_id, timeout=config.timeout, poll_interval=POLL_INTERVAL)
 
 
 def _read_index(directory: Path) -> dict[str, Any]:
@@ -196,9 +199,8 @@ class SlimePublisher:
             started = time.perf_counter()
             from cwtrain.hotload.mirror import WeightMirror
 
-            root = self.state_dir / "mirror"
-            shutil.rmtree(root, ignore_errors=True)
-            self._mirror = WeightMirror.create(hf_dir, root, version="000000", checksums=checksums)
+            # in host memory: one copy of the served weights, never a second model on disk
+            self._mirror = WeightMirror.create(hf_dir, None, version="000000", checksums=checksums)
             metrics["mirror_seconds"] = time.perf_counter() - started
         elif self.config.full_every == 0 and not self._warned_no_cut:
             self._warned_no_cut = True
@@ -272,15 +274,8 @@ class SlimePublisher:
         return _prefixed(metrics)
 
     def _publish_from_mirror(self, identity: str, version: int, metrics: dict[str, float]) -> None:
-        started = time.perf_counter()
-        staging = self.state_dir / f"full-v{version:06d}"
-        shutil.rmtree(staging, ignore_errors=True)
-        self._mirror.write_full_snapshot(staging)
-        metrics["stage_seconds"] = time.perf_counter() - started
-        try:
-            self._publish(staging, identity, previous=None, metrics=metrics)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        """A FULL snapshot (chain cut) straight from the served copy in memory; nothing staged on disk."""
+        self._publish(self._mirror.tensors, identity, previous=None, metrics=metrics)
         metrics["chain_cut"] = 1.0
         self._served(identity, version)
         self._write_manifest(identity, f"{version:06d}", self._mirror_checksums())
@@ -296,22 +291,27 @@ class SlimePublisher:
 
     # ------------------------------------------------------------------ hot-load
 
-    def _publish(self, path: Path, identity: str, *, previous: str | None, metrics: dict[str, float]) -> None:
-        """Upload ``path`` as ``identity``, create the hot-load, wait when configured."""
+    def _publish(
+        self, source: Path | Mapping[str, Any], identity: str, *, previous: str | None, metrics: dict[str, float]
+    ) -> None:
+        """Upload ``source`` (a directory, or tensors for a FULL) as ``identity``; hot-load; wait when configured."""
         config = self.config
         loader = self.loader
         deadline = time.monotonic() + config.timeout
-        policy = config.prompt_cache_policy
         try:
             started = time.perf_counter()
-            info = loader.upload(path, identity, previous_identity=previous, workers=config.upload_workers)
-            metrics["upload_seconds"] = time.perf_counter() - started
-            metrics["snapshot_bytes"] = float(getattr(info, "total_bytes", 0) or 0)
-            started = time.perf_counter()
-            loader.wait_for_deployment_ready(timeout=max(1.0, deadline - time.monotonic()))
-            hot_load = loader.trigger(
-                identity, info, prompt_cache_policy=policy, timeout=max(1.0, deadline - time.monotonic())
+            hot_load = loader.publish(
+                source,
+                identity,
+                previous_identity=previous,
+                prompt_cache_policy=config.prompt_cache_policy,
+                wait=False,
+                timeout=config.timeout,
+                workers=config.upload_workers,
             )
+            metrics["upload_seconds"] = time.perf_counter() - started
+            metrics["snapshot_bytes"] = float(_source_bytes(source))
+            started = time.perf_counter()
             if config.wait:
                 progress: list[Any] = []
                 hot_load = loader.wait(
@@ -388,6 +388,12 @@ def _delta_mode(args: Any) -> bool:
         getattr(args, "update_weight_mode", None) == "delta"
         or getattr(args, "update_weight_transfer_mode", None) == "disk-delta"
     )
+
+
+def _source_bytes(source: Path | Mapping[str, Any]) -> int:
+    if isinstance(source, Path):
+        return sum(p.stat().st_size for p in source.iterdir() if p.is_file())
+    return sum(int(getattr(t, "nbytes", 0) or 0) for t in source.values())
 
 
 def _report_metrics(report: Any) -> dict[str, float]:

@@ -1,0 +1,446 @@
+"""Publishing from live tensors: a ``MegatronTrainRayActor`` whose ``update_weights()`` hot-loads.
+
+slime's disk updaters export every version as files before the hook sees them. This path
+skips the disk: ``python -m cwtrain.integrations.slime.launch train.py ARGS`` injects
+:func:`make_actor_cls`'s subclass through ``create_training_models(..., actor_cls=...)``,
+and its ``update_weights()`` hands the HF-named tensors each rank holds (the same gathered
+tensors slime's updaters produce) to a :class:`TensorPublisher`:
+
+* every rank XORs its tensors against its own served copy, skips unchanged ones and
+  encodes its shards (:mod:`cwtrain.hotload.torch` on the device where available, else the
+  numpy codec after one copy to host memory);
+* shard numbers are agreed over ``torch.distributed`` (slime's gloo group), every rank
+  uploads its own shards, and rank 0 commits the index and runs the hot-load;
+* the first call publishes ``--hf-checkpoint`` as ``<run>-v000000`` (rank 0) and seeds
+  every rank's served copy from it; a FULL snapshot cuts the chain every
+  ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions; empty deltas are skipped; the outcome is
+  broadcast, so a failure raises on every rank.
+
+Configuration is the hook's (:class:`~cwtrain.integrations.slime.config.HookConfig`); rank 0
+builds it and sends it to the others, so all ranks agree on the run id. No slime flag for
+the disk updaters is needed (``--update-weight-disk-dir`` only names the state directory,
+or set ``CWTRAIN_HOTLOAD_STATE_DIR``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cwtrain.errors import CWTrainError
+
+from .config import HookConfig, default_run_id, identity_for
+from .publisher import SlimePublisher
+
+__all__ = ["Collective", "SingleProcess", "TensorPublisher", "TorchCollective", "make_actor_cls"]
+
+log = logging.getLogger(__name__)
+
+
+class Collective(Protocol):
+    """The few collectives the tensor path needs (``torch.distributed`` in slime)."""
+
+    rank: int
+    world_size: int
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        ...
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``src``'s ``obj`` on every rank."""
+        ...
+
+
+class SingleProcess:
+    """A world of one (tests, single-GPU runs)."""
+
+    rank = 0
+    world_size = 1
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """``[obj]``."""
+        return [obj]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj``."""
+        return obj
+
+
+class TorchCollective:
+    """Collectives over ``torch.distributed`` (slime's gloo group when it has one)."""
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        if group is None:
+            try:
+                from slime.utils.distributed_utils import get_gloo_group
+
+                group = get_gloo_group()
+            except Exception:  # not slime, or no gloo group: the default group
+                group = None
+        self.group = group
+        self.rank = int(dist.get_rank())
+        self.world_size = int(dist.get_world_size())
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        out: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``src``'s ``obj`` on every rank."""
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+
+def _tensor_data(name: str, tensor: Any) -> Any:
+    from cwtrain.hotload._publish_tensors import as_tensor_data
+
+    return as_tensor_data(name, tensor)
+
+
+def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, Any]:
+    """This rank's tensors as served at the baseline: read from ``--hf-checkpoint`` into host memory."""
+    import numpy as np
+
+    from cwtrain.hotload.delta import open_checkpoint
+    from cwtrain.hotload.format import TensorData
+
+    wanted = set(names)
+    out: dict[str, Any] = {}
+    with open_checkpoint(hf_checkpoint) as checkpoint:
+        for name, tensor in checkpoint.tensors.items():
+            if name in wanted:
+                # memoryview() of a file region reads it once into host memory
+                data = (
+                    np.frombuffer(memoryview(tensor.data), dtype=np.uint8) if tensor.nbytes else np.empty(0, np.uint8)
+                )
+                out[name] = TensorData(tensor.dtype, tuple(tensor.shape), data)
+    return out
+
+
+@dataclass
+class _RankResult:
+    """What one rank tells the committing rank after uploading its shards."""
+
+    weight_map: dict[str, str]
+    checksums: dict[str, str]
+    total_size: int
+    error: str | None = None
+
+
+class TensorPublisher:
+    """Publishes the tensors of every rank as one snapshot per version.
+
+    Args:
+        config: the hook's settings (identical on every rank).
+        collective: rank, world size and object collectives.
+        loader: rank 0's :class:`~cwtrain.hotload.loader.HotLoader` (built from ``config`` when ``None``).
+        start_version: the version before the first publish (slime's ``update_weight_start_version``).
+    """
+
+    def __init__(
+        self, config: HookConfig, collective: Collective | None = None, *, loader: Any = None, start_version: int = 0
+    ) -> None:
+        self.config = config
+        self.collective: Collective = collective if collective is not None else SingleProcess()
+        self.publisher = SlimePublisher(config, loader=loader)
+        self.version = start_version
+        self.served: dict[str, Any] | None = None
+        self.served_identity: str | None = None
+        self._needs_full = False
+        self._target: tuple[Any, str, str] | None = None
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self.collective.rank
+
+    def publish(self, args: Any, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, float] | None:
+        """Publish this version from ``named_tensors`` (the HF-named tensors this rank holds).
+
+        Every rank must call it, in step. Returns ``hotload/*`` metrics on rank 0.
+
+        Raises:
+            CWTrainError: publishing failed on some rank (raised on every rank).
+        """
+        started = time.perf_counter()
+        tensors = {name: _tensor_data(name, tensor) for name, tensor in named_tensors}
+        export_seconds = time.perf_counter() - started
+        if self.served is None:
+            return self._baseline(args, tensors)
+        self.version += 1
+        identity = identity_for(self.config.run_id, self.version)
+        every = self.config.full_every
+        full = (every > 0 and self.version % every == 0) or self._needs_full
+        metrics = self._publish(identity, tensors, full=full)
+        self.served = tensors
+        if metrics is not None:
+            metrics["hotload/export_seconds"] = export_seconds
+        return metrics
+
+    # ------------------------------------------------------------------ baseline
+
+    def _baseline(self, args: Any, tensors: Mapping[str, Any]) -> dict[str, float] | None:
+        metrics: dict[str, float] | None = None
+        error: str | None = None
+        if self.rank == 0:
+            try:
+                metrics = self.publisher.publish_baseline(args)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                self._raise_everywhere(error)
+                raise
+        self._raise_everywhere(error)
+        base = _read_base(str(args.hf_checkpoint), tensors)
+        for name, tensor in tensors.items():
+            if name not in base:  # as slime does: absent from the HF checkpoint, seed from the model
+                log.warning("%s is not in --hf-checkpoint; its served copy starts from the trainer's tensor", name)
+                base[name] = tensor
+        self.served = base
+        self.served_identity = identity_for(self.config.run_id, 0)
+        return metrics
+
+    def _raise_everywhere(self, error: str | None) -> None:
+        errors = [e for e in self.collective.all_gather_object(error) if e]
+        if errors and error is None:
+            raise CWTrainError(f"publishing failed on another rank: {errors[0]}")
+
+    # ------------------------------------------------------------------ versions
+
+    def _encode(self, tensors: Mapping[str, Any], *, full: bool) -> Any:
+        from cwtrain.hotload.codec import DeltaEncoder
+
+        with DeltaEncoder() as encoder:
+            if full:  # name order: the same bytes whatever order the model yields its tensors in
+                return encoder.encode_full({n: tensors[n] for n in sorted(tensors)}) if tensors else None
+            assert self.served is not None
+            base = {name: self.served[name] for name in tensors}
+            return encoder.encode(tensors, base)
+
+    def _publish(self, identity: str, tensors: Mapping[str, Any], *, full: bool) -> dict[str, float] | None:
+        from cwtrain.hotload.format import SnapshotFile, shard_name
+
+        metrics: dict[str, float] = {"hotload/chain_cut": float(full), "hotload/incremental": 0.0}
+        started = time.perf_counter()
+        snap = self._encode(tensors, full=full)
+        files = list(snap.files) if snap is not None else []
+        counts = self.collective.all_gather_object(len(files))
+        total, offset = sum(counts), sum(counts[: self.rank])
+        metrics["hotload/stage_seconds"] = time.perf_counter() - started
+        changed = len(snap.changed) if snap is not None else 0
+        metrics["hotload/tensors_changed"] = float(sum(self.collective.all_gather_object(changed)))
+        if total == 0 and not full:
+            log.info("%s is an empty delta: nothing to publish; replicas keep %s", identity, self.served_identity)
+            metrics["hotload/skipped_empty"] = 1.0
+            return metrics if self.rank == 0 else None
+        if full and self.collective.world_size == 1:
+            renamed = {f.name: f.name for f in files}  # the codec's own FULL layout
+        elif full:  # HF-style 1-based names, numbered across the ranks
+            renamed = {f.name: f"model-{offset + i + 1:05d}-of-{total:05d}.safetensors" for i, f in enumerate(files)}
+        else:
+            renamed = {f.name: shard_name(offset + i, total) for i, f in enumerate(files)}
+        files = [SnapshotFile(renamed[f.name], tuple(f.buffers)) for f in files]
+        weight_map = {name: renamed[shard] for name, shard in (snap.index_json["weight_map"] if snap else {}).items()}
+        checksums = dict(snap.checksums) if snap is not None else {}
+        size = sum(t.nbytes for t in tensors.values())
+
+        loader = self.publisher.loader if self.rank == 0 else None
+        error: str | None = None
+        started = time.perf_counter()
+        try:
+            if self._target is None:
+                self._target = self._s3_target()
+            self._upload_shards(identity, files)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        results: list[_RankResult] = self.collective.all_gather_object(_RankResult(weight_map, checksums, size, error))
+        failed = [r.error for r in results if r.error]
+        outcome: str | None = failed[0] if failed else None
+        if self.rank == 0 and outcome is None:
+            assert loader is not None
+            try:
+                self._commit(identity, results, full=full, metrics=metrics, upload_started=started)
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+        outcome = self.collective.broadcast_object(outcome)
+        if outcome is not None:
+            self._needs_full = True
+            raise CWTrainError(f"publishing {identity} failed: {outcome}")
+        self._needs_full = False
+        self.served_identity = identity
+        return metrics if self.rank == 0 else None
+
+    def _s3_target(self) -> tuple[Any, str, str]:
+        """(s3 client, bucket, path prefix) of the deployment, resolved on rank 0 and shared."""
+        target: tuple[str, str] | str | None = None
+        if self.rank == 0:
+            try:
+                hot = self.publisher.loader.deployment.hot_load
+                target = "the deployment has no hotLoad" if hot is None else (hot.bucket, hot.path_prefix.strip("/"))
+            except Exception as exc:
+                target = f"{type(exc).__name__}: {exc}"
+        target = self.collective.broadcast_object(target)
+        if isinstance(target, str) or target is None:
+            raise CWTrainError(f"cannot resolve the snapshot bucket: {target}")
+        if self.rank == 0:
+            s3 = self.publisher.loader.s3
+        else:
+            from cwtrain.infra.s3 import s3_client
+
+            s3 = s3_client()
+        return s3, target[0], target[1]
+
+    def _upload_shards(self, identity: str, files: list[Any]) -> None:
+        from cwtrain.hotload.upload import SnapshotUpload
+
+        if not files:
+            return
+        s3, bucket, prefix = self._target
+        with SnapshotUpload(
+            s3, bucket=bucket, identity=identity, path_prefix=prefix, workers=self.config.upload_workers
+        ) as upload:
+            for file in files:
+                upload.add(file)
+            upload.wait()
+
+    def _commit(
+        self, identity: str, results: list[_RankResult], *, full: bool, metrics: dict[str, float], upload_started: float
+    ) -> None:
+        """Rank 0: write the index over every rank's shards, then hot-load."""
+        from cwtrain.hotload.format import INDEX_NAME, SnapshotFile, serialize_index, upload_index_bytes
+        from cwtrain.hotload.upload import SnapshotUpload
+        from cwtrain.infra.enums import SnapshotType
+
+        weight_map = dict(sorted((n, s) for r in results for n, s in r.weight_map.items()))
+        if full:
+            metadata = {"total_size": sum(r.total_size for r in results), "checksum_format": "adler32"}
+            index = serialize_index({"metadata": metadata, "weight_map": weight_map})
+            previous = None
+        else:
+            previous = self.served_identity
+            assert previous is not None
+            index = upload_index_bytes(
+                {"metadata": {}, "weight_map": weight_map}, version=identity, base_version=previous
+            )
+        loader = self.publisher.loader
+        s3, bucket, prefix = (
+            loader.s3,
+            loader.deployment.hot_load.bucket,
+            (loader.deployment.hot_load.path_prefix or "").strip("/"),
+        )
+        # Other ranks' shards are already stored: they are part of this snapshot, not strays.
+        with SnapshotUpload(s3, bucket=bucket, identity=identity, path_prefix=prefix, _existing={}) as upload:
+            upload.commit(SnapshotFile.from_bytes(INDEX_NAME, index))
+        metrics["hotload/upload_seconds"] = time.perf_counter() - upload_started
+        metrics["hotload/snapshot_bytes"] = float(len(index))
+        started = time.perf_counter()
+        config = self.config
+        loader.wait_for_deployment_ready(timeout=config.timeout)
+        kind = SnapshotType.FULL if full else SnapshotType.INCREMENTAL
+        hot_load = loader.trigger(
+            identity,
+            snapshot_type=kind,
+            previous_identity=previous,
+            prompt_cache_policy=config.prompt_cache_policy,
+            timeout=config.timeout,
+        )
+        if config.wait:
+            events: list[Any] = []
+            hot_load = loader.wait(hot_load.id, timeout=config.timeout, on_progress=events.append)
+            if events:
+                metrics["hotload/replicas_ready"] = float(events[-1].ready)
+                metrics["hotload/replicas_total"] = float(events[-1].total)
+        metrics["hotload/hot_load_seconds"] = time.perf_counter() - started
+        metrics["hotload/incremental"] = float(not full)
+        state = getattr(getattr(hot_load, "state", None), "name", None)
+        metrics["hotload/completed"] = 1.0 if state == "COMPLETED" else 0.0
+        checksums = {n: c for r in results for n, c in r.checksums.items()}
+        if full:
+            self.publisher._write_manifest(identity, f"{self.version:06d}", checksums)
+        self.publisher._served(identity, self.version)
+
+
+# ---------------------------------------------------------------------- the actor
+
+
+def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
+    """The ``MegatronTrainRayActor`` subclass whose ``update_weights()`` publishes live tensors.
+
+    Args:
+        base: the class to extend (default: slime's ``MegatronTrainRayActor``).
+
+    Raises:
+        ImportError: slime is not installed.
+    """
+    if base is None:
+        try:
+            from slime.backends.megatron_utils.actor import MegatronTrainRayActor
+        except ImportError as exc:
+            from . import SLIME_MISSING
+
+            raise ImportError(SLIME_MISSING) from exc
+        base = MegatronTrainRayActor
+
+    class CoreWeaveTrainRayActor(base):  # type: ignore[misc, valid-type]
+        """slime's train actor publishing each weight version by hot-load from its tensors."""
+
+        _cwtrain: TensorPublisher | None = None
+
+        def cwtrain_publisher(self) -> TensorPublisher:
+            """This rank's publisher (config built on rank 0 and broadcast)."""
+            if self._cwtrain is None:
+                collective: Collective = TorchCollective() if _distributed() else SingleProcess()
+                config = None
+                if collective.rank == 0:
+                    config = HookConfig.from_env(default_run_id=default_run_id(self.args)).with_state_dir(self.args)
+                config = collective.broadcast_object(config)
+                start = int(getattr(self.args, "update_weight_start_version", 0) or 0)
+                self._cwtrain = TensorPublisher(config, collective, start_version=start)
+            return self._cwtrain
+
+        def cwtrain_named_tensors(self) -> Iterator[tuple[str, Any]]:
+            """The HF-named tensors this rank holds, gathered the way slime's updaters do."""
+            updater = self.weight_updater
+            if not hasattr(updater, "_is_pp_src_rank"):
+                updater._is_pp_src_rank = _is_pp_source()
+            for chunks in (updater._iter_non_expert_chunks(), updater._iter_expert_chunks()):
+                for chunk in chunks:
+                    yield from chunk
+
+        def update_weights(self) -> None:
+            args = self.args
+            if getattr(args, "debug_train_only", False) or getattr(args, "debug_rollout_only", False):
+                return
+            metrics = self.cwtrain_publisher().publish(args, self.cwtrain_named_tensors())
+            sink = getattr(getattr(self, "weight_updater", None), "update_weight_metrics", None)
+            if metrics and isinstance(sink, dict):
+                sink.update(metrics)
+
+    CoreWeaveTrainRayActor.__qualname__ = CoreWeaveTrainRayActor.__name__
+    return CoreWeaveTrainRayActor
+
+
+def _distributed() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _is_pp_source() -> bool:
+    """DP rank 0 and TP rank 0 of its pipeline stage (the ranks holding gathered HF tensors)."""
+    try:
+        from megatron.core import mpu
+    except ImportError:
+        return True
+    return bool(
+        mpu.get_data_parallel_rank(with_context_parallel=True) == 0 and mpu.get_tensor_model_parallel_rank() == 0
+    )

@@ -1,0 +1,282 @@
+"""slime against cwtrain-local: the hook publishes a simulated run, rollouts report what served them.
+
+One stack (moto S3, control plane, gateway, two engine replicas) serves every test of the
+module. A simulated slime run writes a delta root and five ``weight_vNNNNNN`` versions in
+slime's delta format (built with the codec's ``write_delta`` from real tiny-model
+checkpoints) and calls the hook the way slime does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slime_driver import slime_args
+
+pytestmark = pytest.mark.e2e
+
+torch = pytest.importorskip("torch")
+
+RUN = "e2e"
+EVERY = 3
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Any]:
+    from cwtrain.local import LocalStack
+
+    with LocalStack(replicas=2) as local:
+        yield local, local.deploy()
+
+
+@pytest.fixture
+def stack_env(stack: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    local, target = stack
+    for key, value in local.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", target.deployment_id)
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_FULL_EVERY", str(EVERY))
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_TIMEOUT", "120")
+    monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", target.base_url)
+    monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", target.model)
+    monkeypatch.setenv("CWTRAIN_ROLLOUT_API_KEY", local.token)
+    monkeypatch.setattr("cwtrain.integrations.slime.publisher.POLL_INTERVAL", 0.1)
+    return target
+
+
+def _loader(deployment_id: str) -> Any:
+    from cwtrain.hotload.loader import HotLoader
+    from cwtrain.infra.client import InferenceClient
+
+    return HotLoader(InferenceClient(), deployment_id, poll_interval=0.1)
+
+
+def _checkpoint(directory: Path, weights: dict[str, Any]) -> Path:
+    from cwtrain.local.model import CHECKPOINT_FILE, weights_to_safetensors
+
+    directory.mkdir(parents=True)
+    (directory / CHECKPOINT_FILE).write_bytes(weights_to_safetensors(weights, {"format": "pt"}))
+    return directory
+
+
+def _trained(weights: dict[str, Any], step: int) -> dict[str, Any]:
+    """One "training step": a few tensors move (none at all on step 4: an empty delta)."""
+    if step == 4:
+        return dict(weights)
+    out = dict(weights)
+    names = sorted(weights)
+    for name in (names[step % len(names)], names[(3 * step) % len(names)]):
+        out[name] = (weights[name].float() + 0.01 * step).to(weights[name].dtype)
+    return out
+
+
+class SimulatedSlime:
+    """slime's delta updater, reduced to its files and hook calls (rank 0 and rank 1)."""
+
+    def __init__(self, tmp: Path, hook_path: str) -> None:
+        from slime.utils.misc import load_function
+
+        from cwtrain.local.model import write_base_checkpoint
+
+        self.tmp = tmp
+        self.hf = tmp / "hf"
+        write_base_checkpoint(self.hf, seed=0)  # the deployment's base weights
+        self.args = slime_args(tmp, self.hf, custom_update_weight_post_write_path=hook_path)
+        self.root = Path(self.args.update_weight_disk_dir)
+        self.hook = load_function(hook_path)
+        from cwtrain.local.model import load_checkpoint
+
+        self.weights = load_checkpoint(self.hf)[1]
+        self.previous = self.hf
+        self.version = 0
+
+    def call(self, directory: Path, ranks: range) -> Any:
+        result = None
+        for rank in ranks:
+            outcome = self.hook(argparse.Namespace(**{**vars(self.args), "rank": rank}), str(directory), [])
+            if rank == 0:
+                result = outcome
+        return result
+
+    def baseline(self) -> Any:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True)
+        return self.call(self.root, range(1))
+
+    def write_next(self) -> Path:
+        from cwtrain.hotload.delta import write_delta
+
+        self.version += 1
+        self.weights = _trained(self.weights, self.version)
+        checkpoint = _checkpoint(self.tmp / "ckpt" / f"v{self.version}", self.weights)
+        directory = self.root / f"weight_v{self.version:06d}"
+        write_delta(
+            self.previous, checkpoint, directory, version=f"{self.version:06d}", base_version=f"{self.version - 1:06d}"
+        )
+        self.previous = checkpoint
+        return directory
+
+    def step(self) -> Any:
+        return self.call(self.write_next(), range(2))
+
+
+def _served_by_both(loader: Any, identity: str) -> None:
+    hot_load = loader.completed_hot_load(identity)
+    assert hot_load is not None, identity
+    replicas = loader.client.list_hot_load_replicas(hot_load.id)
+    assert len(replicas) == 2 and all(r.caught_up(identity) for r in replicas), replicas
+    assert loader.current_identity() == identity
+
+
+def _rollout(args: argparse.Namespace, rollout_id: int) -> list[list[Any]]:
+    from slime.rollout.data_source import DataSource
+    from slime.utils.misc import load_function
+
+    from cwtrain.integrations.slime.rollout import generate_rollout
+
+    assert load_function(args.rollout_function_path) is generate_rollout
+    source = DataSource(args, [("1+1=", "2"), ("abc", "d")])
+    output = load_function(args.rollout_function_path)(args, rollout_id, source, evaluation=False)
+    assert len(output.samples) == args.rollout_batch_size
+    assert output.metrics["coreweave/samples"] == args.rollout_batch_size * args.n_samples_per_prompt
+    return output.samples
+
+
+def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
+    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cwtrain.infra.enums import SnapshotType
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+    from cwtrain.local.model import Tokenizer
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", RUN)
+    set_tokenizer(Tokenizer())
+    loader = _loader(stack_env.deployment_id)
+    run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.hook")
+
+    metrics = [run.baseline()]
+    _served_by_both(loader, f"{RUN}-v000000")
+    served = 0
+    for step in range(1, 6):
+        metrics.append(run.step())
+        if step != 4:
+            served = step
+        identity = f"{RUN}-v{served:06d}"
+        _served_by_both(loader, identity)
+        for group in _rollout(run.args, step):
+            assert len(group) == run.args.n_samples_per_prompt
+            for sample in group:
+                assert sample.weight_versions[-1] == str(served)
+                assert sample.status.name in ("COMPLETED", "TRUNCATED")
+                assert sample.response_length == len(sample.tokens) - len(Tokenizer().encode(sample.prompt))
+                assert sample.reward in (0.0, 1.0)
+                assert sample.rollout_log_probs is not None and len(sample.rollout_log_probs) == sample.response_length
+
+    kinds = {}
+    for version in (0, 1, 2, 3, 5):
+        hot_load = loader.completed_hot_load(f"{RUN}-v{version:06d}")
+        kinds[version] = (hot_load.type, hot_load.previous_identity)
+    assert kinds == {
+        0: (SnapshotType.FULL, None),
+        1: (SnapshotType.INCREMENTAL, f"{RUN}-v000000"),
+        2: (SnapshotType.INCREMENTAL, f"{RUN}-v000001"),
+        3: (SnapshotType.FULL, None),  # the chain is cut at F = 3, from the served copy
+        5: (SnapshotType.INCREMENTAL, f"{RUN}-v000003"),  # v4 was empty: never published
+    }
+    assert loader.completed_hot_load(f"{RUN}-v000004") is None
+    assert metrics[4]["hotload/skipped_empty"] == 1.0
+    assert metrics[3]["hotload/chain_cut"] == 1.0
+    assert metrics[1]["hotload/replicas_ready"] == 2.0 and metrics[1]["hotload/completed"] == 1.0
+    assert loader.read_manifest(f"{RUN}-v000003")["version"] == "000003"
+
+
+def test_actor_hook_overlaps_publish_with_the_next_step(
+    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ray = pytest.importorskip("ray")
+    from cwtrain.integrations.slime import drain
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "actor")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_FULL_EVERY", "0")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_MIRROR", "0")
+    loader = _loader(stack_env.deployment_id)
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.actor_hook")
+        baseline = run.baseline()  # waited for: the first rollout must see it
+        assert baseline["hotload/completed"] == 1.0
+        _served_by_both(loader, "actor-v000000")
+
+        returned_after: list[float] = []
+        previous_metrics: list[Any] = []
+        for _ in range(2):
+            directory = run.write_next()
+            started = time.perf_counter()
+            previous_metrics.append(run.call(directory, range(2)))
+            returned_after.append(time.perf_counter() - started)
+            # "step k+1" runs now, while version k uploads and hot-loads in the actor
+            still_serving = loader.current_identity()
+            time.sleep(0.05)
+            assert still_serving in ("actor-v000000", f"actor-v{run.version - 1:06d}", f"actor-v{run.version:06d}")
+        assert previous_metrics[0] is None  # nothing was in flight before version 1
+        first = previous_metrics[1]  # version 1's metrics arrive one step late
+        publish_seconds = first["hotload/upload_seconds"] + first["hotload/hot_load_seconds"]
+        assert returned_after[0] < publish_seconds, (returned_after, publish_seconds)
+        assert drain(stack_env.deployment_id, timeout=120) == "actor-v000002"
+        _served_by_both(loader, "actor-v000002")
+    finally:
+        ray.shutdown()
+
+
+def test_actor_hook_failure_surfaces_at_the_next_step(
+    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cwtrain.errors import CWTrainError
+    from cwtrain.integrations.slime import HookConfig
+    from cwtrain.integrations.slime.actor import ActorPublishClient, PublishingActor
+
+    class InlineHandle:
+        """The actor called in-process (same contract as a Ray handle: .remote() then ray.get)."""
+
+        def __init__(self, actor: PublishingActor) -> None:
+            self.actor = actor
+
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(self.actor, name)
+
+            class Remote:
+                @staticmethod
+                def remote(*args: Any) -> Any:
+                    try:
+                        return ("ok", method(*args))
+                    except BaseException as exc:
+                        return ("error", exc)
+
+            return Remote
+
+    monkeypatch.setattr(
+        "cwtrain.integrations.slime.actor._ray",
+        lambda: type("R", (), {"get": staticmethod(lambda ref, timeout=None: _unwrap(ref))}),
+    )
+    run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.hook")
+    config = HookConfig.from_env(default_run_id="fail", full_every=0, state_dir=str(tmp_path / "state"))
+    client = ActorPublishClient(config, actor=InlineHandle(PublishingActor(config)))
+    client.submit(run.args, str(run.root))
+    run.root.mkdir(exist_ok=True)
+    bad = run.write_next()
+    (bad / "model.safetensors.index.json").write_text('{"metadata": {"base_version": "000007"}, "weight_map": {}}')
+    assert client.submit(run.args, str(bad)) is None  # handed over; the failure is not lost
+    with pytest.raises(CWTrainError, match="in order"):
+        client.submit(run.args, str(run.write_next()))
+
+
+def _unwrap(ref: Any) -> Any:
+    kind, value = ref
+    if kind == "error":
+        raise value
+    return value
