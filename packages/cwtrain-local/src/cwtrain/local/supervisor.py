@@ -222,12 +222,18 @@ class Supervisor:
         slot.process = self._spawn(deployment, slot, peer).start()
         return True
 
+    def _serving(self, deployment: DeploymentRecord) -> set[str]:
+        """Identities a replica may serve: the current one and the active hot-load's."""
+        active = self.state.active_hot_load(deployment.id)
+        return {deployment.current_identity} | ({active.spec["identity"]} if active is not None else set())
+
     def _peer(self, deployment: DeploymentRecord, slots: list[Slot], exclude: Slot) -> str | None:
+        serving = self._serving(deployment)
         for other in slots:
             health = other.health()
             if other is exclude or other.process is None or health is None:
                 continue
-            if health.get("identity") == deployment.current_identity and other.catch_up is None:
+            if health.get("identity") in serving and other.catch_up is None:
                 return other.process.url
         return None
 
@@ -272,8 +278,7 @@ class Supervisor:
                     slot.catch_up = hot_load_id
 
     def _deployment_status(self, deployment: DeploymentRecord, slots: list[Slot]) -> bool:
-        active = self.state.active_hot_load(deployment.id)
-        serving = {deployment.current_identity} | ({active.spec["identity"]} if active is not None else set())
+        serving = self._serving(deployment)
         ready = sum(
             1 for s in slots if (h := s.health()) is not None and h.get("identity") in serving and s.catch_up is None
         )
@@ -301,8 +306,7 @@ class Supervisor:
             deployment = self.state.deployments.get(deployment_id)
             if deployment is None:
                 return []
-            active = self.state.active_hot_load(deployment_id)
-            serving = {deployment.current_identity} | ({active.spec["identity"]} if active is not None else set())
+            serving = self._serving(deployment)
         urls = [
             s.process.url
             for s in list(self.slots.get(deployment_id, []))
