@@ -44,6 +44,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -63,10 +64,28 @@ _MIN_POOL = 10
 _MAX_ATTEMPTS = 5
 
 
+_loader_lock = threading.Lock()
+_loader: Any = None
+
+
+def _shared_loader() -> Any:
+    """One botocore data loader for every client: parsing the service models once saves ~0.7 s a client."""
+    global _loader
+    with _loader_lock:
+        if _loader is None:
+            import botocore.loaders
+
+            _loader = botocore.loaders.create_loader()
+        paths = _loader.search_paths
+        paths[:] = list(dict.fromkeys(paths))  # boto3 appends its data path per session
+        return _loader
+
+
 def _botocore_session(profile: str | None = None) -> Any:
     import botocore.session
 
     session = botocore.session.get_session()
+    session.register_component("data_loader", _shared_loader())
     if profile:
         session.set_config_variable("profile", profile)
     return session
@@ -213,6 +232,8 @@ def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None
     if verify is False:
         log.warning("TLS verification of the S3 endpoint %s is OFF (verify=False); use only for development", endpoint)
     log.debug("S3 client: endpoint %s, region %s, addressing %s", endpoint, region, config.s3["addressing_style"])
-    return boto3.session.Session(botocore_session=session).client(
+    client = boto3.session.Session(botocore_session=session).client(
         "s3", endpoint_url=endpoint, region_name=region, config=config, **boto3_kwargs
     )
+    _shared_loader()  # drop the data path boto3 just appended again
+    return client
