@@ -1,0 +1,330 @@
+"""The deployment, gateway and hotload command groups, in-process, against the API stand-in.
+
+``client_from_args`` is replaced so that commands talk to :class:`FakeAPI` through
+``httpx.MockTransport``; the global options, parsing, JSON output and exit codes are real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fakeapi import FakeAPI, error_response
+
+from cwtrain.cli import main
+from cwtrain.infra import InferenceClient
+
+REQUEST = {
+    "name": "dep",
+    "gatewayIds": ["gw-1"],
+    "runtime": {"engine": "dynamo-vllm", "version": "1.2.3", "engineConfig": {"x": "<think>"}},
+    "resources": {"instanceType": "H100_80GB_SXM5", "gpuCount": 1},
+    "model": {"name": "tiny-model", "bucket": "w", "path": "p"},
+    "autoscaling": {"min": 1, "max": 1},
+    "traffic": {"weight": 100},
+    "hotLoad": {"bucket": "w", "pathPrefix": "hotload", "transitionMode": "TRANSITION_MODE_ASYNC"},
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAPI:
+    api = FakeAPI()
+    api.add_gateway()
+    tokens: list[Any] = []
+
+    def client_from_args(args: Any) -> InferenceClient:
+        tokens.append(args.token)
+        return api.client()
+
+    import cwtrain.hotload.cli as hotload_cli
+    import cwtrain.infra.cli as infra_cli
+
+    monkeypatch.setattr(infra_cli, "client_from_args", client_from_args)
+    monkeypatch.setattr(hotload_cli, "client_from_args", client_from_args)
+    return api
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, (json.loads(captured.out) if captured.out.strip() else None), captured.err
+
+
+# ------------------------------------------------------------------- deployment
+
+
+def test_deployment_create_wait_and_views(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    path = tmp_path / "dep.json"
+    path.write_text(json.dumps(dict(REQUEST, id="dep-x")))
+
+    def ready(request: httpx.Request) -> httpx.Response:
+        fake.deployments["dep-x"]["status"]["status"] = "STATUS_READY"
+        return httpx.Response(200, json={"deployment": fake.deployments["dep-x"]})
+
+    fake.inject("GET", "/deployments/dep-x", ready)
+    code, view, err = run(capsys, "deployment", "create", "-f", str(path), "--wait", "--poll-interval", "0.01")
+    assert code == 0, err
+    assert view["id"] == "dep-x" and view["status"] == "READY"
+    assert view["rollout_base_url"] == "https://gw1.example.com/v1"
+    assert any("with id dep-x" in r.getMessage() for r in caplog.records)  # logged before the POST
+    code, view, _ = run(capsys, "deployment", "get", "dep-x")
+    assert code == 0 and view["endpoints"] == ["gw1.example.com"]
+
+
+def test_deployment_create_wait_failure_prints_latest_view(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "dep.json"
+    path.write_text(json.dumps(dict(REQUEST, id="dep-f")))
+
+    def failed(request: httpx.Request) -> httpx.Response:
+        fake.deployments["dep-f"]["status"].update(
+            status="STATUS_FAILED", conditions=[{"type": "Ready", "status": "False", "message": "image pull failed"}]
+        )
+        return httpx.Response(200, json={"deployment": fake.deployments["dep-f"]})
+
+    fake.inject("GET", "/deployments/dep-f", failed)
+    code, view, err = run(capsys, "deployment", "create", "-f", str(path), "--wait", "--poll-interval", "0.01")
+    assert code == 1
+    assert view["status"] == "FAILED"
+    assert err.strip().splitlines()[-1].startswith("error: deployment dep-f is FAILED")
+    assert "image pull failed" in err
+
+
+def test_placeholder_file_is_refused_before_any_call(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "dep.json"
+    path.write_text(json.dumps(dict(REQUEST, model={"name": "<model-name>", "bucket": "w", "path": "p"})))
+    code, out, err = run(capsys, "deployment", "create", "-f", str(path))
+    assert code == 1 and out is None
+    assert err.strip() == f"error: fill in {path} first; it still has placeholders: model.name = '<model-name>'"
+    assert not fake.calls
+
+
+def test_unreadable_request_file(fake: FakeAPI, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "deployment", "create", "-f", str(tmp_path / "missing.json"))
+    assert code == 1 and err.startswith("error: cannot read request file") and len(err.strip().splitlines()) == 1
+
+
+def test_name_taken_names_the_other_deployment(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    fake.add_deployment("owner")
+    path = tmp_path / "dep.json"
+    path.write_text(json.dumps(dict(REQUEST, name="name-owner")))
+    code, _, err = run(capsys, "deployment", "create", "-f", str(path))
+    assert code == 1 and "(owner)" in err
+
+
+def test_deployment_delete_results(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_deployment("d1")
+    code, out, _ = run(capsys, "deployment", "delete", "d1")
+    assert code == 0 and out == {"id": "d1", "result": "deleting"}
+    code, out, _ = run(capsys, "deployment", "delete", "d1", "--wait", "--poll-interval", "0.01")
+    assert code == 0 and out == {"id": "d1", "result": "deleted"}
+    code, out, err = run(capsys, "deployment", "delete", "d1")
+    assert code == 1 and out is None and err.startswith("error: not_found")
+    code, out, _ = run(capsys, "deployment", "delete", "d1", "--wait", "--ignore-not-found")
+    assert code == 0 and out == {"id": "d1", "result": "not_found"}
+
+
+def test_parameters_are_printed_unchanged(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "deployment", "parameters", "--gateway", "a", "--gateway", "b")
+    assert code == 0 and out == {"engines": [{"engine": "dynamo-vllm"}], "gatewayIds": ["a", "b"]}
+    code, out, _ = run(capsys, "gateway", "parameters")
+    assert code == 0 and out == {"zones": ["US-EAST-04A"]}
+
+
+def test_gateway_commands(fake: FakeAPI, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "gw.json"
+    path.write_text(json.dumps({"id": "g2", "name": "gw-two", "zones": ["US-EAST-04A"], "coreWeaveAuth": {}}))
+    code, out, _ = run(capsys, "gateway", "create", "-f", str(path))
+    assert code == 0 and out["id"] == "g2" and out["status"] == "CREATING"
+    code, out, _ = run(capsys, "gateway", "get", "gw-1")
+    assert code == 0 and out["endpoints"] == ["gw1.example.com"] and out["zones"] == ["US-EAST-04A"]
+    code, out, _ = run(capsys, "gateway", "delete", "g2", "--wait", "--poll-interval", "0.01")
+    assert code == 0 and out == {"id": "g2", "result": "deleted"}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["deployment", "delete", "x", "--timeout", "0"],
+        ["deployment", "create", "-f", "x.json", "--timeout", "nan"],
+        ["hotload", "publish", "--deployment", "d", "--checkpoint", "c", "--identity", "i", "--workers", "0"],
+        ["hotload", "wait", "h", "--timeout", "inf"],
+        ["hotload", "list"],
+        ["deployment"],
+        ["nope"],
+    ],
+)
+def test_usage_errors_exit_2(fake: FakeAPI, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, out, _ = run(capsys, *argv)
+    assert code == 2 and out is None
+    assert not fake.calls
+
+
+# ---------------------------------------------------------------------- hotload
+
+
+def test_trigger_no_wait_then_wait_status_list(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_deployment()
+    code, hot, err = run(capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "a", "--no-wait")
+    assert code == 0, err
+    assert hot["status"]["state"] == "PENDING" and hot["spec"]["type"] == "FULL"
+    body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
+    assert "promptCachePolicy" not in body
+    code, done, _ = run(capsys, "hotload", "wait", hot["spec"]["id"], "--poll-interval", "0.01")
+    assert code == 0 and done["status"]["state"] == "COMPLETED"
+    code, status, _ = run(capsys, "hotload", "status", hot["spec"]["id"])
+    assert code == 0 and list(status) == ["hot_load", "replicas"] and len(status["replicas"]) == 2
+    assert status["replicas"][0]["current_snapshot_identity"] == "a"
+    code, listed, _ = run(capsys, "hotload", "list", "--deployment", "dep-1", "--limit", "5")
+    assert code == 0 and [h["spec"]["identity"] for h in listed] == ["a"]
+
+
+def test_trigger_delta_with_reset_prompt_cache(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_deployment()
+    fake.add_hot_load("h0", "a")
+    code, hot, _ = run(
+        capsys,
+        "hotload",
+        "trigger",
+        "--deployment",
+        "dep-1",
+        "--identity",
+        "b",
+        "--previous-identity",
+        "a",
+        "--reset-prompt-cache",
+        "--poll-interval",
+        "0.01",
+    )
+    assert code == 0 and hot["spec"]["type"] == "INCREMENTAL"
+    body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
+    assert body["promptCachePolicy"] == "PROMPT_CACHE_POLICY_RESET_ALL"
+    assert body["incrementalSnapshotMetadata"]["previousSnapshotIdentity"] == "a"
+
+
+def test_failed_hot_load_is_printed_and_exits_1(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_deployment()
+    fake.fail_identities.add("bad")
+    code, hot, err = run(
+        capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "bad", "--poll-interval", "0.01"
+    )
+    assert code == 1
+    assert hot["status"]["state"] == "FAILED"
+    assert "checksum mismatch" in err.strip().splitlines()[-1]
+
+
+def test_invalid_identity_is_one_line_exit_1(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_deployment()
+    code, out, err = run(capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "a/b")
+    assert code == 1 and out is None
+    assert err.startswith("error: invalid identity 'a/b'") and len(err.strip().splitlines()) == 1
+    assert not [c for c in fake.calls if c[0] == "POST"]
+
+
+def test_cancel_is_unimplemented(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_hot_load("h", "a")
+    code, out, err = run(capsys, "hotload", "cancel", "h")
+    assert code == 1 and out is None and err.startswith("error: unimplemented")
+
+
+def test_rollback_of_unknown_identity(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_deployment()
+    code, _, err = run(capsys, "hotload", "rollback", "--deployment", "dep-1", "--identity", "never")
+    assert code == 1 and "no COMPLETED hot-load of 'never'" in err
+
+
+def test_api_errors_are_one_line(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.inject("GET", "/hotLoads/h", error_response(403, "permission_denied", "needs Inference Viewer"))
+    code, _, err = run(capsys, "hotload", "status", "h")
+    assert code == 1 and err == "error: permission_denied: needs Inference Viewer\n"
+
+
+# ------------------------------------------------------- real client construction
+
+
+def test_missing_token_exits_1_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("COREWEAVE_API_TOKEN", "CW_API_TOKEN", "CWTRAIN_API_HEADERS"):
+        monkeypatch.delenv(name, raising=False)
+    code, out, err = run(capsys, "deployment", "get", "d")
+    assert code == 1 and out is None
+    assert err.startswith("error: no API token") and len(err.strip().splitlines()) == 1
+
+
+def test_unreachable_api_exits_1_without_the_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cwtrain.infra.client as client_module
+
+    monkeypatch.setattr(client_module.time, "sleep", lambda seconds: None)
+    code, out, err = run(
+        capsys,
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--token",
+        "secret-token-value",
+        "hotload",
+        "list",
+        "--deployment",
+        "d",
+    )
+    assert code == 1 and out is None
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: unavailable: cannot reach the API") and "127.0.0.1:9" in last
+    assert "secret-token-value" not in err
+
+
+def test_inspect_needs_no_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from cwtrain.hotload.codec import DeltaEncoder
+    from cwtrain.hotload.format import TensorData
+
+    for name in ("COREWEAVE_API_TOKEN", "CW_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with DeltaEncoder(workers=1) as encoder:
+        snap = encoder.encode_full({"w": TensorData("F32", (2,), b"\x00" * 8)})
+    for file in [*snap.files, snap.index]:
+        file.write_to(tmp_path / file.name)
+    (tmp_path / "config.json").write_text("{}")
+    code, info, err = run(capsys, "hotload", "inspect", str(tmp_path))
+    assert code == 0, err
+    assert info["type"] == "FULL" and info["incremental"] is None
+    assert set(info) == {
+        "path",
+        "type",
+        "files",
+        "total_bytes",
+        "empty_delta",
+        "incremental",
+        "index_metadata",
+        "index_generated",
+    }
+
+
+def test_check_with_bucket_and_prefix(
+    capsys: pytest.CaptureFixture[str], s3_bucket: tuple[Any, str], s3_env: dict[str, str]
+) -> None:
+    _, bucket = s3_bucket
+    code, out, err = run(capsys, "hotload", "check", "--bucket", bucket, "--prefix", "/runs/")
+    assert code == 0, err
+    assert out == {
+        "deployment": None,
+        "bucket": bucket,
+        "path_prefix": "runs",
+        "uri": f"s3://{bucket}/runs/",
+        "result": "ok",
+    }
+    code, _, err = run(capsys, "hotload", "check")
+    assert code == 1 and "needs --deployment" in err
