@@ -178,3 +178,11 @@ def test_retokenize_is_used_only_when_given() -> None:
     payload["choices"][0]["text"] += "z"  # one more token than log-probs
     (c,) = _read(payload, 1, retokenize=lambda text: tok.encode(text))
     assert c.logprobs is None
+
+
+def test_returned_prompt_sources_must_agree_for_text_prompts() -> None:
+    payload = FakeEndpoint(shape="token_ids").answer(_body(n=1))
+    choice = payload["choices"][0]
+    choice["nvext"] = {"engine_data": {"prompt_token_ids": [9, 9]}}
+    with pytest.raises(RolloutError, match="prompt ids from"):
+        _read(payload, 1, sent_prompt_ids=None)

@@ -124,9 +124,13 @@ def _completion_sources(choice: dict[str, Any], top: dict[str, Any], n: int) -> 
     ids = _int_list(choice.get("token_ids"))
     if ids is not None:
         found.append(("token_ids", ids))
-    ids = _ids_from_token_strings(_dig(choice, "logprobs", "tokens"))
-    if ids is not None:
-        found.append(("logprobs.tokens", ids))
+    tokens = _dig(choice, "logprobs", "tokens")
+    if found and type(tokens) is list and tokens == [f"token_id:{t}" for t in found[0][1]]:
+        found.append(("logprobs.tokens", found[0][1]))  # agrees (the cheap check of the common case)
+    else:
+        ids = _ids_from_token_strings(tokens)
+        if ids is not None:
+            found.append(("logprobs.tokens", ids))
     candidates = [
         _dig(choice, "nvext", "completion_token_ids"),
         _dig(choice, "nvext", "engine_data", "completion_token_ids"),
@@ -327,7 +331,11 @@ def _prompt_ids(
                 )
         return tuple(sent_list)
     if returned:
-        return tuple(returned[0][1])
+        first_name, first = returned[0]
+        for name, ids in returned[1:]:
+            if ids != first:
+                raise RolloutError(f"choice {position}: prompt ids from {first_name} and {name} disagree")
+        return tuple(first)
     if known is not None:
         return tuple(known)
     raise RolloutError(

@@ -9,14 +9,11 @@ code that is itself running inside an event loop.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import email.utils
 import json
 import logging
 import math
-import os
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,6 +23,7 @@ import httpx
 
 from cwtrain.errors import RolloutError
 from cwtrain.integrations.nvext import as_cache_salt
+from cwtrain.integrations.rollout._runtime import LoopThread, SequenceLimiter
 from cwtrain.integrations.rollout.config import RolloutConfig
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams, as_prompt
 from cwtrain.integrations.rollout.responses import Completion, read_completions
@@ -88,76 +86,6 @@ class RolloutBatch:
         return self.groups[index]
 
 
-class _LoopThread:
-    """A private event loop on a daemon thread (re-created after ``fork``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=run, name="cwtrain-rollout-loop", daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop, self._pid = loop, os.getpid()
-            return self._loop
-
-    def here(self) -> bool:
-        return self._thread is not None and threading.current_thread() is self._thread
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop())
-
-    def stop(self) -> None:
-        with self._lock:
-            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-        if loop is None or thread is None or self._pid != os.getpid():
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not threading.current_thread():
-            thread.join(timeout=10)
-            loop.close()
-
-
-class _SequenceLimiter:
-    """Counts sequences in flight: ``concurrency`` groups' worth (split groups count once)."""
-
-    def __init__(self, concurrency: int, group_size: int) -> None:
-        self.concurrency = concurrency
-        self.capacity = concurrency * group_size
-        self.used = 0
-        self.peak = 0
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, weight: int, group_size: int) -> int:
-        async with self._cond:
-            if self.concurrency * group_size > self.capacity:
-                self.capacity = self.concurrency * group_size
-                self._cond.notify_all()
-            weight = min(weight, self.capacity)
-            await self._cond.wait_for(lambda: self.used + weight <= self.capacity)
-            self.used += weight
-            self.peak = max(self.peak, self.used)
-            return weight
-
-    async def release(self, weight: int) -> None:
-        async with self._cond:
-            self.used -= weight
-            self._cond.notify_all()
-
-
 def _retry_after(value: str | None) -> float | None:
     if not value:
         return None
@@ -215,9 +143,9 @@ class CompletionSampler:
         self._group_size = max(1, group_size or 1)
         self._sleep = sleep or asyncio.sleep
         self._rng = random.Random(seed)
-        self._runner = _LoopThread()
+        self._runner = LoopThread()
         self._client: httpx.AsyncClient | None = None
-        self._limiter: _SequenceLimiter | None = None
+        self._limiter: SequenceLimiter | None = None
         self._dropped: set[str] = set()
         self._text_prompts = not config.token_id_prompts
         self._logged: set[str] = set()
@@ -336,7 +264,7 @@ class CompletionSampler:
                 timeout=httpx.Timeout(self.config.timeout),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
             )
-            self._limiter = _SequenceLimiter(self.config.concurrency, self._group_size)
+            self._limiter = SequenceLimiter(self.config.concurrency, self._group_size)
         return self._client
 
     def _once(self, key: str, message: str, *args: Any) -> None:
@@ -533,7 +461,7 @@ class CompletionSampler:
                 stats.cached_tokens += completions[0].cached_tokens or 0
                 return completions
         finally:
-            await limiter.release(held)
+            limiter.release(held)
 
     def _retokenize(self, text: str) -> list[int]:
         self._once(
