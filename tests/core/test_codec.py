@@ -10,10 +10,10 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 import zstandard
+from codec_helpers import checkpoints
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec_helpers import checkpoints
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.codec import (
     BIG_TENSOR_BYTES,
@@ -160,7 +160,7 @@ def test_big_tensor_is_one_frame_that_plain_zstandard_decodes() -> None:
 def _hand_made_delta(old: Mapping[str, bytes], new: Mapping[str, bytes]) -> tuple[dict, bytes]:
     """A delta written straight from the spec: numpy XOR, one-shot zstd, header by hand (unpadded)."""
     changed = sorted(n for n in new if new[n] != old[n])
-    header: dict[str, object] = {"__metadata__": {n: "%08x" % zlib.adler32(new[n]) for n in changed}}
+    header: dict[str, object] = {"__metadata__": {n: f"{zlib.adler32(new[n]):08x}" for n in changed}}
     payload = b""
     for name in changed:
         xor = np.bitwise_xor(np.frombuffer(new[name], np.uint8), np.frombuffer(old[name], np.uint8)).tobytes()
