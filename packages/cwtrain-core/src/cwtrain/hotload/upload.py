@@ -194,6 +194,9 @@ class SnapshotUpload:
             ``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, else 1 GiB.
         on_file: called with an :class:`UploadedFile` once each object is stored.
         on_progress: called with byte counts as the store confirms them.
+        shared_files: names of files of this snapshot written by other writers (the
+            ranks of a distributed publish): not counted as strays; :meth:`commit`
+            requires them to be stored before it writes the index.
     """
 
     def __init__(
@@ -208,6 +211,7 @@ class SnapshotUpload:
         memory_budget: int | None = None,
         on_file: Callable[[UploadedFile], None] | None = None,
         on_progress: Callable[[int], None] | None = None,
+        shared_files: Iterable[str] = (),
         _existing: Mapping[str, RemoteObject] | None = None,
     ) -> None:
         if workers < 1:
@@ -227,6 +231,7 @@ class SnapshotUpload:
         self._on_file = on_file
         self._on_progress = on_progress
         self._given_existing = _existing
+        self.shared_files = frozenset(shared_files)
         self.existing: dict[str, RemoteObject] = {}
         self.results: dict[str, UploadedFile] = {}
         self._futures: dict[str, Future[UploadedFile]] = {}
@@ -378,6 +383,21 @@ class SnapshotUpload:
         self._raise_failures(done_only=False)
         return [self.results[name] for name in sorted(self.results)]
 
+    def finish_share(self) -> list[UploadedFile]:
+        """Wait for every added file and close without writing an index.
+
+        For one rank of a distributed publish: its shards are stored, the snapshot stays
+        invisible until one writer commits the index (with ``shared_files`` naming the
+        other ranks' files).
+        """
+        try:
+            results = self.wait()
+        except BaseException:
+            self.cancel()
+            raise
+        self._committed = True
+        return results
+
     def commit(self, index: Any) -> str:
         """Wait for every file, then write the index; returns ``s3://bucket/prefix/identity/``.
 
@@ -402,7 +422,15 @@ class SnapshotUpload:
             source = ObjectSource.from_buffers(index.name, index.buffers)
         try:
             self.wait()
-            strays = sorted(set(self.existing) - set(self._futures) - {INDEX_NAME if source is None else source.name})
+            missing = sorted(self.shared_files - set(self.existing))
+            if missing:
+                raise SnapshotError(f"{self.uri}: files of other writers are not stored yet: {', '.join(missing)}")
+            strays = sorted(
+                set(self.existing)
+                - set(self._futures)
+                - self.shared_files
+                - {INDEX_NAME if source is None else source.name}
+            )
             if strays:
                 raise SnapshotConflictError(self.identity, [f"{name} (not part of this snapshot)" for name in strays])
             if source is not None:
