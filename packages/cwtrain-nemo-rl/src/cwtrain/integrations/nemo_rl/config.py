@@ -1,0 +1,184 @@
+"""``policy.generation.coreweave_cfg``: the backend's settings, with variables as fallback.
+
+Precedence (interface.md §2): a key in ``coreweave_cfg`` beats the matching variable,
+which beats the default. Rollout keys map onto ``CWTRAIN_ROLLOUT_*``, hot-load keys onto
+``CWTRAIN_HOTLOAD_*``; errors name the config key when it was the source.
+
+| key | variable | default |
+|---|---|---|
+| `base_url`, `model`, `api_key`, `api_key_file` | `CWTRAIN_ROLLOUT_BASE_URL`, `_MODEL`, `_API_KEY`, `_API_KEY_FILE` | required, required, –, – |
+| `concurrency`, `timeout`, `max_attempts` | `CWTRAIN_ROLLOUT_CONCURRENCY`, `_TIMEOUT`, `_MAX_ATTEMPTS` | 16, 600, 6 |
+| `logprobs`, `token_ids`, `token_id_prompts`, `seeds` | `CWTRAIN_ROLLOUT_…` | true |
+| `require_logprobs` | – | true |
+| `importance_sampling` | – | false (true needs temperature 1, top_p 1, no top_k) |
+| `max_model_len` | – | none (prompt + generation cap) |
+| `deployment_id` | `CWTRAIN_HOTLOAD_DEPLOYMENT_ID` | required to publish |
+| `run_id` | `CWTRAIN_HOTLOAD_RUN_ID` | `nemo-rl-<UTC %Y%m%dT%H%M%SZ>` |
+| `full_every` | `CWTRAIN_HOTLOAD_FULL_EVERY` | 20 (0–64) |
+| `verify`, `wait` | `CWTRAIN_HOTLOAD_VERIFY`, `_WAIT` | false, true |
+| `hotload_timeout` | `CWTRAIN_HOTLOAD_TIMEOUT` | `timeout` when set in the config, else 1800 |
+| `state_dir` | `CWTRAIN_HOTLOAD_STATE_DIR` | none |
+| `prompt_cache_policy` | `CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY` | unset (field omitted) |
+| `upload_workers` | `CWTRAIN_HOTLOAD_UPLOAD_WORKERS` | 8 |
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
+from cwtrain.errors import ConfigError
+from cwtrain.integrations.rollout import RolloutConfig
+
+__all__ = ["CFG_KEY", "CoreWeaveConfig", "HotLoadSettings", "default_run_id"]
+
+#: Where the settings live in a NeMo-RL master config.
+CFG_KEY = "policy.generation.coreweave_cfg"
+
+_ROLLOUT_VARS = {
+    "base_url": "CWTRAIN_ROLLOUT_BASE_URL",
+    "model": "CWTRAIN_ROLLOUT_MODEL",
+    "api_key": "CWTRAIN_ROLLOUT_API_KEY",
+    "api_key_file": "CWTRAIN_ROLLOUT_API_KEY_FILE",
+    "concurrency": "CWTRAIN_ROLLOUT_CONCURRENCY",
+    "timeout": "CWTRAIN_ROLLOUT_TIMEOUT",
+    "max_attempts": "CWTRAIN_ROLLOUT_MAX_ATTEMPTS",
+    "logprobs": "CWTRAIN_ROLLOUT_LOGPROBS",
+    "token_ids": "CWTRAIN_ROLLOUT_TOKEN_IDS",
+    "token_id_prompts": "CWTRAIN_ROLLOUT_TOKEN_ID_PROMPTS",
+    "seeds": "CWTRAIN_ROLLOUT_SEEDS",
+}
+_HOTLOAD_VARS = {
+    "deployment_id": "CWTRAIN_HOTLOAD_DEPLOYMENT_ID",
+    "run_id": "CWTRAIN_HOTLOAD_RUN_ID",
+    "full_every": "CWTRAIN_HOTLOAD_FULL_EVERY",
+    "verify": "CWTRAIN_HOTLOAD_VERIFY",
+    "wait": "CWTRAIN_HOTLOAD_WAIT",
+    "hotload_timeout": "CWTRAIN_HOTLOAD_TIMEOUT",
+    "state_dir": "CWTRAIN_HOTLOAD_STATE_DIR",
+    "prompt_cache_policy": "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY",
+    "upload_workers": "CWTRAIN_HOTLOAD_UPLOAD_WORKERS",
+}
+_OWN_KEYS = {"require_logprobs", "importance_sampling", "max_model_len"}
+KNOWN_KEYS = frozenset(_ROLLOUT_VARS) | frozenset(_HOTLOAD_VARS) | _OWN_KEYS
+
+
+def default_run_id(now: _dt.datetime | None = None) -> str:
+    """``nemo-rl-<UTC %Y%m%dT%H%M%SZ>`` (snapshot-format.md §2)."""
+    moment = now or _dt.datetime.now(_dt.UTC)
+    return "nemo-rl-" + moment.astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _fold(cfg: Mapping[str, Any], table: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """Variables with the config keys written over them (config beats variable)."""
+    merged = dict(env)
+    for key, var in table.items():
+        value = cfg.get(key)
+        if value is None:
+            continue
+        merged[var] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return merged
+
+
+@dataclass(frozen=True)
+class HotLoadSettings:
+    """How the synchronizer publishes (the ``CWTRAIN_HOTLOAD_*`` half of the config)."""
+
+    deployment_id: str | None
+    run_id: str
+    full_every: int = 20
+    verify: bool = False
+    wait: bool = True
+    timeout: float = 1800.0
+    state_dir: str | None = None
+    prompt_cache_policy: str | None = None
+    upload_workers: int = 8
+
+
+@dataclass(frozen=True)
+class CoreWeaveConfig:
+    """The whole backend config: rollout sampler settings plus hot-load settings."""
+
+    rollout: RolloutConfig
+    hotload: HotLoadSettings
+    max_model_len: int | None = None
+    importance_sampling: bool = False
+
+    @classmethod
+    def from_generation_config(
+        cls, generation_config: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> CoreWeaveConfig:
+        """Read ``coreweave_cfg`` from NeMo-RL's ``policy.generation`` dict, variables as fallback.
+
+        Raises:
+            ConfigError: an unknown key, a missing required value, or a bad value; the message
+                names the config key (or the variable when that was the source).
+        """
+        cfg = dict(generation_config.get("coreweave_cfg") or {})
+        unknown = sorted(set(cfg) - KNOWN_KEYS)
+        if unknown:
+            raise ConfigError(f"{CFG_KEY} has unknown key(s) {unknown}; known: {sorted(KNOWN_KEYS)}")
+        env = environ_or(environ)
+        labels = {var: f"{CFG_KEY}.{key}" for key, var in _ROLLOUT_VARS.items() if key in cfg}
+        require = cfg.get("require_logprobs", True)
+        importance = bool(cfg.get("importance_sampling", False))
+        if importance:
+            temperature = float(generation_config.get("temperature", 1.0))
+            top_p = float(generation_config.get("top_p", 1.0))
+            top_k = generation_config.get("top_k")
+            if temperature != 1.0 or top_p != 1.0 or (top_k not in (None, 0, -1)):
+                raise ConfigError(
+                    f"{CFG_KEY}.importance_sampling needs temperature 1, top_p 1 and no top_k "
+                    f"(got temperature={temperature}, top_p={top_p}, top_k={top_k})"
+                )
+        rollout = RolloutConfig.from_env(
+            _fold(cfg, _ROLLOUT_VARS, env), labels=labels, routed_experts=False, require_logprobs=bool(require)
+        )
+        hot_env = _fold(cfg, _HOTLOAD_VARS, env)
+        if "hotload_timeout" not in cfg and "timeout" in cfg:
+            hot_env["CWTRAIN_HOTLOAD_TIMEOUT"] = str(cfg["timeout"])  # the per-request timeout is the budget too
+
+        def named(key: str, exc: ConfigError) -> ConfigError:
+            return ConfigError(str(exc).replace(_HOTLOAD_VARS[key], f"{CFG_KEY}.{key}")) if key in cfg else exc
+
+        try:
+            full_every = env_int("CWTRAIN_HOTLOAD_FULL_EVERY", 20, hot_env, minimum=0, maximum=64)
+        except ConfigError as exc:
+            raise named("full_every", exc) from None
+        try:
+            timeout = env_float("CWTRAIN_HOTLOAD_TIMEOUT", 1800.0, hot_env)
+            workers = env_int("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", 8, hot_env, minimum=1)
+            verify = env_bool("CWTRAIN_HOTLOAD_VERIFY", False, hot_env)
+            wait = env_bool("CWTRAIN_HOTLOAD_WAIT", True, hot_env)
+        except ConfigError as exc:
+            key = next((k for k, v in _HOTLOAD_VARS.items() if v in str(exc)), "")
+            raise named(key, exc) if key else exc from None
+        run_id = env_str("CWTRAIN_HOTLOAD_RUN_ID", hot_env) or default_run_id()
+        if len(run_id) > 120 or "/" in run_id:
+            raise ConfigError(f"run id {run_id!r} must be at most 120 characters without '/'")
+        state_dir = env_str("CWTRAIN_HOTLOAD_STATE_DIR", hot_env)
+        if state_dir is not None and not os.path.isabs(state_dir):
+            raise ConfigError(f"state_dir {state_dir!r} must be an absolute path visible to the driver and rank 0")
+        max_len = cfg.get("max_model_len")
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2):
+            raise ConfigError(f"{CFG_KEY}.max_model_len={max_len!r} must be an integer >= 2")
+        return cls(
+            rollout=rollout,
+            hotload=HotLoadSettings(
+                deployment_id=env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", hot_env),
+                run_id=run_id,
+                full_every=full_every,
+                verify=verify,
+                wait=wait,
+                timeout=timeout,
+                state_dir=state_dir,
+                prompt_cache_policy=env_str("CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY", hot_env),
+                upload_workers=workers,
+            ),
+            max_model_len=max_len,
+            importance_sampling=importance,
+        )

@@ -1,0 +1,197 @@
+"""``CoreWeaveGeneration``: NeMo-RL's ``GenerationInterface`` served by a remote deployment.
+
+Selected with ``policy.generation.backend: coreweave`` (plus the recipe's patch to
+``nemo_rl.algorithms.grpo.setup``, see :mod:`cwtrain.integrations.nemo_rl.patch`). Rows
+with the same prompt and stop strings become one ``/v1/completions`` request with ``n`` =
+their count (a GRPO group); prompts go as token ids; exact completion ids and log-probs
+come back through :mod:`cwtrain.integrations.rollout`. Weights move by hot-load
+(:class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer`), so the
+collective and IPC refit methods are never used: ``init_collective`` returns no futures.
+
+Output (``BatchedDataDict``): ``output_ids`` (prompt + generation, right-padded with
+``_pad_token_id``, else the tokenizer's pad, else EOS), ``logprobs`` (float32, zero
+outside the generation), ``generation_lengths``, ``unpadded_sequence_lengths``,
+``truncated``. ``max_tokens = max(1, min(max_new_tokens, max_model_len - prompt))``;
+``greedy`` means temperature 0; stop strings are kept in the output.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from cwtrain.integrations.nemo_rl._nemo import require
+from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
+from cwtrain.integrations.rollout import CompletionSampler, SamplingParams
+
+_interfaces = require("nemo_rl.models.generation.interfaces")
+_batched = require("nemo_rl.distributed.batched_data_dict")
+BatchedDataDict = _batched.BatchedDataDict
+GenerationInterface = _interfaces.GenerationInterface
+
+__all__ = ["CoreWeaveGeneration"]
+
+log = logging.getLogger(__name__)
+
+
+class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
+    """Generation from a CoreWeave Dedicated Inference deployment.
+
+    Args:
+        config: NeMo-RL's ``policy.generation`` dict (``max_new_tokens``, ``temperature``,
+            ``top_p``, ``top_k``, ``stop_token_ids``, ``stop_strings``, ``_pad_token_id``,
+            and ``coreweave_cfg``: see :mod:`cwtrain.integrations.nemo_rl.config`).
+        tokenizer: the trainer's tokenizer (pad/EOS ids; decoding for a text fallback).
+        environ: variables to read instead of ``os.environ`` (tests).
+        sampler: an existing sampler (tests); default one built from the config.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        tokenizer: Any,
+        *,
+        environ: Mapping[str, str] | None = None,
+        sampler: CompletionSampler | None = None,
+    ) -> None:
+        self.cfg = dict(config)
+        self.tokenizer = tokenizer
+        self.settings = CoreWeaveConfig.from_generation_config(self.cfg, environ)
+        self.sampler = sampler or CompletionSampler(self.settings.rollout, tokenizer=tokenizer)
+        self.weight_synchronizer: Any = None
+        self.refit_info: Any = None
+        self.served_identities: tuple[str, ...] = ()
+        self._metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------ NeMo-RL API
+
+    @property
+    def dp_openai_server_base_urls(self) -> list[str]:
+        """The deployment's OpenAI base URL, for NeMo Gym's model server."""
+        return [self.settings.rollout.base_url]
+
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
+        """No collective: weights travel by hot-load."""
+        return []
+
+    def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Nothing to wake up: the deployment is always serving."""
+        return True
+
+    def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Nothing to put to sleep."""
+        return True
+
+    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
+        """Keep the policy's state-dict description (names, shapes, dtypes)."""
+        self.refit_info = state_dict_info
+
+    def shutdown(self) -> bool:
+        """Close the sampler's connection pool."""
+        self.sampler.close()
+        return True
+
+    def get_logger_metrics(self) -> dict[str, Any]:
+        """The last batch's ``coreweave/*`` metrics."""
+        return dict(self._metrics)
+
+    def clear_logger_metrics(self) -> None:
+        """Forget the metrics of earlier batches."""
+        self._metrics = {}
+
+    def generate(self, data: Any, greedy: bool = False) -> Any:
+        """Sample completions for right-padded ``input_ids`` / ``input_lengths``.
+
+        Rows with equal prompts and stop strings share one request (``n`` = count).
+        """
+        input_ids = data["input_ids"]
+        lengths = [int(x) for x in data["input_lengths"]]
+        rows = len(lengths)
+        row_stops = self._row_stops(data, rows)
+        prompts = [tuple(int(t) for t in input_ids[i, : lengths[i]].tolist()) for i in range(rows)]
+
+        # (prompt, stops) -> rows; grouped again by sampling parameters (max_tokens, stops).
+        groups: dict[tuple[tuple[int, ...], tuple[str, ...]], list[int]] = {}
+        for i in range(rows):
+            groups.setdefault((prompts[i], row_stops[i]), []).append(i)
+        buckets: dict[SamplingParams, list[tuple[tuple[int, ...], list[int]]]] = {}
+        for (prompt, stops), members in groups.items():
+            buckets.setdefault(self._params(len(prompt), stops, greedy), []).append((prompt, members))
+
+        results: dict[int, Any] = {}
+        identities: list[str] = []
+        metrics: dict[str, float] = {}
+        for params, items in buckets.items():
+            batch = self.sampler.sample_groups_sync([p for p, _ in items], [len(m) for _, m in items], params)
+            for (_, members), completions in zip(items, batch.groups):
+                for row, completion in zip(members, completions):
+                    results[row] = completion
+            identities.extend(i for i in batch.identities if i not in identities)
+            metrics.update(batch.metrics)
+        self.served_identities = tuple(identities)
+        self._metrics = metrics
+        return self._output(input_ids, lengths, results)
+
+    # ------------------------------------------------------------ helpers
+
+    def _row_stops(self, data: Any, rows: int) -> list[tuple[str, ...]]:
+        default = tuple(self.cfg.get("stop_strings") or ())
+        per_row = data.get("stop_strings") if hasattr(data, "get") else None
+        out = []
+        for i in range(rows):
+            extra = per_row[i] if per_row is not None and i < len(per_row) and per_row[i] else ()
+            out.append(tuple(dict.fromkeys([*default, *extra])))
+        return out
+
+    def _params(self, prompt_len: int, stops: Sequence[str], greedy: bool) -> SamplingParams:
+        max_new = int(self.cfg.get("max_new_tokens") or 1)
+        limit = self.settings.max_model_len
+        max_tokens = max(1, min(max_new, limit - prompt_len)) if limit else max(1, max_new)
+        top_k = self.cfg.get("top_k")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0 if greedy else float(self.cfg.get("temperature", 1.0)),
+            top_p=float(self.cfg.get("top_p") or 1.0),
+            top_k=int(top_k) if top_k and int(top_k) > 0 else 0,
+            stop=tuple(stops),
+            stop_token_ids=tuple(int(t) for t in (self.cfg.get("stop_token_ids") or ())),
+            include_stop_str_in_output=bool(stops),
+        )
+
+    def _pad_id(self) -> int:
+        for value in (
+            self.cfg.get("_pad_token_id"),
+            getattr(self.tokenizer, "pad_token_id", None),
+            getattr(self.tokenizer, "eos_token_id", None),
+        ):
+            if value is not None:
+                return int(value)
+        return 0
+
+    def _output(self, input_ids: torch.Tensor, lengths: list[int], results: Mapping[int, Any]) -> Any:
+        rows = len(lengths)
+        gen_lengths = [len(results[i].response_ids) for i in range(rows)]
+        width = max([int(input_ids.shape[1])] + [lengths[i] + gen_lengths[i] for i in range(rows)])
+        output_ids = torch.full((rows, width), self._pad_id(), dtype=input_ids.dtype)
+        logprobs = torch.zeros((rows, width), dtype=torch.float32)
+        for i in range(rows):
+            length, completion = lengths[i], results[i]
+            output_ids[i, :length] = input_ids[i, :length]
+            if gen_lengths[i]:
+                output_ids[i, length : length + gen_lengths[i]] = torch.tensor(completion.response_ids)
+                if completion.logprobs is not None:
+                    logprobs[i, length : length + gen_lengths[i]] = torch.tensor(completion.logprobs)
+        return BatchedDataDict(
+            {
+                "output_ids": output_ids,
+                "logprobs": logprobs,
+                "generation_lengths": torch.tensor(gen_lengths, dtype=torch.long),
+                "unpadded_sequence_lengths": torch.tensor(
+                    [lengths[i] + gen_lengths[i] for i in range(rows)], dtype=torch.long
+                ),
+                "truncated": torch.tensor([results[i].truncated for i in range(rows)], dtype=torch.bool),
+            }
+        )

@@ -1,0 +1,243 @@
+"""``HotLoadWeightSynchronizer``: NeMo-RL's refit, done by checkpoint hot-load.
+
+Each :meth:`~HotLoadWeightSynchronizer.sync_weights` publishes one version ``N``
+(snapshot-format.md §10): FULL with checksums when ``N = 0``, when nothing was published
+yet in this process, after a failed hot-load, or when ``N % full_every == 0``; else an XOR
+delta against the previous export. Every policy worker encodes and uploads its share
+from the tensors on its device (:mod:`cwtrain.integrations.nemo_rl.publish`); the driver
+commits the index, creates the hot-load (waiting for the deployment to be READY and for
+any running hot-load first), waits until every replica serves the identity
+(``CWTRAIN_HOTLOAD_VERIFY`` also checks each replica), writes
+``<state_dir>/served_identity`` atomically, uploads the manifest (spec §8.1) and returns
+``hotload/*`` metrics. An empty delta publishes nothing and the version still advances.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cwtrain.errors import CWTrainError, SnapshotError
+from cwtrain.hotload.loader import HotLoader
+from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
+from cwtrain.integrations.nemo_rl._nemo import require
+from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig, HotLoadSettings
+from cwtrain.integrations.nemo_rl.publish import PublishPlan, ShareResult, commit_index
+from cwtrain.integrations.nvext import SERVED_IDENTITY_FILE
+
+WeightSynchronizer = require("nemo_rl.weight_sync.interfaces").WeightSynchronizer
+
+__all__ = ["HotLoadWeightSynchronizer", "run_on_all_workers"]
+
+log = logging.getLogger(__name__)
+
+# Small files of the HF checkpoint that go beside the shards of a FULL snapshot.
+_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")  # fmt: skip
+
+
+def run_on_all_workers(policy: Any, method: str, **kwargs: Any) -> list[Any]:
+    """``policy.run_all_workers_single_data(method, **kwargs)`` with Ray futures resolved."""
+    results = policy.run_all_workers_single_data(method, **kwargs)
+    if results and type(results[0]).__name__ == "ObjectRef":
+        import ray
+
+        results = ray.get(list(results))
+    return list(results)
+
+
+class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
+    """Publishes the policy's weights to the deployment after every step.
+
+    Args:
+        policy: NeMo-RL's ``Policy`` (its workers must be cwtrain's, see
+            :mod:`cwtrain.integrations.nemo_rl.worker`).
+        generation: the :class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration`.
+        generation_config: ``policy.generation`` (for ``coreweave_cfg``).
+        hf_checkpoint: the HF checkpoint directory of the base model (its ``config.json``
+            and tokenizer files go beside FULL snapshots).
+        loader: a :class:`~cwtrain.hotload.loader.HotLoader` (default from the config).
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        generation: Any,
+        generation_config: Mapping[str, Any],
+        *,
+        hf_checkpoint: str | os.PathLike[str],
+        loader: HotLoader | None = None,
+    ) -> None:
+        settings = getattr(generation, "settings", None)
+        if not isinstance(settings, CoreWeaveConfig):
+            settings = CoreWeaveConfig.from_generation_config(generation_config)
+        self.settings: HotLoadSettings = settings.hotload
+        if loader is None:
+            if not self.settings.deployment_id:
+                raise CWTrainError(
+                    "no deployment to publish to: set policy.generation.coreweave_cfg.deployment_id "
+                    "or CWTRAIN_HOTLOAD_DEPLOYMENT_ID"
+                )
+            from cwtrain.infra import InferenceClient
+
+            loader = HotLoader(
+                InferenceClient(), deployment_id=self.settings.deployment_id, timeout=self.settings.timeout
+            )
+        self.policy = policy
+        self.generation = generation
+        self.loader = loader
+        self.hf_checkpoint = Path(hf_checkpoint)
+        self.version = 0
+        self._stale = True
+        self._force_full = True  # nothing published yet in this process
+        self._served: str | None = None
+        generation.weight_synchronizer = self
+
+    # ------------------------------------------------------------ NeMo-RL API
+
+    @property
+    def is_stale(self) -> bool:
+        """Whether the deployment serves older weights than the policy holds."""
+        return self._stale
+
+    def mark_stale(self) -> None:
+        """The policy took an optimizer step."""
+        self._stale = True
+
+    def init_communicator(self) -> None:
+        """Nothing to set up: weights travel through object storage."""
+
+    def shutdown(self) -> None:
+        """Nothing to tear down."""
+
+    @property
+    def served_identity(self) -> str | None:
+        """The identity the replicas serve since the last sync (``None`` before any)."""
+        return self._served
+
+    def identity_for(self, version: int) -> str:
+        """``<run_id>-v{N:06d}``."""
+        return f"{self.settings.run_id}-v{version:06d}"
+
+    def sync_weights(self, *, timer: Any = None, kv_scales: Any = None) -> dict[str, float]:
+        """Publish the current weights as the next version and wait until they are served.
+
+        Raises:
+            NotImplementedError: FP8 KV-cache scales (not supported by hot-load).
+            HotLoadFailedError: the hot-load failed (the next sync publishes FULL).
+        """
+        if kv_scales:
+            raise NotImplementedError("kv_scales are not supported by the coreweave backend (hot-load)")
+        start = time.monotonic()
+        version = self.version
+        every = self.settings.full_every
+        full = self._force_full or version == 0 or (every > 0 and version % every == 0)
+        identity = self.identity_for(version)
+        deployment = self.loader.deployment
+        assert deployment.hot_load is not None
+        plan = PublishPlan(
+            identity=identity,
+            full=full,
+            previous_identity=None if full else self._served,
+            bucket=deployment.hot_load.bucket,
+            path_prefix=deployment.hot_load.path_prefix.strip("/"),
+            upload_workers=self.settings.upload_workers,
+        )
+        metrics: dict[str, float] = {"hotload/version": float(version), "hotload/incremental": float(not full)}
+        results: list[ShareResult] = run_on_all_workers(self.policy, "cwtrain_publish_share", plan=plan)
+        export_done = time.monotonic()
+        uri = commit_index(results, plan, s3=self.loader.s3, extra_files=self._side_files() if full else None)
+        metrics.update(
+            {
+                "hotload/export_seconds": export_done - start,
+                "hotload/tensors_changed": float(sum(r.tensors_changed for r in results)),
+                "hotload/wire_bytes": float(sum(r.payload_bytes for r in results)),
+                "hotload/snapshot_bytes": float(sum(r.payload_bytes for r in results)),
+            }
+        )
+        if uri is None:  # an empty delta: nothing to hot-load, the bytes served are the same
+            run_on_all_workers(self.policy, "cwtrain_commit_share")
+            self.version += 1
+            self._stale = False
+            metrics["hotload/skipped_empty"] = 1.0
+            return metrics
+        upload_done = time.monotonic()
+        try:
+            hot_load = self.loader.trigger(
+                identity,
+                snapshot_type=SnapshotType.FULL if full else SnapshotType.INCREMENTAL,
+                previous_identity=plan.previous_identity,
+                prompt_cache_policy=self._cache_policy(),
+                timeout=self.settings.timeout,
+            )
+            if self.settings.wait:
+                hot_load = self.loader.wait(hot_load.id, timeout=self.settings.timeout)
+                if self.settings.verify:
+                    self.loader.verify_served(hot_load.id, identity)
+        except BaseException:
+            run_on_all_workers(self.policy, "cwtrain_discard_share")
+            self._force_full = True
+            raise
+        run_on_all_workers(self.policy, "cwtrain_commit_share")
+        self._served = identity
+        self._force_full = False
+        self._stale = False
+        self.version += 1
+        self._write_served_identity(identity)
+        self._write_manifest(identity, results)
+        metrics.update(
+            {
+                "hotload/upload_seconds": upload_done - export_done,
+                "hotload/hot_load_seconds": time.monotonic() - upload_done,
+                "hotload/completed": float(hot_load.state == HotLoadState.COMPLETED),
+                "hotload/chain_cut": float(full and version > 0),
+            }
+        )
+        return metrics
+
+    # ------------------------------------------------------------ helpers
+
+    def _cache_policy(self) -> PromptCachePolicy | None:
+        value = self.settings.prompt_cache_policy
+        return PromptCachePolicy.parse(value) if value else None
+
+    def _side_files(self) -> dict[str, bytes]:
+        files = {}
+        for name in _SIDE_FILES:
+            path = self.hf_checkpoint / name
+            if path.is_file():
+                files[name] = path.read_bytes()
+        if "config.json" not in files:
+            raise SnapshotError(f"{self.hf_checkpoint}/config.json is missing: a FULL snapshot needs it")
+        return files
+
+    def _write_served_identity(self, identity: str) -> None:
+        if not self.settings.state_dir:
+            return
+        directory = Path(self.settings.state_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".served_identity.")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(identity + "\n")
+        os.replace(tmp, directory / SERVED_IDENTITY_FILE)
+
+    def _write_manifest(self, identity: str, results: list[ShareResult]) -> None:
+        checksums: dict[str, str] = {}
+        for result in results:
+            checksums.update(result.checksums)
+        manifest = {
+            "checksum_format": "adler32",
+            "deployment_id": self.loader.deployment_id,
+            "identity": identity,
+            "run_id": self.settings.run_id,
+            "tensors": dict(sorted(checksums.items())),
+        }
+        try:
+            self.loader.upload_manifest(identity, manifest)
+        except Exception as exc:  # a manifest only helps resume; never fail the step for it
+            log.warning("could not write the manifest of %s: %s", identity, exc)

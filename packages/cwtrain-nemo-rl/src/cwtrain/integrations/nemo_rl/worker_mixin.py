@@ -1,0 +1,121 @@
+"""The publishing half of cwtrain's NeMo-RL policy workers (framework-neutral, needs torch).
+
+:class:`HotLoadWorkerMixin` adds to a policy worker the methods the driver's
+:class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer` calls
+through ``policy.run_all_workers_single_data(...)`` on every rank:
+
+- ``cwtrain_publish_share(plan)`` — iterate the gathering generator (a collective, so
+  every rank must), XOR this rank's share against its served copy on the device, upload
+  it; returns a :class:`~cwtrain.integrations.nemo_rl.publish.ShareResult`.
+- ``cwtrain_commit_share()`` / ``cwtrain_discard_share()`` — after the hot-load
+  completed / failed.
+- ``export_hf_checkpoint(path, ...)`` — the same tensors as an HF checkpoint on disk, for
+  users who want one (rank 0 writes; every rank iterates).
+
+A subclass provides :meth:`cwtrain_params` (the generator) and may override
+:meth:`cwtrain_rank`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cwtrain.hotload.torch import tensor_data
+from cwtrain.integrations.nemo_rl.publish import PublishPlan, RankPublisher, ShareResult
+
+__all__ = ["HotLoadWorkerMixin"]
+
+_FOUR_GIB = 4 << 30
+
+
+class HotLoadWorkerMixin:
+    """Adds hot-load publishing to a NeMo-RL policy worker."""
+
+    _cwtrain_publisher: RankPublisher | None = None
+
+    def cwtrain_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every ``(hf_name, tensor)`` of the model, identical order on every rank."""
+        raise NotImplementedError
+
+    def cwtrain_rank(self) -> tuple[int, int]:
+        """``(rank, world_size)`` from torch.distributed, else ``self.rank`` / 1."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return int(getattr(self, "rank", 0)), int(getattr(self, "world_size", 1))
+
+    def _cwtrain(self) -> RankPublisher:
+        rank, world = self.cwtrain_rank()
+        if self._cwtrain_publisher is None or (self._cwtrain_publisher.rank, self._cwtrain_publisher.world_size) != (
+            rank,
+            world,
+        ):
+            self._cwtrain_publisher = RankPublisher(rank, world)
+        return self._cwtrain_publisher
+
+    def cwtrain_publish_share(self, plan: PublishPlan) -> ShareResult:
+        """Encode and upload this rank's share of the weights (called on every rank)."""
+        return self._cwtrain().publish(self.cwtrain_params(), plan)
+
+    def cwtrain_commit_share(self) -> None:
+        """The hot-load completed: the published weights are now the served copy."""
+        self._cwtrain().commit()
+
+    def cwtrain_discard_share(self) -> None:
+        """The hot-load failed: keep the previous served copy."""
+        self._cwtrain().discard()
+
+    def export_hf_checkpoint(
+        self,
+        path: str,
+        allowed_names: Sequence[str] | None = None,
+        config_dir: str | None = None,
+        shard_bytes: int = _FOUR_GIB,
+        dtypes: dict[str, Any] | None = None,
+    ) -> str | None:
+        """Write the weights as an HF safetensors checkpoint (rank 0 writes, all iterate).
+
+        Args:
+            path: the output directory.
+            allowed_names: only these tensors (default all).
+            config_dir: a directory whose ``*.json`` / tokenizer files are copied beside the shards.
+            shard_bytes: payload limit of one shard (HF-style 1-based names when several).
+            dtypes: tensor name → torch dtype to cast to.
+
+        Returns:
+            ``path`` on rank 0, ``None`` elsewhere.
+        """
+        from cwtrain.hotload.codec import DeltaEncoder
+
+        rank, _ = self.cwtrain_rank()
+        tensors = {}
+        allowed = set(allowed_names) if allowed_names is not None else None
+        for name, tensor in self.cwtrain_params():
+            if allowed is not None and name not in allowed:
+                continue
+            if rank == 0:
+                cast = (dtypes or {}).get(name)
+                value = tensor.to(cast) if cast is not None else tensor
+                tensors[name] = tensor_data(value.detach().to("cpu").contiguous())
+        if rank != 0:
+            return None
+        out = Path(path)
+        if out.exists():
+            raise FileExistsError(f"{out} already exists; export into a new directory")
+        partial = out.with_name(out.name + ".partial")
+        partial.mkdir(parents=True, exist_ok=True)
+        with DeltaEncoder(shard_bytes=shard_bytes) as encoder:
+            snap = encoder.encode_full(tensors)
+        for file in snap.all_files:
+            file.write_to(partial / file.name)
+        if config_dir:
+            for item in Path(config_dir).iterdir():
+                wanted = item.suffix == ".json" or item.name.startswith("tokenizer")
+                if item.is_file() and wanted and item.name != "model.safetensors.index.json":
+                    (partial / item.name).write_bytes(item.read_bytes())
+        os.replace(partial, out)  # all or nothing: a crash leaves only the .partial directory
+        return str(out)

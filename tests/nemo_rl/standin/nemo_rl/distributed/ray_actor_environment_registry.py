@@ -1,0 +1,1 @@
+ACTOR_ENVIRONMENT_REGISTRY: dict[str, str] = {}

@@ -1,0 +1,225 @@
+"""Contract tests of cwtrain-nemo-rl against stand-ins of NeMo-RL v0.7.0's classes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+import torch
+
+from cwtrain.errors import ConfigError, CWTrainError
+from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
+from cwtrain.integrations.rollout import CompletionSampler
+
+ENV = {
+    "CWTRAIN_ROLLOUT_BASE_URL": "http://127.0.0.1:9/v1",
+    "CWTRAIN_ROLLOUT_MODEL": "tiny-model",
+    "CWTRAIN_HOTLOAD_DEPLOYMENT_ID": "dep-1",
+}
+
+
+def _fake_endpoint(requests: list[dict[str, Any]]) -> httpx.MockTransport:
+    """Answers each group: completion i of n is tokens [100+i, 7] (stop) with log-probs -0.5."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        requests.append(body)
+        choices = []
+        for i in range(body["n"]):
+            ids = [100 + i, 7] if body["max_tokens"] >= 2 else [100 + i]
+            choices.append(
+                {
+                    "index": i,
+                    "text": "x" * len(ids),
+                    "finish_reason": "stop" if len(ids) == 2 else "length",
+                    "token_ids": ids,
+                    "prompt_token_ids": body["prompt"],
+                    "logprobs": {"token_logprobs": [-0.5] * len(ids)},
+                }
+            )
+        return httpx.Response(
+            200,
+            json={"choices": choices, "usage": {}},
+            headers={"x-cwtrain-snapshot-identity": "run-v000003"},
+        )
+
+    return httpx.MockTransport(handler)
+
+
+class _Tok:
+    pad_token_id = 0
+    eos_token_id = 2
+
+    def decode(self, ids: Any) -> str:
+        return " ".join(map(str, ids))
+
+
+def _generation(config: dict[str, Any], requests: list[dict[str, Any]]) -> Any:
+    from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
+
+    settings = CoreWeaveConfig.from_generation_config(config, ENV)
+    sampler = CompletionSampler(settings.rollout, transport=_fake_endpoint(requests), tokenizer=_Tok())
+    return CoreWeaveGeneration(config, _Tok(), environ=ENV, sampler=sampler)
+
+
+def test_generation_implements_the_interface_and_lifecycle_calls() -> None:
+    from nemo_rl.models.generation.interfaces import GenerationInterface
+
+    gen = _generation({"max_new_tokens": 4}, [])
+    assert isinstance(gen, GenerationInterface)
+    assert gen.init_collective("1.2.3.4", 1234, 2, train_world_size=2) == []
+    assert gen.prepare_for_generation() is True and gen.finish_generation(tags=["x"]) is True
+    gen.prepare_refit_info({"w": ((2, 2), torch.bfloat16)})
+    assert gen.refit_info == {"w": ((2, 2), torch.bfloat16)}
+    assert gen.dp_openai_server_base_urls == ["http://127.0.0.1:9/v1"]
+    assert gen.weight_synchronizer is None
+    assert gen.shutdown() is True
+
+
+def test_generate_groups_identical_prompts_and_fills_the_output_spec() -> None:
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    requests: list[dict[str, Any]] = []
+    gen = _generation({"max_new_tokens": 4, "temperature": 0.7, "_pad_token_id": 9}, requests)
+    data = BatchedDataDict(
+        {
+            "input_ids": torch.tensor([[5, 6, 0], [5, 6, 0], [8, 0, 0], [5, 6, 0]]),
+            "input_lengths": torch.tensor([2, 2, 1, 2]),
+        }
+    )
+    out = gen.generate(data, greedy=False)
+    assert isinstance(out, BatchedDataDict)
+    assert sorted((r["prompt"], r["n"]) for r in requests) == [([5, 6], 3), ([8], 1)]
+    assert all(r["temperature"] == 0.7 and r["max_tokens"] == 4 for r in requests)
+    assert out["output_ids"].tolist() == [[5, 6, 100, 7], [5, 6, 101, 7], [8, 100, 7, 9], [5, 6, 102, 7]]
+    assert out["generation_lengths"].tolist() == [2, 2, 2, 2]
+    assert out["unpadded_sequence_lengths"].tolist() == [4, 4, 3, 4]
+    assert out["truncated"].tolist() == [False] * 4
+    assert out["logprobs"].dtype == torch.float32
+    assert out["logprobs"][2].tolist() == [0.0, -0.5, -0.5, 0.0]
+    assert out["logprobs"][0].tolist() == [0.0, 0.0, -0.5, -0.5]
+    assert gen.served_identities == ("run-v000003",)
+
+
+def test_greedy_max_model_len_and_stop_strings() -> None:
+    requests: list[dict[str, Any]] = []
+    config = {"max_new_tokens": 50, "stop_strings": ["</s>"], "coreweave_cfg": {"max_model_len": 4}}
+    gen = _generation(config, requests)
+    data = {"input_ids": torch.tensor([[5, 6, 7]]), "input_lengths": torch.tensor([3]), "stop_strings": [["END"]]}
+    out = gen.generate(data, greedy=True)
+    (request,) = requests
+    assert request["temperature"] == 0.0
+    assert request["max_tokens"] == 1  # max(1, min(50, 4 - 3))
+    assert request["stop"] == ["</s>", "END"] and request["include_stop_str_in_output"] is True
+    assert out["truncated"].tolist() == [True]
+
+
+def test_config_keys_beat_variables_and_errors_name_the_key() -> None:
+    config = {"coreweave_cfg": {"model": "from-config", "full_every": 5, "timeout": 30}}
+    env = {
+        **ENV,
+        "CWTRAIN_ROLLOUT_MODEL": "from-env",
+        "CWTRAIN_HOTLOAD_FULL_EVERY": "7",
+        "CWTRAIN_HOTLOAD_TIMEOUT": "99",
+    }
+    settings = CoreWeaveConfig.from_generation_config(config, env)
+    assert settings.rollout.model == "from-config" and settings.hotload.full_every == 5
+    assert settings.hotload.timeout == 30.0  # the request timeout is also the hot-load budget
+    assert settings.rollout.require_logprobs is True
+    assert settings.hotload.run_id.startswith("nemo-rl-")
+    with pytest.raises(ConfigError, match=r"coreweave_cfg\.full_every"):
+        CoreWeaveConfig.from_generation_config({"coreweave_cfg": {"full_every": 65}}, ENV)
+    with pytest.raises(ConfigError, match="unknown key"):
+        CoreWeaveConfig.from_generation_config({"coreweave_cfg": {"basu_url": "x"}}, ENV)
+    with pytest.raises(ConfigError, match="importance_sampling needs temperature 1"):
+        CoreWeaveConfig.from_generation_config(
+            {"temperature": 0.6, "coreweave_cfg": {"importance_sampling": True}}, ENV
+        )
+    with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY='abc'"):
+        CoreWeaveConfig.from_generation_config({}, {**ENV, "CWTRAIN_HOTLOAD_FULL_EVERY": "abc"})
+
+
+def test_refit_rebinding_routes_coreweave_to_the_synchronizer_only() -> None:
+    import nemo_rl.algorithms.grpo as grpo
+
+    from cwtrain.integrations.nemo_rl import install_refit
+    from cwtrain.integrations.nemo_rl.refit import uninstall
+
+    class Sync:
+        calls: ClassVar[list[Any]] = []
+
+        def sync_weights(self, *, timer: Any = None, kv_scales: Any = None) -> dict[str, float]:
+            self.calls.append((timer, kv_scales))
+            return {"hotload/version": 1.0}
+
+    class CoreWeaveLike:
+        weight_synchronizer = Sync()
+
+    class VllmLike:
+        pass
+
+    grpo.CALLS.clear()
+    wrapper = install_refit()
+    try:
+        assert install_refit() is wrapper  # idempotent
+        assert grpo.grpo_train(None, CoreWeaveLike()) == [{"hotload/version": 1.0}]
+        assert Sync.calls == [(None, None)] and grpo.CALLS == []
+        grpo.grpo_train(None, VllmLike())
+        assert grpo.CALLS == ["nemo-rl refit"]
+    finally:
+        uninstall()
+    assert not hasattr(grpo.refit_policy_generation, "__cwtrain_refit__")
+
+
+def test_register_workers_and_worker_classes() -> None:
+    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+    from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
+
+    import cwtrain.integrations.nemo_rl as nemo
+
+    nemo.register_workers()
+    assert ACTOR_ENVIRONMENT_REGISTRY[nemo.DTENSOR_WORKER_FQN] == PY_EXECUTABLES.AUTOMODEL
+    assert ACTOR_ENVIRONMENT_REGISTRY[nemo.MEGATRON_WORKER_FQN] == PY_EXECUTABLES.MCORE
+    module_name, _, attr = nemo.DTENSOR_WORKER_FQN.rpartition(".")
+    import importlib
+
+    from ray.actor import ActorClass
+
+    from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
+
+    worker = getattr(importlib.import_module(module_name), attr)
+    assert isinstance(worker, ActorClass)  # a Ray remote class, as NeMo-RL's own workers
+    impl = worker.__ray_metadata__.modified_class
+    assert issubclass(impl, HotLoadWorkerMixin)
+    assert "DTensorPolicyWorkerV2Impl" in [c.__name__ for c in impl.__mro__]
+    env = nemo.worker_env({"PYTHONPATH": "/x"})
+    assert env["PYTHONPATH"].endswith(":/x")
+    assert any(Path(p, "cwtrain").is_dir() for p in env["PYTHONPATH"].split(":"))
+
+
+def test_patch_helper_refuses_other_versions_and_detects_applied(tmp_path: Path) -> None:
+    from cwtrain.integrations.nemo_rl.patch import apply_patch, patch_text
+
+    assert 'backend == "coreweave"' in patch_text()
+    with pytest.raises(CWTrainError, match=r"NeMo-RL 0\.6\.2 is installed"):
+        apply_patch(tmp_path, installed="0.6.2")
+    grpo = tmp_path / "nemo_rl" / "algorithms" / "grpo.py"
+    grpo.parent.mkdir(parents=True)
+    grpo.write_text("def setup():\n    pass\n")
+    with pytest.raises(CWTrainError, match="does not apply"):
+        apply_patch(tmp_path, installed="0.7.0")
+    grpo.write_text('    elif backend == "coreweave":\n')
+    assert apply_patch(tmp_path, installed="0.7.0") == "already applied"
+
+
+def test_generation_without_nemo_rl_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from cwtrain.integrations.nemo_rl import _nemo
+
+    monkeypatch.setitem(sys.modules, "nemo_rl.models.generation.interfaces", None)
+    with pytest.raises(ImportError, match=r'pip install "cwtrain\[nemo-rl\]"'):
+        _nemo.require("nemo_rl.models.generation.interfaces")
