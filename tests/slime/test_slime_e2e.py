@@ -23,6 +23,7 @@ pytestmark = pytest.mark.e2e
 torch = pytest.importorskip("torch")
 
 RUN = "e2e"
+INDEX = "model.safetensors.index.json"
 EVERY = 3
 
 
@@ -280,3 +281,151 @@ def _unwrap(ref: Any) -> Any:
     if kind == "error":
         raise value
     return value
+
+
+class ThreadCollective:
+    """``world_size`` ranks as threads of this process (the collectives torch.distributed gives slime)."""
+
+    def __init__(self, world_size: int) -> None:
+        import threading
+
+        self.world_size = world_size
+        self._barrier = threading.Barrier(world_size)
+        self._slots: list[Any] = [None] * world_size
+
+    def rank_view(self, rank: int) -> Any:
+        collective = self
+
+        class View:
+            world_size = collective.world_size
+
+            def __init__(self) -> None:
+                self.rank = rank
+
+            def all_gather_object(self, obj: Any) -> list[Any]:
+                collective._barrier.wait()
+                collective._slots[rank] = obj
+                collective._barrier.wait()
+                out = list(collective._slots)
+                collective._barrier.wait()
+                return out
+
+            def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+                return self.all_gather_object(obj)[src]
+
+        return View()
+
+
+def _objects(local: Any, bucket: str, prefix: str) -> dict[str, bytes]:
+    s3 = local.s3_client()
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
+    return {
+        o["Key"].rsplit("/", 1)[1]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+        for o in listed.get("Contents", [])
+    }
+
+
+def test_live_tensor_actor_publishes_the_same_bytes_as_the_directory_path(
+    slime_stubs: Path, tmp_path: Path, stack: Any, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slime.backends.megatron_utils.actor import MegatronTrainRayActor
+    from slime.ray.placement_group import create_training_models
+
+    from cwtrain.integrations.slime import make_actor_cls
+
+    local, target = stack
+    loader = _loader(target.deployment_id)
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_FULL_EVERY", "0")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_MIRROR", "0")
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "dir")
+    run = SimulatedSlime(tmp_path / "dir", "cwtrain.integrations.slime.hook")
+    run.baseline()
+    run.step()
+    run.step()
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "live")
+    actor_cls = make_actor_cls(MegatronTrainRayActor)
+    assert issubclass(actor_cls, MegatronTrainRayActor)
+    args = slime_args(tmp_path / "live", run.hf)
+    actor, critic = create_training_models(args, {}, None, actor_cls=actor_cls)
+    assert critic is None and type(actor) is actor_cls
+    from cwtrain.local.model import load_checkpoint
+
+    actor.weights = load_checkpoint(run.hf)[1]
+    actor.update_weights()  # the baseline: --hf-checkpoint as live-v000000
+    _served_by_both(loader, "live-v000000")
+    for step in (1, 2):
+        actor.weights = _trained(actor.weights, step)
+        actor.update_weights()
+        _served_by_both(loader, f"live-v{step:06d}")
+    assert actor.weight_updater.update_weight_metrics["hotload/incremental"] == 1.0
+
+    for version in (1, 2):
+        expected = _objects(local, target.bucket, f"{target.path_prefix}/dir-v{version:06d}")
+        got = _objects(local, target.bucket, f"{target.path_prefix}/live-v{version:06d}")
+        assert sorted(got) == sorted(expected) and len(got) >= 2
+        for name, data in expected.items():
+            assert got[name] == data.replace(b'"dir-v', b'"live-v'), name
+
+
+def test_every_rank_encodes_its_tensors_and_rank_zero_commits(
+    tmp_path: Path, stack: Any, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import threading
+
+    from cwtrain.integrations.slime import HookConfig
+    from cwtrain.integrations.slime.tensors import TensorPublisher
+    from cwtrain.local.model import load_checkpoint, write_base_checkpoint
+
+    local, target = stack
+    write_base_checkpoint(tmp_path / "hf", seed=0)
+    weights = load_checkpoint(tmp_path / "hf")[1]
+    names = sorted(weights)
+    owned = {0: names[::2], 1: names[1::2]}  # each rank holds half the tensors
+    args = slime_args(tmp_path, tmp_path / "hf")
+    config = HookConfig.from_env(default_run_id="ranks", full_every=3, state_dir=str(tmp_path / "state"))
+    collective = ThreadCollective(2)
+
+    def moved(base: dict[str, Any], which: list[str], by: float) -> dict[str, Any]:
+        return {n: (t.float() + by).to(t.dtype) if n in which else t for n, t in base.items()}
+
+    one = moved(weights, [names[0]], 0.01)  # only rank 0's tensors change
+    two = moved(one, [names[1], names[2]], 0.02)  # both ranks' tensors change
+    steps = [weights, one, two, moved(two, [names[3]], 0.03)]
+    metrics: dict[int, list[Any]] = {0: [], 1: []}
+    errors: list[BaseException] = []
+
+    def rank_main(rank: int) -> None:
+        try:
+            publisher = TensorPublisher(config, collective.rank_view(rank))
+            for step in steps:
+                metrics[rank].append(publisher.publish(args, ((n, step[n]) for n in owned[rank])))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert metrics[1] == [None] * 4 and all(m is not None for m in metrics[0])
+    loader = _loader(target.deployment_id)
+    _served_by_both(loader, "ranks-v000003")
+    delta = _objects(local, target.bucket, f"{target.path_prefix}/ranks-v000002")
+    index = json.loads(delta[INDEX])
+    assert index["metadata"]["base_version"] == "ranks-v000001"
+    assert sorted(set(index["weight_map"].values())) == [
+        "model-00000-of-00002.safetensors",
+        "model-00001-of-00002.safetensors",
+    ]
+    assert set(index["weight_map"]) < set(names)
+    first = json.loads(_objects(local, target.bucket, f"{target.path_prefix}/ranks-v000001")[INDEX])
+    assert set(first["weight_map"].values()) == {"model-00000-of-00001.safetensors"}  # only rank 0 had changes
+    full = _objects(local, target.bucket, f"{target.path_prefix}/ranks-v000003")  # 3 % F == 0: a FULL cut
+    full_index = json.loads(full[INDEX])
+    assert sorted(full_index["weight_map"]) == names
+    assert loader.completed_hot_load("ranks-v000003").previous_identity is None
+    assert loader.read_manifest("ranks-v000003")["tensors"].keys() == set(names)

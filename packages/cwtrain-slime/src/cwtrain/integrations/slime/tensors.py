@@ -25,6 +25,7 @@ or set ``CWTRAIN_HOTLOAD_STATE_DIR``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -120,10 +121,14 @@ def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, Any]:
     with open_checkpoint(hf_checkpoint) as checkpoint:
         for name, tensor in checkpoint.tensors.items():
             if name in wanted:
-                # memoryview() of a file region reads it once into host memory
-                data = (
-                    np.frombuffer(memoryview(tensor.data), dtype=np.uint8) if tensor.nbytes else np.empty(0, np.uint8)
-                )
+                region = tensor.data  # a FileRegion: (fd, offset, nbytes)
+                data = np.empty(tensor.nbytes, dtype=np.uint8)
+                view, done = memoryview(data), 0
+                while done < tensor.nbytes:
+                    got = os.preadv(region.fd, [view[done:]], region.offset + done)
+                    if got <= 0:
+                        raise CWTrainError(f"{hf_checkpoint}: file ended early while reading tensor {name!r}")
+                    done += got
                 out[name] = TensorData(tensor.dtype, tuple(tensor.shape), data)
     return out
 
