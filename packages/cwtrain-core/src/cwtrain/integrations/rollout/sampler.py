@@ -13,6 +13,7 @@ import email.utils
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -145,6 +146,7 @@ class CompletionSampler:
         self._rng = random.Random(seed)
         self._runner = LoopThread()
         self._client: httpx.AsyncClient | None = None
+        self._client_pid = 0
         self._limiter: SequenceLimiter | None = None
         self._dropped: set[str] = set()
         self._text_prompts = not config.token_id_prompts
@@ -183,7 +185,7 @@ class CompletionSampler:
             n: group size, one for all or one per prompt.
             params: sampling settings.
             cache_salt: sent as ``nvext.cache_salt`` (SHA-256 hex when not a valid salt).
-            split: send ``n = 1`` requests with seeds (default: ``config.routed_experts``).
+            split: send ``n`` requests of ``n = 1``, each with a seed (always so with routed experts).
 
         Returns:
             the groups in prompt order, with the batch's metrics.
@@ -231,6 +233,8 @@ class CompletionSampler:
 
     def close(self) -> None:
         """Blocking :meth:`aclose`."""
+        if self._runner.here():
+            raise RolloutError("close() called on the sampler's own loop thread; await aclose()")
         if self._client is not None:
             self._runner.submit(self._close_client()).result(timeout=30)
         self._runner.stop()
@@ -254,7 +258,10 @@ class CompletionSampler:
             await client.aclose()
 
     def _http(self) -> httpx.AsyncClient:
+        if self._client is not None and self._client_pid != os.getpid():
+            self._client = None  # a forked child: the parent's pool and loop are not ours
         if self._client is None:
+            self._client_pid = os.getpid()
             headers = {"Accept": "application/json"}
             if self.config.api_key:
                 headers["Authorization"] = f"Bearer {self.config.api_key}"
@@ -288,7 +295,7 @@ class CompletionSampler:
             raise RolloutError(f"group sizes must be >= 1, got {sizes}")
         self._http()
         salt = as_cache_salt(cache_salt) if cache_salt else None
-        do_split = self.config.routed_experts if split is None else split
+        do_split = self.config.routed_experts or bool(split)  # routes are only returned for n = 1
         stats = _Stats()
         started = time.monotonic()
         try:
