@@ -371,3 +371,33 @@ def test_check_snapshot_access(s3_loader: tuple[HotLoader, Any, str]) -> None:
     loader, s3, bucket = s3_loader
     assert loader.check_snapshot_access() == f"s3://{bucket}/hotload/"
     assert _keys(s3, bucket, "") == []
+
+
+def test_wait_lets_replicas_catch_up_after_completed(
+    loader: HotLoader, fake: FakeAPI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import cwtrain.hotload.loader as loader_module
+
+    hot = loader.trigger("x")
+
+    def replicas(request: httpx.Request) -> httpx.Response:
+        items = json.loads(json.dumps(fake.replicas[hot.id]))
+        items[0]["currentSnapshotIdentity"] = "initial"
+        return httpx.Response(200, json={"replicas": items})
+
+    for _ in range(6):
+        fake.inject("GET", f"/hotLoads/{hot.id}/replicas", replicas)
+    events: list[ProgressEvent] = []
+    assert loader.wait(hot.id, on_progress=events.append).state is HotLoadState.COMPLETED
+    assert events[-1].ready == 2 and any(e.hot_load.terminal and e.ready == 1 for e in events)
+
+    # A replica that never catches up: the aggregate state decides after the grace period.
+    monkeypatch.setattr(loader_module, "_CATCH_UP", 0.05)
+    hot = loader.trigger("y")
+    loader.wait(hot.id)
+    for _ in range(10**3):
+        fake.inject("GET", f"/hotLoads/{hot.id}/replicas", replicas)
+    with caplog.at_level(logging.WARNING):
+        assert loader.wait(hot.id).state is HotLoadState.COMPLETED
+    assert any("1/2 replicas serve 'y'" in r.getMessage() for r in caplog.records)
+    fake.injected.clear()

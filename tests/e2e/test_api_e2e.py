@@ -55,14 +55,16 @@ def _gateway_request(name: str, stack: LocalStack) -> dict[str, Any]:
     }
 
 
-def _deployment_request(name: str, gateway_id: str, stack: LocalStack, prefix: str = "hotload") -> dict[str, Any]:
+def _deployment_request(
+    name: str, gateway_id: str, stack: LocalStack, prefix: str = "hotload", replicas: int = 2
+) -> dict[str, Any]:
     return {
         "name": name,
         "gatewayIds": [gateway_id],
         "runtime": {"engine": "dynamo-vllm", "version": "1.2.3", "engineConfig": {}, "engineEnv": {}},
         "resources": {"instanceType": "CPU_LOCAL", "gpuCount": 1},
         "model": {"name": f"{name}-model", "bucket": stack.bucket, "path": "base/e2e"},
-        "autoscaling": {"min": 2, "max": 2, "concurrency": 64},
+        "autoscaling": {"min": replicas, "max": replicas, "concurrency": 64},
         "traffic": {"weight": 100},
         "hotLoad": {"bucket": stack.bucket, "pathPrefix": prefix, "transitionMode": "TRANSITION_MODE_ASYNC"},
     }
@@ -130,7 +132,9 @@ def test_lost_create_response_yields_exactly_one_deployment(stack: LocalStack, a
     gateway = lifecycle.create_gateway(api, _gateway_request("lost-gw", stack))
     api.sleep = lambda seconds: None
     stack.faults.api.drop_next(1, method="POST", path="/deployments$")
-    dep = lifecycle.create_deployment(api, _deployment_request("lost-dep", gateway.id, stack, prefix="lost"))
+    dep = lifecycle.create_deployment(
+        api, _deployment_request("lost-dep", gateway.id, stack, prefix="lost", replicas=1)
+    )
     assert ("drop", "POST", "/deployments") in [
         (k, m, p.removeprefix("/v1alpha1/inference")) for k, m, p in stack.faults.api.fired
     ]

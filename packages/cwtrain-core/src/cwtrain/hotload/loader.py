@@ -35,7 +35,6 @@ FULL snapshot instead.
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 import os
 import time
@@ -52,10 +51,11 @@ from cwtrain.errors import (
     HotLoadInProgressError,
     HotLoadTimeoutError,
     HotLoadVerificationError,
-    SnapshotConflictError,
     SnapshotError,
 )
+from cwtrain.hotload import manifest
 from cwtrain.hotload.format import MAX_CHAIN_DELTAS, snapshot_prefix, validate_identity
+from cwtrain.hotload.objects import is_missing
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, SnapshotType
@@ -69,6 +69,7 @@ __all__ = ["HotLoadStatus", "HotLoader", "ProgressEvent"]
 log = logging.getLogger(__name__)
 
 _LOG_EVERY = 60.0
+_CATCH_UP = 30.0  # seconds replicas may lag behind a COMPLETED aggregate state
 _INDEX = "model.safetensors.index.json"
 
 
@@ -423,9 +424,10 @@ class HotLoader:
     ) -> HotLoad:
         """Poll until the hot-load ends and every replica serves its identity.
 
-        Returns once the state is COMPLETED and every replica is READY on the identity
-        (if replicas lag after COMPLETED until the budget is spent, the aggregate state
-        decides: a warning, and the hot-load is returned).
+        Returns once the state is COMPLETED and every replica is READY on the identity.
+        The aggregate state decides: replicas still lagging 30 s (or ten polls) after
+        COMPLETED, or when the budget is spent, are logged as a warning and the hot-load
+        is returned (:meth:`verify_served` is the strict check).
 
         Raises:
             HotLoadFailedError: FAILED or CANCELED (unless ``raise_on_failure=False``).
@@ -436,6 +438,7 @@ class HotLoader:
         hot_load: HotLoad = HotLoad(id=hot_load_id)
         replicas: builtins.list[HotLoadReplica] = []
         last_summary, last_log = "", 0.0
+        completed_at: float | None = None
         while True:
             try:
                 hot_load = self.client.get_hot_load(hot_load_id)
@@ -460,7 +463,8 @@ class HotLoader:
                 if hot_load.state is HotLoadState.COMPLETED:
                     if event.ready == event.total:
                         return hot_load
-                    if budget.remaining <= 0:
+                    completed_at = budget.elapsed if completed_at is None else completed_at
+                    if budget.remaining <= 0 or budget.elapsed - completed_at >= max(_CATCH_UP, 10 * interval):
                         log.warning(
                             "hot-load %s COMPLETED but %d/%d replicas serve %r",
                             hot_load.id,
@@ -533,11 +537,13 @@ class HotLoader:
         return self.wait(hot_load.id, timeout=budget.remaining) if wait else hot_load
 
     def _index_exists(self, identity: str) -> bool:
+        from botocore.exceptions import ClientError
+
         key = f"{snapshot_prefix(self._prefix, identity)}/{_INDEX}"
         try:
             self.s3.head_object(Bucket=self._bucket, Key=key)
-        except Exception as exc:
-            if _s3_code(exc) in ("404", "NoSuchKey", "NotFound"):
+        except ClientError as exc:
+            if is_missing(exc):
                 return False
             raise
         return True
@@ -654,64 +660,19 @@ class HotLoader:
 
     def manifest_key(self, identity: str) -> str:
         """``P/_manifests/<identity>.json`` (snapshot-format.md section 8.1)."""
-        validate_identity(identity)
-        return f"{self._prefix}/_manifests/{identity}.json" if self._prefix else f"_manifests/{identity}.json"
+        return manifest.manifest_key(self._prefix, identity)
 
-    def upload_manifest(self, identity: str, manifest: Mapping[str, Any]) -> str:
+    def upload_manifest(self, identity: str, manifest_json: Mapping[str, Any]) -> str:
         """Write the manifest create-only (identical content already there is success); returns its URI.
 
         Raises:
             SnapshotConflictError: another manifest is stored under this identity.
         """
-        key = self.manifest_key(identity)
-        body = manifest_bytes(manifest)
-        uri = f"s3://{self._bucket}/{key}"
-        try:
-            self.s3.put_object(Bucket=self._bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*")
-            return uri
-        except Exception as exc:
-            code = _s3_code(exc)
-            if code in ("501", "NotImplemented") and self.read_manifest(identity) is None:
-                # A store without conditional writes: check, then write.
-                self.s3.put_object(Bucket=self._bucket, Key=key, Body=body, ContentType="application/json")
-                return uri
-            if code not in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict", "501", "NotImplemented"):
-                raise
-        existing = self.read_manifest(identity)
-        if existing is not None and manifest_bytes(existing) == body:
-            return uri
-        raise SnapshotConflictError(identity, [f"{key} (a different manifest)"])
+        return manifest.write_manifest(self.s3, self._bucket, self._prefix, identity, manifest_json)
 
     def read_manifest(self, identity: str) -> dict[str, Any] | None:
         """The manifest of ``identity``, or ``None`` when absent."""
-        key = self.manifest_key(identity)
-        try:
-            response = self.s3.get_object(Bucket=self._bucket, Key=key)
-        except Exception as exc:
-            if _s3_code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-        value = json.loads(response["Body"].read())
-        if not isinstance(value, dict):
-            raise SnapshotError(f"manifest s3://{self._bucket}/{key} is not a JSON object")
-        return value
-
-
-def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
-    """A manifest's bytes: JSON, sorted keys, one per line, no indentation."""
-    return json.dumps(dict(manifest), sort_keys=True, indent=0).encode("utf-8")
-
-
-def _s3_code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        error = response.get("Error") or {}
-        code = str(error.get("Code") or "")
-        status = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
-        if code:
-            return code if code not in ("", "None") else status
-        return status
-    return ""
+        return manifest.read_manifest(self.s3, self._bucket, self._prefix, identity)
 
 
 def _info_type(info: Any) -> SnapshotType:

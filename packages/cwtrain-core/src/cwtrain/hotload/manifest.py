@@ -1,0 +1,84 @@
+"""Snapshot manifests: ``P/_manifests/<identity>.json`` (snapshot-format.md section 8.1).
+
+A manifest records the Adler-32 of every tensor of the full weights at an identity, so a
+resumed baseline or a re-activated identity can be proven to hold the trainer's exact
+weights. The API never reads it. Written create-only (``If-None-Match: *``; identical
+content already there counts as success), JSON with sorted keys, one per line, no
+indentation; ``HotLoader.upload_manifest`` / ``read_manifest`` are the usual entry points::
+
+    write_manifest(s3, "weights", "hotload", "run1-v000012", {"identity": "run1-v000012", ...})
+    read_manifest(s3, "weights", "hotload", "run1-v000012")   # dict, or None when absent
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from cwtrain.errors import SnapshotConflictError, SnapshotError
+from cwtrain.hotload.format import validate_identity
+from cwtrain.hotload.objects import error_code, http_status, is_missing
+
+__all__ = ["manifest_bytes", "manifest_key", "read_manifest", "write_manifest"]
+
+_EXISTS = ("PreconditionFailed", "ConditionalRequestConflict")
+_UNSUPPORTED = ("NotImplemented",)
+
+
+def manifest_key(path_prefix: str, identity: str) -> str:
+    """``P/_manifests/<identity>.json`` (``_manifests/<identity>.json`` when ``P`` is empty)."""
+    validate_identity(identity)
+    prefix = (path_prefix or "").strip("/")
+    return f"{prefix}/_manifests/{identity}.json" if prefix else f"_manifests/{identity}.json"
+
+
+def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
+    """A manifest's bytes: JSON, sorted keys, one per line, no indentation."""
+    return json.dumps(dict(manifest), sort_keys=True, indent=0).encode("utf-8")
+
+
+def read_manifest(s3: Any, bucket: str, path_prefix: str, identity: str) -> dict[str, Any] | None:
+    """The manifest of ``identity``, or ``None`` when absent (other store errors raise)."""
+    from botocore.exceptions import ClientError
+
+    key = manifest_key(path_prefix, identity)
+    try:
+        response = s3.get_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if is_missing(exc):
+            return None
+        raise
+    value = json.loads(response["Body"].read())
+    if not isinstance(value, dict):
+        raise SnapshotError(f"manifest s3://{bucket}/{key} is not a JSON object")
+    return value
+
+
+def write_manifest(s3: Any, bucket: str, path_prefix: str, identity: str, manifest: Mapping[str, Any]) -> str:
+    """Write the manifest create-only; returns its ``s3://`` URI.
+
+    Raises:
+        SnapshotConflictError: a different manifest is stored under this identity.
+    """
+    from botocore.exceptions import ClientError
+
+    key = manifest_key(path_prefix, identity)
+    body = manifest_bytes(manifest)
+    uri = f"s3://{bucket}/{key}"
+    try:
+        s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*")
+        return uri
+    except ClientError as exc:
+        code, status = error_code(exc), http_status(exc)
+        unsupported = code in _UNSUPPORTED or status == 501
+        if unsupported and read_manifest(s3, bucket, path_prefix, identity) is None:
+            # A store without conditional writes: checked absent, then written.
+            s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+            return uri
+        if not (unsupported or code in _EXISTS or status in (409, 412)):
+            raise
+    existing = read_manifest(s3, bucket, path_prefix, identity)
+    if existing is not None and manifest_bytes(existing) == body:
+        return uri
+    raise SnapshotConflictError(identity, [f"{key} (a different manifest)"])
