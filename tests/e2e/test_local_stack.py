@@ -188,3 +188,16 @@ def test_cold_replicas_replay_the_chain(world: World) -> None:
         time.sleep(0.1)
     assert any("--peer" not in s.process.argv for s in slots if s.process is not None)  # a cold replay
     world.assert_serves("run-v000002")
+
+
+def test_client_survives_a_dropped_create_and_failing_reads(world: World) -> None:
+    faults = world.stack.faults.api
+    world.publish("run-v000003", _bump(world.weights["run-v000002"], 5), "run-v000002")
+    faults.drop_next(1, method="POST", path=r"^/hotLoads$")  # created, but the answer is lost
+    faults.fail_next(2, code="unavailable", method="GET", path=r"^/hotLoads/[^/]+$")
+    done = world.hot_load("run-v000003", "run-v000002")
+    assert done.state is HotLoadState.COMPLETED
+    assert ("drop", "POST", "/hotLoads") in faults.fired and faults.pending() == []
+    mine = [h for h in world.client.list_hot_loads(world.target.deployment_id) if h.identity == "run-v000003"]
+    assert len(mine) == 1  # the retry adopted the hot-load the lost answer had created
+    world.assert_serves("run-v000003")
