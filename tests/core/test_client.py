@@ -446,3 +446,15 @@ def test_context_manager_closes() -> None:
         api.get_gateway_parameters()
     with pytest.raises(RuntimeError):
         api.get_gateway_parameters()
+
+
+def test_verify_accepts_a_ca_bundle_path_and_insecure_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import certifi
+
+    api = InferenceClient(TOKEN, verify=certifi.where())
+    api.close()
+    with pytest.raises(OSError):
+        InferenceClient(TOKEN, verify="/nonexistent/ca.pem")
+    monkeypatch.setenv("CWTRAIN_API_INSECURE", "maybe")
+    with pytest.raises(ConfigError, match="CWTRAIN_API_INSECURE"):
+        InferenceClient(TOKEN)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -243,12 +244,13 @@ class InferenceClient:
         if verify is True and env_bool("CWTRAIN_API_INSECURE", False, environ):
             log.warning("CWTRAIN_API_INSECURE is set: TLS certificates of the API are not verified")
             verify = False
+        tls: bool | ssl.SSLContext = verify if isinstance(verify, bool) else ssl.create_default_context(cafile=verify)
         self._http = httpx.Client(
             base_url=self.base_url + API_PATH,
             headers=all_headers,
             timeout=timeout,
             transport=transport,
-            verify=verify,
+            verify=tls,
         )
 
     # ------------------------------------------------------------------ plumbing
