@@ -236,3 +236,9 @@ def test_with_nvext_merges() -> None:
     assert out["nvext"] == {"extra_fields": ["a", "routed_experts"], "cache_salt": hashlib.sha256(b"s/1").hexdigest()}
     assert body == {"model": "m", "nvext": {"extra_fields": ["a"]}}
     assert "nvext" not in nvext.with_nvext({"model": "m"})
+
+
+def test_routed_experts_from_the_environment() -> None:
+    assert RolloutConfig.from_env(dict(BASE, CWTRAIN_ROLLOUT_ROUTED_EXPERTS="yes")).routed_experts is True
+    with pytest.raises(TypeError, match="no field"):
+        RolloutConfig.from_env(BASE, bogus=1)

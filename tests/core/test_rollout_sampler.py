@@ -451,3 +451,57 @@ def test_errors_name_no_secret_and_repr_hides_the_key() -> None:
     ):
         sampler.sample_groups_sync([[1]], 1, PARAMS)
     assert seen == ["Bearer sk-very-secret"] and "sk-very-secret" not in str(info.value)
+
+
+def test_refusals_pickle_with_their_fields() -> None:
+    import pickle
+
+    refuse = make(lambda r: httpx.Response(403, text="forbidden"), max_attempts=1)
+    with refuse as sampler, pytest.raises(RolloutError) as info:
+        sampler.sample_groups_sync([[1]], 1, PARAMS)
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert type(copy) is type(info.value) and str(copy) == str(info.value)
+    assert isinstance(copy, RolloutError) and copy.__dict__ == info.value.__dict__
+
+
+def test_many_groups_refused_at_once_settle_on_text_once(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeEndpoint(shape="tokens")
+    probes = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        await asyncio.sleep(0.005)
+        if isinstance(body["prompt"], list):
+            probes.append(1)
+            return httpx.Response(400, text="prompt token ids are not accepted")
+        return fake(request)
+
+    caplog.set_level(logging.WARNING, "cwtrain.integrations.rollout")
+    prompts = [_prompt((i,), f"p{i}") for i in range(12)]
+    with make(handler, concurrency=4) as sampler:
+        batch = sampler.sample_groups_sync(prompts, 2, PARAMS)
+        later = sampler.sample_groups_sync(prompts[:3], 2, PARAMS)
+    assert len(batch) == 12 and len(later) == 3
+    assert 1 <= len(probes) <= 4  # only the first wave in flight probes with ids
+    assert sum("token-id prompt" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_retry_after_http_date() -> None:
+    import email.utils
+    import time
+
+    from cwtrain.integrations.rollout.sampler import _retry_after
+
+    assert _retry_after("3") == 3.0
+    assert _retry_after("soon") is None and _retry_after(None) is None
+    when = email.utils.formatdate(time.time() + 20, usegmt=True)
+    assert 15 < (_retry_after(when) or 0) <= 20
+
+
+def test_async_sample_group() -> None:
+    fake = FakeEndpoint()
+    with make(fake) as sampler:
+        group = asyncio.run(sampler.sample_group("hi", 3, PARAMS))
+    assert [c.index for c in group] == [0, 1, 2]
+    assert fake.bodies[0]["prompt"] == "hi" and fake.bodies[0]["add_special_tokens"] is False
+    assert group[0].prompt_ids == (ord("h"), ord("i"))  # from the returned prompt_token_ids
