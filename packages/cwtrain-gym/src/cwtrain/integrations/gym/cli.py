@@ -83,6 +83,9 @@ def register(subparsers: Any) -> None:
     ev.add_argument(
         "--server-timeout", type=_positive_float, default=900.0, help="seconds for Gym's servers to start (900)"
     )
+    ev.add_argument(
+        "--poll-interval", type=_positive_float, default=10.0, help="seconds between deployment status polls (10)"
+    )
     ev.set_defaults(func=_eval)
 
 
@@ -146,6 +149,7 @@ def _run(args: argparse.Namespace, request: dict[str, Any]) -> Any:
             keep=args.keep,
             ready_timeout=args.timeout,
             delete_timeout=args.delete_timeout,
+            poll_interval=args.poll_interval,
             collector=GymCLICollector(server_timeout=args.server_timeout),
             source=str(args.request),
         )
