@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +77,20 @@ class ReplicaProcess:
         argv: the full command line.
         env: its environment.
         log_path: file receiving its stdout and stderr.
+        on_change: called (from the monitor thread) when ``/health`` changes state or identity.
     """
 
-    def __init__(self, name: str, port: int, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.name = name
+        self.on_change = on_change
         self.port = port
         self.argv = list(argv)
         self.env = dict(env)
@@ -238,8 +248,15 @@ class ReplicaProcess:
         return True
 
     def _watch(self) -> None:
+        seen: tuple[Any, ...] = ()
         while not self._stop.is_set():
             health = self.poll_health()
+            now = (
+                (None,) if health is None else (health.get("state"), health.get("identity"), health.get("hot_load_id"))
+            )
+            if now != seen and self.on_change is not None:
+                self.on_change()
+            seen = now
             busy = health is None or health.get("state") in ("UPDATING", "PENDING_UPDATE")
             if not busy:
                 self.fast.clear()

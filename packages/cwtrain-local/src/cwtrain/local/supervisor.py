@@ -259,7 +259,11 @@ class Supervisor:
         env.setdefault("MKL_NUM_THREADS", "1")
         log_path = self.workdir / f"replica-{slot.name}-{slot.generation}.log"
         log.info("starting replica %s on port %d%s", slot.name, port, f" (copying from {peer})" if peer else "")
-        return ReplicaProcess(slot.name, port, argv, env, log_path)
+        return ReplicaProcess(slot.name, port, argv, env, log_path, on_change=self._notify)
+
+    def _notify(self) -> None:
+        with self.state.lock:
+            self.state.changed.notify_all()
 
     def _catch_up(self, deployment: DeploymentRecord, slots: list[Slot]) -> None:
         """Bring a cold replica to the deployment's current identity (no hot-load active)."""
