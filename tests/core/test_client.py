@@ -107,6 +107,13 @@ def test_extra_headers_from_env_replace_authorization(monkeypatch: pytest.Monkey
     assert seen[0].headers["X-Org"] == "7"
 
 
+def test_headers_alone_need_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CWTRAIN_API_HEADERS", '{"X-Api-Key": "abc"}')
+    transport, seen = _recording([httpx.Response(200, json={})])
+    InferenceClient(transport=transport).get_gateway_parameters()
+    assert "Authorization" not in seen[0].headers and seen[0].headers["X-Api-Key"] == "abc"
+
+
 def test_bad_headers_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CWTRAIN_API_HEADERS", "[1, 2]")
     with pytest.raises(ConfigError, match="CWTRAIN_API_HEADERS"):

@@ -247,3 +247,14 @@ def test_no_endpoint_gives_null_base_url() -> None:
     api = fake.client()
     dep = api.get_deployment(fake.add_deployment())
     assert lifecycle.deployment_base_url(api, dep) is None
+
+
+def test_delete_answered_404_while_get_finds_it_is_an_error() -> None:
+    fake = FakeAPI()
+    did = fake.add_deployment()
+    fake.inject("DELETE", f"/deployments/{did}", error_response(405, None, "method not allowed"))
+    with pytest.raises(LifecycleError, match="but GET still finds it"):
+        lifecycle.delete_deployment(fake.client(), did, timeout=1, poll_interval=0.01)
+    fake.inject("DELETE", f"/deployments/{did}", error_response(404, "not_found", "no route"))
+    with pytest.raises(LifecycleError, match="but GET still finds it"):
+        lifecycle.delete_deployment(fake.client(), did, timeout=1, poll_interval=0.01)

@@ -227,10 +227,10 @@ class InferenceClient:
         self.backoff_max = 8.0
         resolved = (token or "").strip() or token_from_env(environ)
         extra = {str(k): str(v) for k, v in headers.items()} if headers is not None else _headers_from_env(environ)
-        if not resolved and not any(k.lower() == "authorization" for k in extra):
+        if not resolved and not extra:
             raise ConfigError(
                 "no API token: pass --token or set COREWEAVE_API_TOKEN (or CW_API_TOKEN); "
-                "CWTRAIN_API_HEADERS may supply an Authorization header instead"
+                "or give the headers to send in CWTRAIN_API_HEADERS"
             )
         # Values long enough to be secrets (masking one-letter values would garble every message).
         self._secrets = [v for v in (resolved or "", *extra.values()) if len(v) >= 8]

@@ -303,16 +303,22 @@ def _delete(
                 send()
                 accepted = True
                 log.info("%s %s: delete accepted; waiting until it is gone", kind, resource_id)
-            except NotFoundError:
-                return not first  # NOT_FOUND on the first DELETE: nothing existed
-            except FailedPreconditionError as error:
-                if not retry_precondition:
-                    raise
-                log.info("%s %s: %s; retrying the delete", kind, resource_id, error)
             except APIError as error:
-                if not error.transient:
+                if isinstance(error, NotFoundError) or error.http_status == 405:
+                    # A 404/405 on DELETE is success only if GET agrees the resource is gone.
+                    try:
+                        get()
+                    except NotFoundError:
+                        return not first  # NOT_FOUND on the first DELETE: nothing existed
+                    raise LifecycleError(
+                        f"DELETE of {kind} {resource_id} answered {error}, but GET still finds it"
+                    ) from None
+                if isinstance(error, FailedPreconditionError) and retry_precondition:
+                    log.info("%s %s: %s; retrying the delete", kind, resource_id, error)
+                elif error.transient:
+                    log.warning("%s %s: transient error on delete (%s); re-sending", kind, resource_id, error)
+                else:
                     raise
-                log.warning("%s %s: transient error on delete (%s); re-sending", kind, resource_id, error)
             first = False
         if accepted:
             try:
