@@ -57,7 +57,7 @@ class ReplicaProcess:
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
-    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+    def wait_ready(self, timeout: float = 180.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

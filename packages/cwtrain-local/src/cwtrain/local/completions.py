@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from cwtrain.local.model import GeneratedSequence, TinyLM
 
-__all__ = ["CompletionError", "complete", "error_body", "models_body"]
+__all__ = ["CompletionError", "Generate", "complete", "error_body", "models_body"]
 
 _MAX_STOP = 4
 #: The fake MoE routes reported for ``nvext.extra_fields: ["routed_experts"]``: per row, per layer.
@@ -160,8 +160,15 @@ def _routes(prompt: Sequence[int], completion: Sequence[int], layers: int) -> di
     }
 
 
-def complete(body: Any, lm: TinyLM, *, identity: str, model: str) -> dict[str, Any]:
+#: ``generate(lm, prompt_ids, n, seed, sampling) -> sequences``: how :func:`complete` samples.
+Generate = Callable[[TinyLM, list[int], int, "int | None", dict[str, Any]], list[GeneratedSequence]]
+
+
+def complete(body: Any, lm: TinyLM, *, identity: str, model: str, generate: Generate | None = None) -> dict[str, Any]:
     """Answer one completions request with ``lm`` (serving ``identity``).
+
+    ``generate`` replaces ``lm.generate`` (a replica passes its batcher, which merges
+    concurrent requests for the same prompt and settings).
 
     Raises:
         CompletionError: The request is invalid (400) or names another model (404).
@@ -201,24 +208,25 @@ def complete(body: Any, lm: TinyLM, *, identity: str, model: str) -> dict[str, A
     return_ids = bool(body.get("return_token_ids"))
     as_ids = bool(body.get("return_tokens_as_token_ids"))
 
+    sampling: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k if top_k > 0 else 0,
+        "stop_token_ids": tuple(stop_ids),
+        "stop": tuple(stops),
+        "include_stop_str_in_output": bool(body.get("include_stop_str_in_output")),
+        "ignore_eos": bool(body.get("ignore_eos")),
+        "top_logprobs": k_logprobs or 0,
+    }
     choices: list[dict[str, Any]] = []
     prompt_tokens = completion_tokens = 0
     for p_index, prompt in enumerate(prompts):
         try:
-            seqs = lm.generate(
-                prompt,
-                n=n,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k if top_k > 0 else 0,
-                seed=seed,
-                stop_token_ids=stop_ids,
-                stop=stops,
-                include_stop_str_in_output=bool(body.get("include_stop_str_in_output")),
-                ignore_eos=bool(body.get("ignore_eos")),
-                top_logprobs=k_logprobs or 0,
-            )
+            if generate is None:
+                seqs = lm.generate(prompt, n=n, seed=seed, **sampling)
+            else:
+                seqs = generate(lm, prompt, n, seed, sampling)
         except ValueError as exc:
             raise CompletionError(str(exc)) from exc
         prompt_tokens += len(prompt)

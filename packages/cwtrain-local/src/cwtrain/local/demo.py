@@ -82,6 +82,8 @@ class StepRecord:
     replicas_serving: int
     served_identities: list[str] = field(default_factory=list)
     logprob_gap: float | None = None
+    rollout_seconds: float = 0.0
+    train_seconds: float = 0.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +171,8 @@ class _Display:
         self.say(
             f"step {rec.step:>3}/{self.total}  reward {reward} {bar}  {rec.snapshot_type:<11} "
             f"{_kib(rec.snapshot_bytes)}  publish {rec.publish_seconds * 1000:6.0f} ms  "
-            f"hot-load {rec.hot_load_seconds * 1000:6.0f} ms  serving {rec.identity} on {rec.replicas_serving}"
+            f"hot-load {rec.hot_load_seconds * 1000:5.0f} ms  rollout {rec.rollout_seconds * 1000:5.0f} ms  "
+            f"train {rec.train_seconds * 1000:4.0f} ms  serving {rec.identity} on {rec.replicas_serving}"
         )
 
 
@@ -260,7 +263,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 mean_reward: float | None = None
                 gap: float | None = None
                 seen: list[str] = []
+                t_rollout = t_train = 0.0
                 if step > 0:
+                    t_start = time.monotonic()
                     prompts = task.prompts(config.prompts_per_step)
                     batch = sampler.sample_groups_sync(
                         [ids for _, ids in prompts], config.group_size, params, split=not config.group_requests
@@ -273,7 +278,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                         ]
                         for (kind, _), group in zip(prompts, batch.groups)
                     ]
+                    t_rollout = time.monotonic() - t_start
                     stats = trainer.step(groups, config.max_tokens)
+                    t_train = time.monotonic() - t_start - t_rollout
                     mean_reward = stats.mean_reward
                     gap = None if stats.logprob_gap != stats.logprob_gap else stats.logprob_gap
                 new = trainer.served_weights()
@@ -281,7 +288,11 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 full = served is None or (config.full_every > 0 and step % config.full_every == 0)
                 changed = len(new) if full else sum(1 for k in new if not torch.equal(new[k], served[k]))  # type: ignore[index]
                 if not full and changed == 0:
-                    records.append(StepRecord(step, identity, "SKIPPED", mean_reward, 0, 0, 0.0, 0.0, 0, seen, gap))
+                    records.append(
+                        StepRecord(
+                            step, identity, "SKIPPED", mean_reward, 0, 0, 0.0, 0.0, 0, seen, gap, t_rollout, t_train
+                        )
+                    )
                     display.row(records[-1])
                     continue
                 t0 = time.monotonic()
@@ -311,6 +322,8 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                     len(replicas),
                     seen,
                     gap,
+                    t_rollout,
+                    t_train,
                 )
                 records.append(rec)
                 display.row(rec)
@@ -352,6 +365,10 @@ def _summary(
         "median_publish_seconds": statistics.median(r.publish_seconds for r in published) if published else None,
         "median_hot_load_seconds": statistics.median(r.hot_load_seconds for r in published) if published else None,
         "max_hot_load_seconds": max((r.hot_load_seconds for r in published), default=None),
+        "median_rollout_seconds": statistics.median(r.rollout_seconds for r in records[1:])
+        if len(records) > 1
+        else None,
+        "median_train_seconds": statistics.median(r.train_seconds for r in records[1:]) if len(records) > 1 else None,
         "final_identity": published[-1].identity if published else "initial",
         "every_replica_served_every_version": all(r.replicas_serving == config.replicas for r in published),
         "rollouts_served_by_latest": all(
@@ -382,6 +399,10 @@ def _print_summary(summary: dict[str, Any], stream: TextIO) -> None:
         ),
         ("median publish", ms(summary["median_publish_seconds"])),
         ("median hot-load (all replicas)", ms(summary["median_hot_load_seconds"])),
+        (
+            "median rollout / train per step",
+            f"{ms(summary['median_rollout_seconds'])} / {ms(summary['median_train_seconds'])}",
+        ),
         ("final identity", summary["final_identity"]),
         ("every replica on every version", "yes" if summary["every_replica_served_every_version"] else "NO"),
         ("rollouts from the latest version", "yes" if summary["rollouts_served_by_latest"] else "NO"),

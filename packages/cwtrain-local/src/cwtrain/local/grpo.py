@@ -103,17 +103,32 @@ class GRPOTrainer:
             r = torch.tensor([item[2] for item in group], dtype=torch.float32)
             rewards.extend(r.tolist())
             adv = (r - r.mean()) / (r.std(unbiased=False) + 1e-4) if len(group) > 1 else torch.zeros_like(r)
-            for (prompt, completion, _, rollout_lp), a in zip(group, adv.tolist()):
-                if not completion:
-                    continue
-                ids = torch.tensor([list(prompt) + list(completion)], dtype=torch.long)
-                logp = torch.log_softmax(forward(self.params, ids[:, :-1], self.config), dim=-1)[0, len(prompt) - 1 :]
-                token_lp = logp.gather(1, ids[0, len(prompt) :, None])[:, 0]
-                tokens += len(completion)
-                if rollout_lp is not None and len(rollout_lp) == len(completion):
-                    gaps.extend((token_lp.detach() - torch.tensor(list(rollout_lp))).abs().tolist())
-                if a != 0.0:
-                    loss = loss - a * scale * token_lp.sum()
+            # one batched forward per prompt length (a GRPO group shares its prompt)
+            by_prompt: dict[tuple[int, ...], list[int]] = {}
+            for i, item in enumerate(group):
+                if item[1]:
+                    by_prompt.setdefault(tuple(item[0]), []).append(i)
+            for prompt, rows in by_prompt.items():
+                width = max(len(group[i][1]) for i in rows)
+                ids = torch.zeros((len(rows), len(prompt) + width), dtype=torch.long)
+                mask = torch.zeros((len(rows), width))
+                for row, i in enumerate(rows):
+                    completion = list(group[i][1])
+                    ids[row, : len(prompt)] = torch.tensor(prompt)
+                    ids[row, len(prompt) : len(prompt) + len(completion)] = torch.tensor(completion)
+                    mask[row, : len(completion)] = 1.0
+                logp = torch.log_softmax(forward(self.params, ids[:, :-1], self.config), dim=-1)[:, len(prompt) - 1 :]
+                token_lp = logp.gather(2, ids[:, len(prompt) :, None])[..., 0] * mask
+                tokens += int(mask.sum())
+                for row, i in enumerate(rows):
+                    rollout_lp = group[i][3]
+                    n_tok = len(group[i][1])
+                    if rollout_lp is not None and len(rollout_lp) == n_tok:
+                        diff = token_lp[row, :n_tok].detach() - torch.tensor(list(rollout_lp))
+                        gaps.extend(diff.abs().tolist())
+                weights = adv[rows] * scale
+                if bool((weights != 0).any()):
+                    loss = loss - (weights[:, None] * token_lp).sum()
         self.optimizer.zero_grad(set_to_none=True)
         if loss.requires_grad:
             loss.backward()

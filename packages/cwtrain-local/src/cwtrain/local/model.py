@@ -377,37 +377,79 @@ class TinyLM:
         Returns:
             One :class:`GeneratedSequence` per sequence, in order.
         """
+        return self.generate_many(
+            prompt_ids,
+            [(n, seed)],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_token_ids=stop_token_ids,
+            stop=stop,
+            include_stop_str_in_output=include_stop_str_in_output,
+            ignore_eos=ignore_eos,
+            top_logprobs=top_logprobs,
+        )[0]
+
+    @torch.inference_mode()
+    def generate_many(
+        self,
+        prompt_ids: Sequence[int],
+        requests: Sequence[tuple[int, int | None]],
+        *,
+        max_tokens: int = 16,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        include_stop_str_in_output: bool = False,
+        ignore_eos: bool = False,
+        top_logprobs: int = 0,
+    ) -> list[list[GeneratedSequence]]:
+        """Several requests for one prompt and the same settings, run as one batch.
+
+        Each request ``(n, seed)`` samples its own rows with its own generator, so its
+        tokens are the same as from :meth:`generate` alone (batching changes nothing but
+        the speed). Other arguments as in :meth:`generate`.
+        """
         cfg = self.config
         if not prompt_ids:
             raise ValueError("the prompt is empty; send at least one token")
         if any(not 0 <= t < cfg.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {cfg.vocab_size})")
-        if n < 1 or max_tokens < 0:
+        if not requests or any(n < 1 for n, _ in requests) or max_tokens < 0:
             raise ValueError("n must be >= 1 and max_tokens >= 0")
         if len(prompt_ids) + max_tokens > cfg.max_position_embeddings:
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context of {cfg.max_position_embeddings} tokens"
             )
-        gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(7), "little"))
-        ids = torch.tensor([list(prompt_ids)] * n, dtype=torch.long)
-        out_ids: list[list[int]] = [[] for _ in range(n)]
-        out_lp: list[list[float]] = [[] for _ in range(n)]
-        out_top: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
+        slices: list[tuple[slice, torch.Generator]] = []
+        start = 0
+        for n, seed in requests:
+            seed = seed if seed is not None else int.from_bytes(os.urandom(7), "little")
+            slices.append((slice(start, start + n), torch.Generator().manual_seed(seed)))
+            start += n
+        rows = start
+        ids = torch.tensor([list(prompt_ids)] * rows, dtype=torch.long)
+        out_ids: list[list[int]] = [[] for _ in range(rows)]
+        out_lp: list[list[float]] = [[] for _ in range(rows)]
+        out_top: list[list[list[tuple[int, float]]]] = [[] for _ in range(rows)]
         k_top = min(max(top_logprobs, 0), cfg.vocab_size)
-        texts = [""] * n
-        finish: list[tuple[str, int | str | None] | None] = [None] * n
+        texts = [""] * rows
+        finish: list[tuple[str, int | str | None] | None] = [None] * rows
         stop_set = set(stop_token_ids)
         for _ in range(max_tokens):
             if all(f is not None for f in finish):
                 break
             logits = forward(self._params, ids, cfg)[:, -1, :]
             logp = torch.log_softmax(logits, dim=-1)
-            nxt = _sample(logits, temperature, top_p, top_k, gen)
+            nxt = torch.cat([_sample(logits[part], temperature, top_p, top_k, gen) for part, gen in slices])
             chosen = logp.gather(1, nxt[:, None])[:, 0]
             top = torch.topk(logp, k_top, dim=-1) if k_top else None
             ids = torch.cat([ids, nxt[:, None]], dim=1)
-            for j in range(n):
+            for j in range(rows):
                 if finish[j] is not None:
                     continue
                 tok = int(nxt[j])
@@ -430,10 +472,10 @@ class TinyLM:
                         finish[j] = ("stop", s)
                         break
         results = []
-        for j in range(n):
+        for j in range(rows):
             reason, stop_reason = finish[j] or ("length", None)
             results.append(GeneratedSequence(out_ids[j], out_lp[j], reason, stop_reason, texts[j], out_top[j]))
-        return results
+        return [results[part] for part, _ in slices]
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen: torch.Generator) -> torch.Tensor:

@@ -42,10 +42,12 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cwtrain.local.completions import CompletionError, complete, error_body, models_body
+from cwtrain.local.model import GeneratedSequence, TinyLM
 from cwtrain.local.snapshots import (
     ChainLink,
     ServedWeights,
@@ -55,10 +57,85 @@ from cwtrain.local.snapshots import (
     weights_file,
 )
 
-__all__ = ["IDENTITY_HEADER", "Replica", "main"]
+__all__ = ["IDENTITY_HEADER", "Batcher", "Replica", "main"]
 
 IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
 log = logging.getLogger("cwtrain.local.replica")
+
+
+@dataclass
+class _Job:
+    lm: TinyLM
+    prompt: list[int]
+    n: int
+    seed: int | None
+    sampling: dict[str, Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: list[GeneratedSequence] | None = None
+    error: BaseException | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        return (id(self.lm), tuple(self.prompt), tuple(sorted(self.sampling.items())))
+
+
+class Batcher:
+    """Runs generation on one thread, merging queued requests that share prompt and settings.
+
+    Concurrent requests for the same prompt (the ``n = 1`` requests of a split GRPO group,
+    or several groups of one prompt) become one batched forward pass per token; each keeps
+    its own seed, so its tokens do not depend on what it was batched with. Requests that
+    started on different weights are never merged.
+    """
+
+    def __init__(self, max_rows: int = 256) -> None:
+        self.max_rows = max_rows
+        self._cv = threading.Condition()
+        self._queue: list[_Job] = []
+        self._thread = threading.Thread(target=self._run, name="replica-batcher", daemon=True)
+        self._thread.start()
+
+    def __call__(
+        self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        job = _Job(lm, list(prompt), n, seed, dict(sampling))
+        with self._cv:
+            self._queue.append(job)
+            self._cv.notify()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                jobs, self._queue = self._queue, []
+            batches: dict[tuple[Any, ...], list[_Job]] = {}
+            for job in jobs:
+                batches.setdefault(job.key(), []).append(job)
+            for batch in batches.values():
+                while batch:
+                    part, rows = [], 0
+                    while batch and (not part or rows + batch[0].n <= self.max_rows):
+                        rows += batch[0].n
+                        part.append(batch.pop(0))
+                    self._generate(part)
+
+    @staticmethod
+    def _generate(part: list[_Job]) -> None:
+        first = part[0]
+        try:
+            outs = first.lm.generate_many(first.prompt, [(j.n, j.seed) for j in part], **first.sampling)
+            for job, out in zip(part, outs):
+                job.result = out
+        except BaseException as exc:
+            for job in part:
+                job.error = exc
+        for job in part:
+            job.done.set()
 
 
 class Replica:
@@ -77,7 +154,7 @@ class Replica:
         self.target: str | None = None
         self.step: str | None = None
         self._lock = threading.Lock()
-        self._generate_lock = threading.Lock()
+        self._batcher = Batcher()
         self._loader: threading.Thread | None = None
         self._weights_file: tuple[str, bytes] | None = None
 
@@ -185,12 +262,13 @@ class Replica:
         served = self.served
         if served is None:
             raise CompletionError("no weights loaded yet", status=503)
-        with self._generate_lock:  # one generation at a time: the CPU is the limit anyway
-            return served.identity, complete(body, served.lm, identity=served.identity, model=self.model_name)
+        doc = complete(body, served.lm, identity=served.identity, model=self.model_name, generate=self._batcher)
+        return served.identity, doc
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
