@@ -6,9 +6,11 @@ of the tiny model with N replicas), prints one JSON document with the environmen
 export on stdout and the same as ``export`` lines on stderr, then runs until Ctrl-C or
 ``cwtrain local down``::
 
-    cwtrain local up --replicas 2 &
-    eval "$(cwtrain local up ... 2>&1 >/dev/null | grep ^export)"   # or copy the lines
-    cwtrain local down
+    cwtrain local up --replicas 2          # terminal 1: copy the printed "export ..." lines
+    cwtrain hotload list --deployment "$CWTRAIN_HOTLOAD_DEPLOYMENT_ID"   # terminal 2, after the exports
+    cwtrain local down                     # or Ctrl-C in terminal 1
+
+The same variables are in the state file's ``env`` object (JSON), for scripts.
 
 The environment holds ``COREWEAVE_API_URL``, ``COREWEAVE_API_TOKEN``, ``AWS_REGION``,
 ``CW_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, the bucket, and with a
