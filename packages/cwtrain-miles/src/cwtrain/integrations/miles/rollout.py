@@ -41,7 +41,9 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
     """
     if base is None:
         try:
-            from miles.rollout.inference_rollout.inference_rollout_common import InferenceRolloutFn
+            from miles.rollout.inference_rollout.inference_rollout_common import (  # type: ignore[import-not-found]
+                InferenceRolloutFn,
+            )
         except ImportError as exc:
             raise ImportError(MILES_MISSING) from exc
         base = InferenceRolloutFn
@@ -70,8 +72,8 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
             return await self._call_train(input)
 
         async def _call_train(self, input: Any) -> Any:
-            from miles.rollout import rm_hub
-            from miles.rollout.base_types import RolloutFnTrainOutput
+            from miles.rollout import rm_hub  # type: ignore[import-not-found]
+            from miles.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
 
             args = self.args
             groups = self.data_source.get_samples(int(args.rollout_batch_size))

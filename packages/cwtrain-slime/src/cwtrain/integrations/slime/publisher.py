@@ -379,7 +379,7 @@ class SlimePublisher:
         except Exception as exc:
             log.warning("could not read the manifest of %s (%s); publishing it again", identity, exc)
             return False
-        return bool(manifest) and dict(manifest.get("tensors") or {}) == dict(checksums)
+        return manifest is not None and dict(manifest.get("tensors") or {}) == dict(checksums)
 
 
 def _delta_mode(args: Any) -> bool:

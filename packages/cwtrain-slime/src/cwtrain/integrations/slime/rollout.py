@@ -92,7 +92,7 @@ def _load_tokenizer(args: Any) -> Any:
         if not _tokenizer_loaded:
             _tokenizer_loaded = True
             try:
-                from transformers import AutoTokenizer
+                from transformers import AutoTokenizer  # type: ignore[import-not-found]
 
                 _tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint, trust_remote_code=True)
             except Exception as exc:
@@ -305,8 +305,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         RolloutError: sampling failed.
     """
     try:
-        from slime.rollout import rm_hub
-        from slime.rollout.base_types import RolloutFnTrainOutput
+        from slime.rollout import rm_hub  # type: ignore[import-not-found]
+        from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
     except ImportError as exc:
         raise ImportError(SLIME_MISSING) from exc
     if evaluation:

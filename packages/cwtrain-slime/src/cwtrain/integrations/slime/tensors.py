@@ -81,7 +81,7 @@ class TorchCollective:
         self._dist = dist
         if group is None:
             try:
-                from slime.utils.distributed_utils import get_gloo_group
+                from slime.utils.distributed_utils import get_gloo_group  # type: ignore[import-not-found]
 
                 group = get_gloo_group()
             except Exception:  # not slime, or no gloo group: the default group
@@ -121,7 +121,7 @@ def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, Any]:
     with open_checkpoint(hf_checkpoint) as checkpoint:
         for name, tensor in checkpoint.tensors.items():
             if name in wanted:
-                region = tensor.data  # a FileRegion: (fd, offset, nbytes)
+                region: Any = tensor.data  # a FileRegion: (fd, offset, nbytes)
                 data = np.empty(tensor.nbytes, dtype=np.uint8)
                 view, done = memoryview(data), 0
                 while done < tensor.nbytes:
@@ -310,6 +310,7 @@ class TensorPublisher:
 
         if not files:
             return
+        assert self._target is not None
         s3, bucket, prefix = self._target
         with SnapshotUpload(
             s3, bucket=bucket, identity=identity, path_prefix=prefix, workers=self.config.upload_workers
@@ -338,11 +339,8 @@ class TensorPublisher:
                 {"metadata": {}, "weight_map": weight_map}, version=identity, base_version=previous
             )
         loader = self.publisher.loader
-        s3, bucket, prefix = (
-            loader.s3,
-            loader.deployment.hot_load.bucket,
-            (loader.deployment.hot_load.path_prefix or "").strip("/"),
-        )
+        assert self._target is not None  # resolved before the shards were uploaded
+        s3, bucket, prefix = self._target
         # Other ranks' shards are already stored: they are part of this snapshot, not strays.
         with SnapshotUpload(s3, bucket=bucket, identity=identity, path_prefix=prefix, _existing={}) as upload:
             upload.commit(SnapshotFile.from_bytes(INDEX_NAME, index))
@@ -389,7 +387,7 @@ def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
     """
     if base is None:
         try:
-            from slime.backends.megatron_utils.actor import MegatronTrainRayActor
+            from slime.backends.megatron_utils.actor import MegatronTrainRayActor  # type: ignore[import-not-found]
         except ImportError as exc:
             from . import SLIME_MISSING
 
@@ -443,7 +441,7 @@ def _distributed() -> bool:
 def _is_pp_source() -> bool:
     """DP rank 0 and TP rank 0 of its pipeline stage (the ranks holding gathered HF tensors)."""
     try:
-        from megatron.core import mpu
+        from megatron.core import mpu  # type: ignore[import-not-found]
     except ImportError:
         return True
     return bool(
