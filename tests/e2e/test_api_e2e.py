@@ -76,6 +76,7 @@ def _served(loader: HotLoader, hot_load_id: str, identity: str) -> None:
     assert all(r.state is ReplicaState.READY and r.current_snapshot_identity == identity for r in replicas)
 
 
+@pytest.mark.slow
 def test_python_api_sequence(stack: LocalStack, api: InferenceClient, tmp_path: Path) -> None:
     gateway = lifecycle.create_gateway(api, _gateway_request("e2e-gw", stack))
     gateway = lifecycle.wait_for_gateway(api, gateway.id, timeout=60, poll_interval=POLL)
@@ -158,6 +159,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
     return code, json.loads(out) if out.strip() else None
 
 
+@pytest.mark.slow
 def test_cli_sequence(
     stack: LocalStack, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
