@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from cwtrain.hotload import objects
 from cwtrain.hotload.format import INDEX_NAME, SnapshotFile
 from cwtrain.hotload.upload import SnapshotUpload, UploadedFile, upload_snapshot
 from cwtrain.infra.s3 import s3_client
+from cwtrain.progress import ByteProgress
 
 PART = 5 * MIB
 
@@ -86,6 +88,26 @@ def test_upload_then_download_every_byte_and_sha(
     puts = [op for op in calls.ops if op in ("PutObject", "CompleteMultipartUpload")]
     assert len(puts) == 4
     assert open_uploads(s3, bucket) == []
+
+
+def test_progress_renders_bytes_rate_and_eta_on_a_terminal(
+    tmp_path: Path, s3_bucket: tuple[Any, str], s3: Any, small_parts: int
+) -> None:
+    _, bucket = s3_bucket
+    snap = write_full_snapshot(tmp_path / "snap", seed=9)
+    total = sum(p.stat().st_size for p in snap.iterdir())
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    progress = ByteProgress("uploading tty", total, stream=screen, interval=0.0)
+    upload_snapshot(snap, bucket=bucket, identity="tty", s3=s3, part_size=PART, on_progress=progress)
+    progress.close()
+    assert progress.done == total
+    last = screen.getvalue().rsplit("\r", 1)[-1]
+    assert "(100%)" in last and "/s ETA" in last
 
 
 def test_index_is_written_after_every_other_object(
@@ -184,15 +206,17 @@ def test_streaming_upload_commits_index_last(s3_bucket: tuple[Any, str], s3: Any
     header = b"\x08\x00\x00\x00\x00\x00\x00\x00{}      "
     shard = SnapshotFile("model-00000-of-00002.safetensors", (header, bytes(range(256)) * (44 * 1024), b"end"))
     small = SnapshotFile.from_bytes("model-00001-of-00002.safetensors", b"\x00" * 1000)
+    empty = SnapshotFile.from_bytes("empty.txt", b"")
     index = SnapshotFile.from_bytes(INDEX_NAME, b'{"weight_map": {}}')
     with SnapshotUpload(s3, bucket=bucket, identity="stream", path_prefix="hl", part_size=PART, workers=2) as up:
         up.add(shard)
         up.add(small)
+        up.add(empty)
         with pytest.raises(UsageError):
             up.add(small)
         assert up.commit(index) == f"s3://{bucket}/hl/stream/"
     got = stored(s3, bucket, "hl/stream")
-    for file in (shard, small, index):
+    for file in (shard, small, empty, index):
         data = file.tobytes()
         assert got[file.name][0] == data
         assert got[file.name][1]["cwtrain-sha256"] == hashlib.sha256(data).hexdigest()
