@@ -111,6 +111,7 @@ _ROUTES: tuple[Route, ...] = (
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms delayed-ACK stalls
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -40,6 +40,7 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms delayed-ACK stalls
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
