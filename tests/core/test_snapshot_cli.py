@@ -1,0 +1,104 @@
+"""``cwtrain snapshot diff|apply|verify`` in-process: one JSON document out, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from codec_helpers import save_checkpoint
+
+from cwtrain.cli import main
+from cwtrain.hotload.delta import write_full_snapshot
+
+
+def _weights(shift: float) -> dict[str, np.ndarray]:
+    return {"a": np.arange(64, dtype=np.float32) + shift, "b": np.ones((4, 4), np.float16)}
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def test_diff_apply_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = save_checkpoint(tmp_path / "v1", _weights(0))
+    new = save_checkpoint(tmp_path / "v2", _weights(1))
+    code, summary, _ = _run(
+        capsys,
+        "snapshot",
+        "diff",
+        str(base),
+        str(new),
+        "--out",
+        str(tmp_path / "d"),
+        "--version",
+        "000002",
+        "--base-version",
+        "000001",
+    )
+    assert code == 0 and isinstance(summary, dict)
+    assert summary["tensors"] == 2 and summary["tensors_changed"] == 1 and summary["bytes_changed"] == 256
+    assert 0 < summary["ratio"] < 1 and summary["seconds"] >= 0 and summary["shards"] == 1
+
+    code, applied, _ = _run(capsys, "snapshot", "apply", str(base), str(tmp_path / "d"), "--out", str(tmp_path / "o"))
+    assert code == 0 and applied["version"] == "000002" and applied["tensors_verified"] == 1  # type: ignore[index]
+    reference = write_full_snapshot(new, tmp_path / "ref")
+    assert (tmp_path / "o" / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
+
+    code, verified, _ = _run(capsys, "snapshot", "verify", str(tmp_path / "o"))
+    assert code == 0 and verified == {
+        "path": str(tmp_path / "o"),
+        "type": "FULL",
+        "tensors": 2,
+        "verified": 2,
+        "unchecked": 0,
+        "result": "ok",
+    }
+    code, verified, _ = _run(capsys, "snapshot", "verify", str(tmp_path / "d"))
+    assert code == 0 and verified["type"] == "INCREMENTAL" and verified["unchecked"] == 1  # type: ignore[index]
+    code, verified, _ = _run(capsys, "snapshot", "verify", str(tmp_path / "d"), "--base", str(base))
+    assert code == 0 and verified["verified"] == 1  # type: ignore[index]
+
+
+def test_failures_exit_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = save_checkpoint(tmp_path / "v1", _weights(0))
+    new = save_checkpoint(tmp_path / "v2", _weights(1))
+    _run(
+        capsys,
+        "snapshot",
+        "diff",
+        str(base),
+        str(new),
+        "--out",
+        str(tmp_path / "d"),
+        "--version",
+        "2",
+        "--base-version",
+        "1",
+    )
+    code, out, err = _run(capsys, "snapshot", "verify", str(tmp_path / "d"), "--base", str(new))
+    assert code == 1 and out is None and "error: " in err and "'a'" in err and "Adler-32" in err
+    code, out, err = _run(
+        capsys, "snapshot", "apply", str(base), str(tmp_path / "d"), "--out", str(tmp_path / "o"), "--base-version", "7"
+    )
+    assert code == 1 and "base_version" in err and not (tmp_path / "o").exists()
+    full = save_checkpoint(tmp_path / "full", _weights(0))
+    write_full_snapshot(full, tmp_path / "cut")
+    shard = tmp_path / "cut" / "model.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code, out, err = _run(capsys, "snapshot", "verify", str(tmp_path / "cut"))
+    assert code == 1 and "error: " in err and "'b'" in err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshot", "diff", "a", "b"]) == 2
+    assert (
+        main(["snapshot", "diff", "a", "b", "--out", "o", "--version", "1", "--base-version", "0", "--workers", "0"])
+        == 2
+    )
+    capsys.readouterr()
