@@ -1,0 +1,77 @@
+"""The rows of the fault matrix in docs/reliability.md: one entry per fault the suite injects.
+
+Each test of the suite carries ``@pytest.mark.fault_row("<id>")``; the table's count column
+is the number of such tests (checked by ``test_reliability_doc.py``), and
+``scripts/reliability_table.py`` renders the table from this file and a run's results.
+"""
+
+from __future__ import annotations
+
+ROWS: dict[str, tuple[str, str, str]] = {
+    # id: (fault, how it is injected, what must hold)
+    "api-create": (
+        "API 503s, a timeout, a response lost after the server acted: deployment create",
+        "local control plane fails (503 unavailable), delays past the client timeout, or acts and drops the connection on POST /deployments",
+        "create returns; exactly one deployment with that name exists",
+    ),
+    "api-trigger": (
+        "API 503s, a timeout, a response lost after the server acted: hot-load trigger",
+        "the same three faults on POST /hotLoads during HotLoader.publish",
+        "publish completes; exactly one hot-load of that identity exists",
+    ),
+    "api-wait": (
+        "API 503s, timeouts and dropped answers while waiting",
+        "faults on GET /hotLoads/{id} and its replicas while HotLoader.wait polls",
+        "the wait survives and returns COMPLETED with every replica on the identity",
+    ),
+    "s3-drop": (
+        "connection drops mid-upload",
+        "the loopback S3 proxy cuts upload connections after K bytes",
+        "publish completes; stored objects equal the local bytes; every replica serves them",
+    ),
+    "kill-publisher": (
+        "trainer killed (kill -9) mid-publish",
+        "SIGKILL of a `cwtrain hotload publish` subprocess while its multipart upload runs",
+        "no index (snapshot invisible); a rerun completes with identical objects, re-sending only unfinished parts",
+    ),
+    "race": (
+        "concurrent publishers, same identity, different bytes",
+        "two processes publish different snapshots under one identity at once",
+        "exactly one wins; the other gets SnapshotConflictError; the stored snapshot is entirely the winner's",
+    ),
+    "flip-delta": (
+        "a flipped byte in a stored delta",
+        "one byte of an uploaded delta shard inverted before the hot-load",
+        "hot-load FAILED with a reason; replicas keep serving the previous identity; the next (FULL) publish recovers",
+    ),
+    "flip-full": (
+        "a flipped byte in a stored FULL snapshot",
+        "one byte of an uploaded FULL shard's tensor data inverted before the hot-load",
+        "hot-load FAILED with a reason; replicas keep serving the previous identity; a re-published FULL recovers",
+    ),
+    "replica-killed": (
+        "a replica killed during a hot-load",
+        "SIGKILL of one replica right after the hot-load reached it",
+        "the hot-load ends (COMPLETED, or FAILED with a reason); the restarted replica serves the same bytes as its peer",
+    ),
+    "cold-replica": (
+        "a cold replica joining after 30 deltas",
+        "a single-replica deployment's replica killed after FULL + 30 deltas (no peer: it replays the chain)",
+        "it serves the trainer's exact weights (log-probs equal to the trainer's)",
+    ),
+    "bad-input": (
+        "bad input (fuzzed)",
+        "hypothesis: request files, index JSON, safetensors headers, identities, variable values, timeouts",
+        "a clear error naming the input, exit 1 or 2, nothing written or sent",
+    ),
+    "secrets": (
+        "secrets in output",
+        "CLI and library run with a token, S3 keys and an API key set, DEBUG logs captured",
+        "none of the secrets appears in logs, errors or JSON output",
+    ),
+    "tls": (
+        "TLS verification",
+        "clients built with defaults, then with the explicit opt-outs",
+        "verification on by default for the API and the store; turning it off needs an option and warns",
+    ),
+}
