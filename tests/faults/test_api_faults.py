@@ -12,13 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _faults_trainer import Trainer
 
 from cwtrain.hotload.loader import HotLoader
 from cwtrain.infra import InferenceClient, lifecycle
 from cwtrain.infra.enums import HotLoadState, ReplicaState
 from cwtrain.local import LocalStack
-
-from _faults_trainer import Trainer
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e]
 
