@@ -69,9 +69,10 @@ def reset() -> None:
             _publisher.close()
         _publisher = None
     reset_run_id()
-    from . import actor
+    from . import actor, rollout
 
     actor.reset_client()
+    rollout.reset_rollout()
 
 
 def use_publisher(publisher: SlimePublisher | None) -> None:

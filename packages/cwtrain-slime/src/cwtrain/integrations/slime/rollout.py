@@ -54,6 +54,7 @@ __all__ = [
     "fill_sample",
     "generate_rollout",
     "process_sampler",
+    "reset_rollout",
     "prompt_of",
     "sample_groups_into",
     "served_version",
@@ -84,6 +85,20 @@ def set_tokenizer(tokenizer: Any) -> None:
     with _lock:
         _tokenizer, _tokenizer_loaded = tokenizer, True
         _samplers.clear()
+
+
+def reset_rollout() -> None:
+    """Close the process's samplers and forget the tokenizer (tests; a new run in the same process)."""
+    global _tokenizer, _tokenizer_loaded
+    with _lock:
+        samplers = list(_samplers.values())
+        _samplers.clear()
+        _tokenizer, _tokenizer_loaded = None, False
+    for sampler in samplers:
+        try:
+            sampler.close()
+        except Exception:  # closing is best effort
+            log.debug("closing a sampler failed", exc_info=True)
 
 
 def _load_tokenizer(args: Any) -> Any:

@@ -1,0 +1,149 @@
+"""``--rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout`` as slime calls it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai import FakeCompletions
+from slime_driver import slime_args
+
+from cwtrain.errors import ConfigError
+
+PROMPTS = [("1+1=", "2"), ("2+2=", "4"), ("3+3=", "6")]
+
+
+class CharTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) % 50 + 2 for c in text]
+
+    def decode(self, ids: list[int], **kwargs: Any) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCompletions]:
+    with FakeCompletions(identity="grpo-a-v000004") as server:
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", server.base_url)
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", "tiny")
+        yield server
+
+
+def _call(args: Any, *, evaluation: bool = False, prompts: list[tuple[Any, str]] = PROMPTS) -> Any:
+    from slime.rollout.base_types import call_rollout_fn
+    from slime.rollout.data_source import DataSource
+    from slime.utils.misc import load_function
+
+    fn = load_function(args.rollout_function_path)
+    return call_rollout_fn(fn, args, 7, DataSource(args, prompts), evaluation=evaluation)
+
+
+def test_one_request_per_group_fills_every_sample(slime_stubs: Path, tmp_path: Path, fake: FakeCompletions) -> None:
+    from slime.rollout.base_types import RolloutFnTrainOutput
+    from slime.utils.types import Sample
+
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+
+    set_tokenizer(CharTokenizer())
+    args = slime_args(tmp_path, tmp_path / "hf", rollout_batch_size=3, n_samples_per_prompt=4)
+    output = _call(args)
+    assert isinstance(output, RolloutFnTrainOutput)
+    assert [len(g) for g in output.samples] == [4, 4, 4]
+    assert len(fake.bodies) == 3 and all(b["n"] == 4 and b["max_tokens"] == 6 for b in fake.bodies)
+    assert fake.bodies[0]["prompt"] == CharTokenizer().encode("1+1=")  # token ids of the trainer's tokenizer
+    assert all(b["temperature"] == 1.0 and b["top_p"] == 1.0 for b in fake.bodies)
+    for group, (prompt, _) in zip(output.samples, PROMPTS, strict=True):
+        prompt_ids = CharTokenizer().encode(prompt)
+        for i, sample in enumerate(group):
+            assert isinstance(sample, Sample)
+            assert sample.tokens[: len(prompt_ids)] == prompt_ids
+            assert sample.response_length == len(sample.tokens) - len(prompt_ids) == (3 if i % 2 == 0 else 4)
+            assert sample.status is (Sample.Status.COMPLETED if i % 2 == 0 else Sample.Status.TRUNCATED)
+            assert sample.rollout_log_probs == pytest.approx([-0.1 * (j + 1) for j in range(sample.response_length)])
+            assert sample.weight_versions == ["4"]  # the identity that served it, as slime's version string
+            assert sample.reward in (0.0, 1.0)  # slime's own rule reward (the stand-in's exact match)
+            assert len(sample.response) == sample.response_length
+    assert output.metrics["coreweave/samples"] == 12
+
+
+def test_rewards_go_through_slimes_reward_hooks(slime_stubs: Path, tmp_path: Path, fake: FakeCompletions) -> None:
+    args = slime_args(tmp_path, tmp_path / "hf", custom_rm_path="rewards_for_tests.per_sample")
+    output = _call(args)
+    assert all(s.reward == float(s.response_length) for g in output.samples for s in g)
+    args = slime_args(tmp_path, tmp_path / "hf", custom_rm_path="rewards_for_tests.per_group", group_rm=True)
+    output = _call(args)
+    for group in output.samples:  # lengths 3, 4, 3: the longest wins
+        assert [s.reward for s in group] == [0.0, 1.0, 0.0]
+
+
+def test_text_prompts_without_a_tokenizer_use_the_endpoints_prompt_ids(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions
+) -> None:
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+
+    set_tokenizer(None)
+    output = _call(slime_args(tmp_path, tmp_path / "hf"))
+    assert fake.bodies[0]["prompt"] == "1+1="
+    sample = output.samples[0][0]
+    assert sample.tokens[:4] == [ord(c) % 50 + 2 for c in "1+1="]
+
+
+def test_served_version_falls_back_to_the_hooks_state_dir(slime_stubs: Path, tmp_path: Path) -> None:
+    from cwtrain.integrations.slime.rollout import served_version, version_of_identity
+
+    args = slime_args(tmp_path, tmp_path / "hf")
+    state = Path(args.update_weight_disk_dir + "-hotload")
+    state.mkdir(parents=True)
+    assert served_version(args, {}) is None
+    (state / "served_identity").write_text("grpo-a-v000012")
+    assert served_version(args, {}) == 12
+    assert served_version(args, {"CWTRAIN_HOTLOAD_RUN_ID": "other"}) is None
+    assert version_of_identity("initial") is None and version_of_identity("x-v1234567") == 1234567
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("custom_generate_function_path", "my.generate"),
+        ("dynamic_sampling_filter_path", "my.filter"),
+        ("rollout_sample_filter_path", "my.sample_filter"),
+        ("rollout_all_samples_process_path", "my.process"),
+        ("use_session_server", True),
+    ],
+)
+def test_refuses_flags_it_would_silently_bypass(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions, flag: str, value: Any
+) -> None:
+    args = slime_args(tmp_path, tmp_path / "hf", **{flag: value})
+    with pytest.raises(ConfigError, match="--" + flag.replace("_", "-")):
+        _call(args)
+    assert fake.bodies == []
+
+
+def test_refuses_over_sampling_and_untempered_logprob_users(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions
+) -> None:
+    with pytest.raises(ConfigError, match="--over-sampling-batch-size"):
+        _call(slime_args(tmp_path, tmp_path / "hf", over_sampling_batch_size=9))
+    with pytest.raises(ConfigError, match="--rollout-temperature"):
+        _call(slime_args(tmp_path, tmp_path / "hf", use_tis=True, rollout_temperature=0.7))
+    assert fake.bodies == []
+
+
+def test_evaluation_and_message_prompts_are_refused_with_the_fix(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions
+) -> None:
+    with pytest.raises(ConfigError, match="--eval-interval"):
+        _call(slime_args(tmp_path, tmp_path / "hf"), evaluation=True)
+    messages = [([{"role": "user", "content": "hi"}], "x")]
+    with pytest.raises(ConfigError, match="--apply-chat-template"):
+        _call(slime_args(tmp_path, tmp_path / "hf"), prompts=messages)
+
+
+def test_missing_slime_names_the_install(tmp_path: Path) -> None:
+    from cwtrain.integrations.slime.rollout import generate_rollout
+
+    with pytest.raises(ImportError, match="slime"):
+        generate_rollout(slime_args(tmp_path, tmp_path / "hf"), 0, None)
