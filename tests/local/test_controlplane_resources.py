@@ -249,3 +249,32 @@ def test_api_faults_fail_delay_and_drop(stack: LocalStack, api: API) -> None:
     assert ("drop", "POST", "/gateways") in faults.fired
     assert faults.pending() == []
     api.ok("DELETE", f"/gateways/{body['id']}")
+
+
+@pytest.mark.parametrize("routing", ["headerBasedRouting", "pathBasedRouting"])
+def test_gateway_header_and_path_routing(stack: LocalStack, api: API, routing: str) -> None:
+    name = routing.removesuffix("BasedRouting")
+    body = gateway_body(f"{name}-gw")
+    del body["bodyBasedRouting"]
+    body[routing] = {"headerName": "x-model"} if routing == "headerBasedRouting" else {}
+    gateway = api.ok("POST", "/gateways", body)["gateway"]
+    endpoint = wait_status(api, "gateway", gateway["spec"]["id"], "STATUS_READY")["status"]["endpoints"][0]
+    deployment = _valid(stack, {"spec": {"id": gateway["spec"]["id"]}}, f"{name}-routed")
+    deployment["model"]["name"] = f"{name}-model"
+    api.ok("POST", "/deployments", deployment)
+    wait_status(api, "deployment", deployment["id"], "STATUS_READY")
+    auth = {"Authorization": f"Bearer {stack.token}"}
+    request = {"prompt": "x", "n": 2}
+    if routing == "headerBasedRouting":
+        ok = httpx.post(endpoint + "/v1/completions", json=request, headers={**auth, "x-model": f"{name}-model"})
+        missing = httpx.post(endpoint + "/v1/completions", json=request, headers=auth)
+        assert missing.status_code == 400 and "x-model" in missing.json()["error"]["message"]
+    else:
+        ok = httpx.post(f"{endpoint}/{name}-model/v1/completions", json=request, headers=auth)
+        wrong = httpx.post(f"{endpoint}/other-model/v1/completions", json=request, headers=auth)
+        assert wrong.status_code == 404
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["system_fingerprint"] == "initial" and len(ok.json()["choices"]) == 2
+    api.ok("DELETE", f"/deployments/{deployment['id']}")
+    wait_for(lambda: api.call("GET", f"/deployments/{deployment['id']}")[0] == 404, what="routed deployment gone")
+    api.ok("DELETE", f"/gateways/{gateway['spec']['id']}")
