@@ -53,8 +53,8 @@ from cwtrain.errors import (
     HotLoadVerificationError,
     SnapshotError,
 )
-from cwtrain.hotload import manifest
-from cwtrain.hotload.format import MAX_CHAIN_DELTAS, snapshot_prefix, validate_identity
+from cwtrain.hotload import chain, manifest
+from cwtrain.hotload.format import snapshot_prefix, validate_identity
 from cwtrain.hotload.objects import is_missing
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
@@ -283,40 +283,10 @@ class HotLoader:
 
         ``None`` when the predecessor's chain cannot be resolved from the listing.
         """
-        by_identity: dict[str, HotLoad] = {}
-        for hot_load in self._all_newest_first():
-            if hot_load.state in (HotLoadState.FAILED, HotLoadState.CANCELED):
-                continue
-            known = by_identity.get(hot_load.identity)
-            if known is None or (
-                known.state is not HotLoadState.COMPLETED and hot_load.state is HotLoadState.COMPLETED
-            ):
-                by_identity[hot_load.identity] = hot_load
-        count, current = 1, previous_identity
-        for _ in range(4 * MAX_CHAIN_DELTAS):
-            link = by_identity.get(current)
-            if link is None:
-                return None
-            if link.snapshot_chain:
-                return count + link.deltas_in_chain()
-            if link.type is SnapshotType.FULL:
-                return count
-            previous = link.previous_identity
-            if not previous:
-                return None
-            count, current = count + 1, previous
-        return count
+        return chain.deltas_after(self._all_newest_first(), previous_identity)
 
     def _check_chain(self, identity: str, previous_identity: str) -> None:
-        deltas = self.chain_deltas(previous_identity)
-        if deltas is None:
-            log.debug("chain of %r not resolvable from the listing; not counting deltas", previous_identity)
-            return
-        if deltas > MAX_CHAIN_DELTAS:
-            raise SnapshotError(
-                f"delta {identity!r} on {previous_identity!r} would make the snapshot chain {deltas} deltas long; "
-                f"a replica starting cold replays at most {MAX_CHAIN_DELTAS}: publish {identity!r} as a FULL snapshot"
-            )
+        chain.check_delta_allowed(identity, previous_identity, self.chain_deltas(previous_identity))
 
     # --------------------------------------------------------------------- trigger
 
@@ -343,7 +313,7 @@ class HotLoader:
             HotLoadInProgressError: another hot-load was still running when the budget ran out.
         """
         validate_identity(identity)
-        kind, previous = _resolve_type(info, previous_identity, snapshot_type)
+        kind, previous = chain.resolve_type(info, previous_identity, snapshot_type)
         incremental = None
         if kind is SnapshotType.INCREMENTAL:
             assert previous is not None
@@ -581,7 +551,7 @@ class HotLoader:
             info = checkpoint
         else:
             info = inspect_snapshot(os.fspath(checkpoint), previous_identity=previous_identity)
-        kind, previous = _resolve_type(info, None, None)
+        kind, previous = chain.resolve_type(info, None, None)
         if kind is SnapshotType.INCREMENTAL and previous:
             self._check_chain(identity, previous)
         upload_snapshot(
@@ -673,36 +643,3 @@ class HotLoader:
     def read_manifest(self, identity: str) -> dict[str, Any] | None:
         """The manifest of ``identity``, or ``None`` when absent."""
         return manifest.read_manifest(self.s3, self._bucket, self._prefix, identity)
-
-
-def _info_type(info: Any) -> SnapshotType:
-    return SnapshotType.parse(getattr(info, "type", None) if not isinstance(info, Mapping) else info.get("type"))
-
-
-def _info_previous(info: Any) -> str | None:
-    value = getattr(info, "previous_identity", None)
-    return str(value) if value else None
-
-
-def _resolve_type(
-    info: Any, previous_identity: str | None, snapshot_type: SnapshotType | None
-) -> tuple[SnapshotType, str | None]:
-    """The hot-load type and predecessor from ``info`` or the explicit arguments."""
-    if info is not None:
-        if previous_identity is not None:
-            raise SnapshotError(
-                "pass previous_identity to inspect_snapshot, not together with its SnapshotInfo (it already names one)"
-            )
-        kind = _info_type(info)
-        previous = _info_previous(info)
-        if kind is SnapshotType.INCREMENTAL and not previous:
-            raise SnapshotError("the delta snapshot names no predecessor; pass --previous-identity")
-        return kind, previous if kind is SnapshotType.INCREMENTAL else None
-    kind = SnapshotType.parse(snapshot_type) if snapshot_type is not None else SnapshotType.UNSPECIFIED
-    if kind is SnapshotType.UNSPECIFIED:
-        kind = SnapshotType.INCREMENTAL if previous_identity else SnapshotType.FULL
-    if kind is SnapshotType.FULL and previous_identity:
-        raise SnapshotError(f"a FULL snapshot has no predecessor; drop previous_identity={previous_identity!r}")
-    if kind is SnapshotType.INCREMENTAL and not previous_identity:
-        raise SnapshotError("an INCREMENTAL snapshot needs previous_identity (the snapshot it applies on)")
-    return kind, previous_identity
