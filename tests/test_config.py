@@ -8,7 +8,10 @@ from cwtrain.config import VARIABLES, env_bool, env_float, env_int, env_str
 from cwtrain.errors import ConfigError
 
 
-@pytest.mark.parametrize(("raw", "value"), [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("off", False), ("No", False)])
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("off", False), ("No", False)],
+)
 def test_booleans(raw: str, value: bool) -> None:
     assert env_bool("CWTRAIN_HOTLOAD_WAIT", not value, {"CWTRAIN_HOTLOAD_WAIT": raw}) is value
 

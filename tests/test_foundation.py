@@ -34,7 +34,14 @@ def test_import_cwtrain_loads_neither_torch_nor_ray() -> None:
 
 def test_every_package_is_hatchling_src_layout_with_py_typed() -> None:
     names = {p.name for p in PACKAGES}
-    assert names == {"cwtrain-core", "cwtrain-local", "cwtrain-slime", "cwtrain-miles", "cwtrain-nemo-rl", "cwtrain-gym"}
+    assert names == {
+        "cwtrain-core",
+        "cwtrain-local",
+        "cwtrain-slime",
+        "cwtrain-miles",
+        "cwtrain-nemo-rl",
+        "cwtrain-gym",
+    }
     for package in PACKAGES:
         meta = tomllib.loads((package / "pyproject.toml").read_text())
         assert meta["build-system"]["build-backend"] == "hatchling.build", package.name
@@ -50,7 +57,9 @@ def test_only_core_ships_the_namespace_init_files() -> None:
         if package.name == "cwtrain-core":
             assert owns == (True, True)
         else:
-            assert owns == (False, False), f"{package.name} must not ship cwtrain/__init__.py or integrations/__init__.py"
+            assert owns == (False, False), (
+                f"{package.name} must not ship cwtrain/__init__.py or integrations/__init__.py"
+            )
 
 
 def test_versions_agree_and_plugins_pin_core_to_the_same_version() -> None:
@@ -85,7 +94,9 @@ def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv", [["no-such-group"], ["--no-such-option"], []])
-def test_cli_usage_errors_exit_2_with_usage_and_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_usage_errors_exit_2_with_usage_and_one_error_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: cwtrain")
@@ -103,6 +114,31 @@ def test_console_script_help_lists_groups() -> None:
 
 
 def test_console_script_bad_subcommand_exits_2() -> None:
-    done = subprocess.run([str(Path(sys.executable).with_name("cwtrain")), "frobnicate"], capture_output=True, text=True)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("cwtrain")), "frobnicate"], capture_output=True, text=True
+    )
     assert done.returncode == 2
     assert "invalid choice" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("module_name", ["cwtrain", "cwtrain.hotload", "cwtrain.infra", "cwtrain.errors"])
+def test_every_public_name_resolves(module_name: str) -> None:
+    import importlib
+
+    module = importlib.import_module(module_name)
+    missing = [name for name in module.__all__ if getattr(module, name, None) is None]
+    assert missing == []
+
+
+def test_top_level_names_pinned() -> None:
+    assert sorted(cwtrain.__all__) == [
+        "HotLoader",
+        "InferenceClient",
+        "__version__",
+        "inspect_snapshot",
+        "upload_snapshot",
+    ]
+    from cwtrain import HotLoader, InferenceClient
+
+    assert HotLoader.__module__ == "cwtrain.hotload.loader"
+    assert InferenceClient.__module__ == "cwtrain.infra.client"
