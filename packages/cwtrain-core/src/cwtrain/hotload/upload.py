@@ -45,14 +45,14 @@ the encoded bytes in flight exceed ``memory_budget`` (``CWTRAIN_HOTLOAD_MEMORY_B
 part or object (skipped objects count as done), the signature of
 :class:`cwtrain.progress.ByteProgress`; ``on_file(UploadedFile)`` once per object.
 
-The permission check :func:`check_snapshot_access` (spec section 9) lives here too.
+The permission check :func:`~cwtrain.hotload.access.check_snapshot_access` (spec section
+9) is re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,7 +61,8 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.config import env_int
-from cwtrain.errors import SnapshotAccessError, SnapshotConflictError, SnapshotError, UsageError
+from cwtrain.errors import SnapshotConflictError, SnapshotError, UsageError
+from cwtrain.hotload.access import check_snapshot_access
 from cwtrain.hotload.format import INDEX_NAME, snapshot_prefix, validate_identity
 from cwtrain.hotload.objects import (
     DEFAULT_PART_SIZE,
@@ -70,9 +71,7 @@ from cwtrain.hotload.objects import (
     OpenUpload,
     RemoteObject,
     check_part_size,
-    error_code,
     head_object,
-    is_missing,
 )
 
 __all__ = ["SnapshotUpload", "UploadedFile", "check_snapshot_access", "snapshot_uri", "upload_snapshot"]
@@ -439,7 +438,7 @@ class SnapshotUpload:
             self.cancel()
             raise
         self._committed = True
-        log.info("snapshot %s complete (%d objects)", self.uri, len(self.results))
+        log.info("snapshot %s complete: %s", self.uri, describe_results(list(self.results.values())))
         return self.uri
 
 
@@ -534,56 +533,6 @@ def _check_conflicts(identity: str, existing: Mapping[str, RemoteObject], source
             conflicts.append(_conflict_line(local[name], existing[name]))
     if conflicts:
         raise SnapshotConflictError(identity, conflicts)
-
-
-# ---------------------------------------------------------------- permissions
-
-
-def check_snapshot_access(s3: Any, bucket: str, path_prefix: str = "") -> str:
-    """Prove the four permissions publishing needs, leaving nothing behind (spec section 9).
-
-    1. ListObjectsV2(``P/``, MaxKeys=1) -> ``s3:ListBucket``; 2. HEAD of a random
-    ``P/_preflight/<hex>`` answering 404 -> ``s3:GetObject``; 3. CreateMultipartUpload
-    there -> ``s3:PutObject``; 4. AbortMultipartUpload -> ``s3:AbortMultipartUpload``.
-
-    Args:
-        s3: a boto3 S3 client.
-        bucket: the bucket.
-        path_prefix: the hot-load path prefix (may be empty).
-
-    Returns:
-        ``s3://<bucket>/<P>/`` (``s3://<bucket>/`` when ``P`` is empty).
-
-    Raises:
-        SnapshotAccessError: a call was refused; names the permission and the S3 error code.
-            Missing credentials and transport errors pass through unchanged.
-    """
-    from botocore.exceptions import ClientError
-
-    prefix = (path_prefix or "").strip("/")
-    base = f"{prefix}/" if prefix else ""
-    uri = f"s3://{bucket}/{base}"
-    probe = f"{base}_preflight/{uuid.uuid4().hex}"
-    try:
-        s3.list_objects_v2(Bucket=bucket, Prefix=base, MaxKeys=1)
-    except ClientError as exc:
-        raise SnapshotAccessError(uri, "s3:ListBucket", error_code(exc)) from exc
-    try:
-        s3.head_object(Bucket=bucket, Key=probe)
-    except ClientError as exc:
-        if not is_missing(exc):
-            raise SnapshotAccessError(uri, "s3:GetObject", error_code(exc)) from exc
-    else:
-        raise SnapshotAccessError(uri, "s3:GetObject", "?")  # a random key that exists: not a 404
-    try:
-        upload_id = str(s3.create_multipart_upload(Bucket=bucket, Key=probe)["UploadId"])
-    except ClientError as exc:
-        raise SnapshotAccessError(uri, "s3:PutObject", error_code(exc)) from exc
-    try:
-        s3.abort_multipart_upload(Bucket=bucket, Key=probe, UploadId=upload_id)
-    except ClientError as exc:
-        raise SnapshotAccessError(uri, "s3:AbortMultipartUpload", error_code(exc), upload_id=upload_id) from exc
-    return uri
 
 
 def describe_results(results: Sequence[UploadedFile]) -> str:
