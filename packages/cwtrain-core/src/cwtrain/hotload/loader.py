@@ -476,6 +476,11 @@ class HotLoader:
     ) -> HotLoad:
         """Re-activate ``identity``: a new hot-load copying its newest COMPLETED one.
 
+        The new hot-load has that one's type and delta metadata, and its prompt cache
+        policy unless ``prompt_cache_policy`` is given. The index objects of every
+        identity of its chain must still be in the bucket. Waits like :meth:`publish`
+        unless ``wait=False``.
+
         Raises:
             CWTrainError: no COMPLETED hot-load of ``identity`` on this deployment.
             SnapshotError: its objects (or its chain's) are gone from the bucket.
