@@ -1,0 +1,179 @@
+"""miles plug-in points: the class-based rollout function, the post-write hook, the post-save hook."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai import FakeCompletions
+from recording_loader import RecordingLoader
+from slime_driver import SlimeRun, nudge, slime_args, tiny_weights, write_hf_checkpoint
+
+from cwtrain.errors import ConfigError
+
+PROMPTS = [("1+1=", "2"), ("2+2=", "4")]
+
+
+def miles_args(tmp: Path, **overrides: Any) -> argparse.Namespace:
+    """miles' flags: disk-delta transfer mode instead of slime's --update-weight-mode."""
+    args = vars(slime_args(tmp, tmp / "hf"))
+    del args["update_weight_mode"], args["update_weight_transport"]
+    args.update(
+        update_weight_transfer_mode="disk-delta",
+        custom_update_weight_post_write_path="cwtrain.integrations.miles.hook",
+        rollout_function_path="cwtrain.integrations.miles.CoreWeaveRolloutFn",
+        rollout_num_gpus=0,  # no local engines: miles sizes its semaphore to zero
+        rollout_num_gpus_per_engine=1,
+        sglang_server_concurrency=512,
+        custom_megatron_post_save_hook_path="cwtrain.integrations.miles.post_save_hook",
+        save="/ckpt",
+        save_hf=None,
+    )
+    args.update(overrides)
+    return argparse.Namespace(**args)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCompletions]:
+    with FakeCompletions(identity="grpo-a-v000004") as server:
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", server.base_url)
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", "tiny")
+        yield server
+
+
+def _build(args: argparse.Namespace) -> tuple[Any, Any]:
+    from miles.rollout.base_types import RolloutFnConstructorInput
+    from miles.rollout.data_source import DataSource
+    from miles.rollout.inference_rollout.compatibility import load_rollout_function
+
+    source = DataSource(args, PROMPTS)
+    return load_rollout_function(RolloutFnConstructorInput(args, source), args.rollout_function_path), source
+
+
+def test_rollout_class_loads_by_miles_rule_and_replaces_the_zero_semaphore(
+    miles_stubs: Path, tmp_path: Path, fake: FakeCompletions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles.rollout.base_types import RolloutFnTrainInput, RolloutFnTrainOutput
+    from miles.rollout.inference_rollout.compatibility import call_rollout_function
+    from miles.rollout.inference_rollout.inference_rollout_common import InferenceRolloutFn
+    from miles.utils.types import Sample
+
+    import cwtrain.integrations.miles as package
+
+    monkeypatch.setenv("CWTRAIN_ROLLOUT_CONCURRENCY", "1")
+    args = miles_args(tmp_path, rollout_batch_size=4)
+    fn, _ = _build(args)
+    assert isinstance(fn, InferenceRolloutFn) and type(fn) is package.CoreWeaveRolloutFn
+    assert type(fn).__name__ == "CoreWeaveRolloutFn"
+    assert fn.state.generate_fn_semaphore._value == 1  # was 512 * 0 // 1 = 0: every generate would hang
+    output = call_rollout_function(fn, RolloutFnTrainInput(rollout_id=3, weight_version=None))
+    assert isinstance(output, RolloutFnTrainOutput) and len(output.samples) == 4
+    assert len(fake.bodies) == 4 and all(b["n"] == args.n_samples_per_prompt for b in fake.bodies)
+    assert fake.peak == 1  # CWTRAIN_ROLLOUT_CONCURRENCY bounds the groups in flight
+    assert fake.bodies[0]["prompt"] == fn.state.tokenizer.encode("1+1=")  # miles' own tokenizer
+    for group in output.samples:
+        for sample in group:
+            assert isinstance(sample, Sample) and sample.weight_versions == ["4"]
+            assert sample.oldest_weight_version == 4
+            assert sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+            assert sample.reward in (0.0, 1.0) and sample.rollout_log_probs is not None
+    assert output.metrics["coreweave/rollout_id"] == 3.0
+
+
+def test_rollout_class_tags_miles_weight_version_when_nothing_else_says(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles.rollout.base_types import RolloutFnEvalInput, RolloutFnTrainInput
+    from miles.rollout.inference_rollout.compatibility import call_rollout_function
+
+    with FakeCompletions(identity=None) as server:
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", server.base_url)
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", "tiny")
+        args = miles_args(tmp_path, group_rm=True, custom_rm_path="rewards_for_tests.per_group")
+        fn, _ = _build(args)
+        output = call_rollout_function(fn, RolloutFnTrainInput(rollout_id=0, weight_version=5))
+        assert {s.weight_versions[-1] for g in output.samples for s in g} == {"5"}
+        assert [s.reward for s in output.samples[0]] == [0.0, 1.0, 0.0]
+        with pytest.raises(ConfigError, match="--eval-interval"):
+            call_rollout_function(fn, RolloutFnEvalInput(rollout_id=0))
+
+
+def test_rollout_class_refuses_bypassed_flags(miles_stubs: Path, tmp_path: Path, fake: FakeCompletions) -> None:
+    with pytest.raises(ConfigError, match="--custom-generate-function-path"):
+        _build(miles_args(tmp_path, custom_generate_function_path="x.y"))
+
+
+def test_missing_miles_names_the_install() -> None:
+    import cwtrain.integrations.miles as package
+
+    with pytest.raises(ImportError, match="miles"):
+        package.CoreWeaveRolloutFn  # noqa: B018
+
+
+def test_post_write_hook_is_slimes_and_recognises_disk_delta(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles.utils.misc import load_function
+
+    import cwtrain.integrations.slime as slime
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher
+    from cwtrain.integrations.slime.post_write import use_publisher
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep")
+    args = miles_args(tmp_path)
+    write_hf_checkpoint(Path(args.hf_checkpoint), tiny_weights())
+    hook = load_function(args.custom_update_weight_post_write_path)
+    assert hook is slime.hook and load_function("cwtrain.integrations.miles.actor_hook") is slime.actor_hook
+    loader = RecordingLoader()
+    use_publisher(SlimePublisher(HookConfig("dep", "m", full_every=0).with_state_dir(args), loader))
+    run = SlimeRun(args, tiny_weights(), hook, world_size=2)
+    run.baseline()
+    run.step(nudge(tiny_weights(), ["lm_head.weight"], 0))
+    assert [(p[0], p[1]) for p in loader.published] == [("m-v000000", "FULL"), ("m-v000001", "INCREMENTAL")]
+    bad = argparse.Namespace(**{**vars(args), "update_weight_delta_checksum": "xxh3-128"})
+    use_publisher(SlimePublisher(HookConfig("dep", "m2", full_every=0).with_state_dir(args), loader))
+    with pytest.raises(ConfigError, match="adler32"):
+        hook(bad, args.update_weight_disk_dir, [])
+
+
+def test_post_save_hook_publishes_each_hf_export(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles.utils.misc import load_function
+
+    from cwtrain.integrations.miles import post_save
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep")
+    args = miles_args(tmp_path, save_hf=str(tmp_path / "hf_exports" / "iter_{rollout_id}"))
+    base = tiny_weights()
+    write_hf_checkpoint(Path(args.hf_checkpoint), base)
+    hook = load_function(args.custom_megatron_post_save_hook_path)
+    with pytest.raises(ConfigError, match="--save-hf"):
+        hook(args, 0, "/ckpt/iter_0000000", None)
+    loader = RecordingLoader()
+    config = HookConfig("dep", "ps", full_every=0, state_dir=str(tmp_path / "state"))
+    post_save._current = post_save.PostSavePublisher(SlimePublisher(config, loader))
+    exports = {}
+    weights = base
+    for rollout_id in (0, 9):
+        weights = nudge(weights, ["model.norm.weight"], rollout_id)
+        exports[rollout_id] = write_hf_checkpoint(Path(args.save_hf.format(rollout_id=rollout_id)), weights)
+        hook(argparse.Namespace(**{**vars(args), "rank": 1}), rollout_id, "/ckpt", str(exports[rollout_id]))
+        metrics = hook(args, rollout_id, f"/ckpt/iter_{rollout_id:07d}", str(exports[rollout_id]))
+        assert metrics["hotload/incremental"] == 1.0
+    published = [(p[0], p[1], p[2]) for p in loader.published]
+    assert published == [
+        ("ps-v000000", "FULL", None),
+        ("ps-v000001", "INCREMENTAL", "ps-v000000"),
+        ("ps-v000010", "INCREMENTAL", "ps-v000001"),
+    ]
+    index = loader.published[2][4]
+    assert index["metadata"]["version"] == "000010" and index["metadata"]["base_version"] == "000001"
+    assert list(index["weight_map"]) == ["model.norm.weight"]
+    assert not (tmp_path / "state" / "post-save" / "weight_v000010").exists()  # staging removed
+    json.dumps(metrics)
