@@ -620,20 +620,19 @@ class DeltaEncoder:
         state = self._state
         xor = state.xor_buffer(n)
         new_scratch, old_scratch = state.chunks(min(n, _CHUNK))
-        changed = False
         value = 1
+        # One pass, chunk by chunk so each chunk is still in cache for the Adler-32.
         for offset in range(0, n, _CHUNK):
             length = min(_CHUNK, n - offset)
             a = _read(new.data, offset, length, new_scratch)
             b = _read(old.data, offset, length, old_scratch)
-            part = xor[offset : offset + length]
-            np.bitwise_xor(a, b, out=part)
-            if not changed and part.any():
-                changed = True
+            _xor_into(a, b, xor[offset : offset + length])
             value = adler32(a, value)
-        if not changed:
+        frame = state.cctx.compress(memoryview(xor))
+        # No separate change-detection pass: only a frame small enough to be all zeros is checked.
+        if len(frame) <= _zero_frame_limit(n) and not np.count_nonzero(xor):
             return TensorResult(name, n, value, None, n)
-        return TensorResult(name, n, value, [state.cctx.compress(memoryview(xor))], n)
+        return TensorResult(name, n, value, [frame], n)
 
     def _encode_big(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
         state = self._state
@@ -648,10 +647,10 @@ class DeltaEncoder:
             a = _read(new, offset, length, new_scratch)
             b = _read(old, offset, length, old_scratch)
             part = xor[:length]
-            np.bitwise_xor(a, b, out=part)
+            _xor_into(a, b, part)
             value = adler32(a, value)
             if compressor is None:
-                if not part.any():
+                if not np.count_nonzero(part):
                     zero_prefix = offset + length
                     continue
                 compressor = zstandard.ZstdCompressor(
@@ -665,6 +664,19 @@ class DeltaEncoder:
             return TensorResult(name, n, value, None, _BIG_CHUNK)
         _append(pieces, compressor.flush())
         return TensorResult(name, n, value, pieces, _BIG_CHUNK)
+
+
+def _xor_into(a: U8Array, b: U8Array, out: U8Array) -> None:
+    """``out = a ^ b``, eight bytes at a time where the views allow it."""
+    if a.size % 8 == 0 and a.ctypes.data % 8 == 0 and b.ctypes.data % 8 == 0 and out.ctypes.data % 8 == 0:
+        np.bitwise_xor(a.view(np.uint64), b.view(np.uint64), out=out.view(np.uint64))
+    else:
+        np.bitwise_xor(a, b, out=out)
+
+
+def _zero_frame_limit(n: int) -> int:
+    """An upper bound on the level-1 frame size of ``n`` zero bytes (blocks of 128 KiB)."""
+    return 64 + 32 * (n // (128 << 10) + 1)
 
 
 def _append(pieces: list[Buffer], chunk: bytes) -> None:

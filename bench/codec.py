@@ -1,0 +1,267 @@
+"""Delta encode throughput: cwtrain's codec against a naive baseline and the zstd ceiling.
+
+A BF16 checkpoint of about ``--size`` bytes (default 0.5 GiB; hidden 1024, vocabulary
+50,000, so the embedding and LM head take zstd's multi-threaded path) is generated
+with a realistic optimizer step: ``--changed`` (1 %) of the values move by one or two
+units in the last place. Then, in one run, on the same bytes:
+
+- **(a) diff**: ``cwtrain.hotload.delta.write_delta`` of the two directories (page cache warm);
+- **(b) memory**: ``DeltaEncoder.encode`` of the in-memory arrays;
+- **(c) naive**: read both tensors of each pair from the files into fresh arrays, numpy
+  XOR, single-threaded zstd level 1 of changed ones, ``zlib.adler32`` of the new bytes;
+- **(d) ceiling**: zstd level 1 alone on the precomputed XOR of every changed tensor,
+  one tensor per task on all cores.
+
+Ratios are throughput ratios (``a/c`` = time(c) / time(a)); goals: ``a/d`` and ``b/d``
+>= 0.85, ``a/c`` and ``b/c`` >= 4 on 2 cores. ``--memory`` also runs (a) in a child
+process and reports its peak RSS.
+
+    .venv-3.12/bin/python bench/codec.py --size 64MiB        # quick check
+    .venv-3.12/bin/python bench/codec.py                     # the full 0.5 GiB run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from cwtrain.hotload.codec import DeltaEncoder, default_workers
+from cwtrain.hotload.delta import open_checkpoint, write_delta
+from cwtrain.hotload.format import INDEX_NAME, TensorData, TensorEntry, encode_header
+
+UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9}
+
+
+def parse_size(text: str) -> int:
+    """``512MiB`` -> bytes."""
+    lowered = text.strip().lower()
+    digits = lowered.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return int(float(digits) * UNITS[lowered[len(digits) :]])
+
+
+def shapes(size: int) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of a decoder-only model of about ``size`` BF16 bytes."""
+    hidden, vocab, inter = (1024, 50_000, 2816) if size >= 256 << 20 else (256, 8_000, 704)
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden)}
+    per_layer = 2 * (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden)
+    layers = max(1, (size - 2 * 2 * vocab * hidden) // per_layer)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out[p + f"self_attn.{name}.weight"] = (hidden, hidden)
+        out[p + "mlp.gate_proj.weight"] = (inter, hidden)
+        out[p + "mlp.up_proj.weight"] = (inter, hidden)
+        out[p + "mlp.down_proj.weight"] = (hidden, inter)
+        out[p + "input_layernorm.weight"] = (hidden,)
+        out[p + "post_attention_layernorm.weight"] = (hidden,)
+    out["model.norm.weight"] = (hidden,)
+    return out
+
+
+def generate(size: int, changed: float, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Old and new BF16 weights (as uint16 arrays): ``changed`` of the values move by 1-2 ulp."""
+    rng = np.random.default_rng(seed)
+    old: dict[str, np.ndarray] = {}
+    new: dict[str, np.ndarray] = {}
+    for name, shape in shapes(size).items():
+        count = int(np.prod(shape))
+        values = (rng.standard_normal(count, dtype=np.float32) * 0.02).view(np.uint32)
+        bf16 = (values >> 16).astype(np.uint16)
+        moved = bf16.copy()
+        picks = rng.choice(count, size=max(1, int(count * changed)), replace=False)
+        moved[picks] += rng.choice(np.array([1, 2, 65535, 65534], np.uint16), size=picks.size)
+        old[name], new[name] = bf16, moved
+    return old, new
+
+
+def save(root: Path, tensors: dict[str, np.ndarray], shard_bytes: int = 256 << 20) -> None:
+    """A sharded BF16 checkpoint written with cwtrain's header writer."""
+    root.mkdir(parents=True)
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in tensors:
+        if groups[-1] and size + tensors[name].nbytes > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += tensors[name].nbytes
+    weight_map = {}
+    for i, names in enumerate(groups):
+        shard = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        entries, offset = [], 0
+        for name in names:
+            entries.append(TensorEntry(name, "BF16", tuple(tensors[name].shape), offset, offset + tensors[name].nbytes))
+            offset += tensors[name].nbytes
+        with open(root / shard, "wb") as out:
+            out.write(encode_header(entries, {"format": "pt"}))
+            for name in names:
+                out.write(memoryview(tensors[name]))
+        weight_map.update(dict.fromkeys(names, shard))
+    total = sum(t.nbytes for t in tensors.values())
+    (root / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (root / "config.json").write_text("{}")
+
+
+def best(fn: Callable[[], object], repeat: int) -> float:
+    """Best wall time of ``repeat`` runs."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def naive(base: Path, new: Path) -> int:
+    """(c): fresh reads, numpy XOR, single-threaded zstd level 1, zlib Adler-32."""
+    compressor = zstandard.ZstdCompressor(level=1, write_content_size=True, write_checksum=False)
+    payload = 0
+    with open_checkpoint(base) as old_ckpt, open_checkpoint(new) as new_ckpt:
+        for name, tensor in new_ckpt.tensors.items():
+            a_region, b_region = tensor.data, old_ckpt.tensors[name].data
+            a = np.fromfile(
+                new_ckpt.path / new_ckpt.index["weight_map"][name],
+                np.uint8,
+                count=a_region.nbytes,
+                offset=a_region.offset,
+            )  # type: ignore[union-attr]
+            b = np.fromfile(
+                old_ckpt.path / old_ckpt.index["weight_map"][name],
+                np.uint8,
+                count=b_region.nbytes,
+                offset=b_region.offset,
+            )  # type: ignore[union-attr]
+            xor = np.bitwise_xor(a, b)
+            zlib.adler32(a)
+            if xor.any():
+                payload += len(compressor.compress(xor))
+    return payload
+
+
+def ceiling(xors: list[np.ndarray], workers: int) -> int:
+    """(d): zstd level 1 alone on the XOR bytes, one tensor per task, all cores."""
+
+    def one(x: np.ndarray) -> int:
+        return len(zstandard.ZstdCompressor(level=1, write_content_size=True, write_checksum=False).compress(x))
+
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(pool.map(one, xors))
+
+
+def child_peak_rss(base: Path, new: Path, out: Path, workers: int) -> int:
+    """Peak RSS (bytes) of a child process that only runs write_delta."""
+    code = (
+        "import sys; from cwtrain.hotload.delta import write_delta; "
+        "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4]))"
+    )
+    subprocess.run([sys.executable, "-c", code, str(base), str(new), str(out), str(workers)], check=True)
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=parse_size, default=512 << 20, help="checkpoint size (default 512MiB)")
+    parser.add_argument("--changed", type=float, default=0.01, help="fraction of values changed (0.01)")
+    parser.add_argument("--workers", type=int, default=default_workers(), help="threads (default: CPUs)")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per measurement, best kept (2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory", action="store_true", help="also measure (a)'s peak RSS in a child process")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args(argv)
+
+    scratch = Path(tempfile.mkdtemp(prefix="cwtrain-bench-codec-", dir=args.dir))
+    try:
+        old, new = generate(args.size, args.changed, args.seed)
+        total = sum(t.nbytes for t in new.values())
+        save(scratch / "old", old)
+        save(scratch / "new", new)
+        old_td = {n: TensorData("BF16", a.shape, a) for n, a in old.items()}
+        new_td = {n: TensorData("BF16", a.shape, a) for n, a in new.items()}
+        xors = [
+            np.bitwise_xor(new[n], old[n]).view(np.uint8) for n in sorted(new) if not np.array_equal(new[n], old[n])
+        ]
+
+        runs = 0
+
+        def diff() -> None:
+            nonlocal runs
+            runs += 1
+            write_delta(
+                scratch / "old",
+                scratch / "new",
+                scratch / f"delta{runs}",
+                version="2",
+                base_version="1",
+                workers=args.workers,
+            )
+
+        naive(scratch / "old", scratch / "new")  # warm the page cache
+        with DeltaEncoder(workers=args.workers) as encoder:
+            encoder.encode(new_td, old_td)  # warm buffers and threads
+            t_b = best(lambda: encoder.encode(new_td, old_td), args.repeat)
+            payload = encoder.encode(new_td, old_td).stats.payload_bytes
+        t_a = best(diff, args.repeat)
+        t_c = best(lambda: naive(scratch / "old", scratch / "new"), args.repeat)
+        t_d = best(lambda: ceiling(xors, args.workers), args.repeat)
+        peak = (
+            child_peak_rss(scratch / "old", scratch / "new", scratch / "delta-mem", args.workers)
+            if args.memory
+            else None
+        )
+
+        gbps = {k: total / t / 1e9 for k, t in {"a": t_a, "b": t_b, "c": t_c, "d": t_d}.items()}
+        result = {
+            "checkpoint_bytes": total,
+            "tensors": len(new),
+            "changed_fraction": args.changed,
+            "workers": args.workers,
+            "seconds": {"a_diff": t_a, "b_memory": t_b, "c_naive": t_c, "d_ceiling": t_d},
+            "gb_per_s": gbps,
+            "ratios": {"a/c": t_c / t_a, "b/c": t_c / t_b, "a/d": t_d / t_a, "b/d": t_d / t_b},
+            "delta_percent_of_full": 100.0 * payload / total,
+            "peak_rss_bytes_a": peak,
+        }
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print(
+                f"checkpoint {total / 2**20:.0f} MiB BF16, {len(new)} tensors, {args.changed:.1%} of values changed, "
+                f"{args.workers} workers"
+            )
+            print(f"{'run':<28}{'seconds':>10}{'GB/s':>8}")
+            for key, label in (
+                ("a", "(a) diff of directories"),
+                ("b", "(b) encode from memory"),
+                ("c", "(c) naive baseline"),
+                ("d", "(d) zstd ceiling"),
+            ):
+                print(
+                    f"{label:<28}{result['seconds'][dict(a='a_diff', b='b_memory', c='c_naive', d='d_ceiling')[key]]:>10.3f}"
+                    f"{gbps[key]:>8.2f}"
+                )
+            for name, value in result["ratios"].items():
+                print(f"ratio {name:<22}{value:>10.2f}")
+            print(f"delta size {result['delta_percent_of_full']:.2f} % of full")
+            if peak is not None:
+                print(f"peak RSS of (a) {peak / 2**20:.0f} MiB")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
