@@ -257,7 +257,9 @@ class ControlPlaneServer:
         self.state = state
         self.faults = faults or APIFaults()
         self._server = _Server(port, state, frozenset(tokens), frozenset(viewer_tokens), self.faults)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="cwtrain-local-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="cwtrain-local-api", daemon=True
+        )
 
     @property
     def port(self) -> int:

@@ -195,7 +195,9 @@ class GatewayServer:
 
     def __init__(self, gateway_id: str, router: Router, tokens: frozenset[str], port: int = 0) -> None:
         self._server = _Server(port, gateway_id, router, tokens)
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"gateway-{gateway_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name=f"gateway-{gateway_id}", daemon=True
+        )
 
     @property
     def url(self) -> str:
