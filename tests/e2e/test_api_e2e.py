@@ -117,6 +117,13 @@ def test_python_api_sequence(stack: LocalStack, api: InferenceClient, tmp_path: 
     assert status.hot_load.previous_identity == "py-v000000" and len(status.replicas) == 2
     assert loader.current_identity() == "py-v000001"
 
+    # Single-flight: a hot-load created while another runs waits for it, then goes through.
+    first = loader.rollback("py-v000000", wait=False)
+    again = loader.trigger("py-v000001", previous_identity="py-v000000")
+    assert api.get_hot_load(first.id).terminal
+    assert loader.wait(again.id).state is HotLoadState.COMPLETED
+    _served(loader, again.id, "py-v000001")
+
     back = loader.rollback("py-v000000")
     assert back.state is HotLoadState.COMPLETED and back.type is SnapshotType.FULL and back.id != full.id
     _served(loader, back.id, "py-v000000")
