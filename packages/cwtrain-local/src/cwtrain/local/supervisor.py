@@ -33,8 +33,9 @@ from typing import Any
 
 from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND, ReplicaProcess
 from cwtrain.local.objectstore import free_port
+from cwtrain.local.records import DeploymentRecord, HotLoadRecord, ReplicaRecord
 from cwtrain.local.resources import now
-from cwtrain.local.state import ControlPlaneState, DeploymentRecord, HotLoadRecord, ReplicaRecord
+from cwtrain.local.state import ControlPlaneState
 
 __all__ = ["Supervisor"]
 
