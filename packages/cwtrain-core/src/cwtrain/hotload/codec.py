@@ -97,6 +97,7 @@ __all__ = [
     "as_uint8",
     "decode_frame",
     "default_workers",
+    "delta_shard_header",
     "load_full",
     "load_full_dir",
     "memory_budget_from_env",
@@ -271,6 +272,11 @@ class ShardSink:
         """Tensor → shard name, ascending by tensor name."""
         count = len(self.shards)
         return {name: shard_name(i, count) for i, members in enumerate(self.shards) for name, _, _ in members}
+
+
+def delta_shard_header(members: Sequence[tuple[str, Any, int]], checksums: Mapping[str, int]) -> bytes:
+    """The header of a delta shard: ``(name, _, payload length)`` members in order, Adler-32s by name."""
+    return _delta_header(members, checksums)
 
 
 def _delta_header(members: Sequence[tuple[str, Any, int]], checksums: Mapping[str, int]) -> bytes:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.codec import DeltaEncoder, FileRegion, ShardSink
+from cwtrain.hotload.codec import DeltaEncoder, FileRegion, ShardSink, delta_shard_header
 from cwtrain.hotload.format import (
     CHECKSUM_FORMAT,
     DEFAULT_SHARD_BYTES,
@@ -235,7 +235,7 @@ class _DiskSink(ShardSink):
             self._out = None
         count = len(self.shards)
         for position, members in enumerate(self.shards):
-            header = _delta_header_bytes(members, checksums)
+            header = delta_shard_header(members, checksums)
             target = self.directory / shard_name(position, count)
             with open(target, "wb") as out, open(self._data[position], "rb") as data:
                 out.write(header)
@@ -247,15 +247,6 @@ class _DiskSink(ShardSink):
         if self._out is not None:
             self._out.close()
             self._out = None
-
-
-def _delta_header_bytes(members: Sequence[tuple[str, Any, int]], checksums: Mapping[str, int]) -> bytes:
-    entries = []
-    offset = 0
-    for name, _, length in members:
-        entries.append(TensorEntry(name, "U8", (length,), offset, offset + length))
-        offset += length
-    return encode_header(entries, {name: f"{checksums[name]:08x}" for name, _, _ in members})
 
 
 def _copy_all(fd_in: int, out: Any, offset: int = 0, count: int | None = None) -> None:
