@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from _upload_util import MIB, open_uploads, sha256, stored, write_full_snapshot
 
-from cwtrain.errors import ConfigError, SnapshotConflictError, UsageError
+from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, UsageError
 from cwtrain.hotload import objects
 from cwtrain.hotload.format import INDEX_NAME, SnapshotFile
 from cwtrain.hotload.upload import SnapshotUpload, UploadedFile, upload_snapshot
@@ -269,3 +269,24 @@ def test_part_size_for_huge_objects() -> None:
     huge = 1000 * 64 * MIB * 11  # would need 11,000 parts of 64 MiB
     size = objects.part_size_for(huge)
     assert size % MIB == 0 and -(-huge // size) <= objects.MAX_PARTS and size > 64 * MIB
+
+
+def test_distributed_publish_ranks_share_then_one_commits(s3_bucket: tuple[Any, str], s3: Any) -> None:
+    """Ranks store their shards with finish_share(); the committer checks them, then writes the index."""
+    _, bucket = s3_bucket
+    names = [f"model-0000{i}-of-00002.safetensors" for i in range(2)]
+    committer = SnapshotUpload(s3, bucket=bucket, identity="dist", shared_files=names)
+    with committer:  # opened before the ranks finish: commit looks the shards up again
+        with SnapshotUpload(s3, bucket=bucket, identity="dist") as rank0:
+            rank0.add(SnapshotFile.from_bytes(names[0], b"rank0"))
+            assert [f.name for f in rank0.finish_share()] == [names[0]]
+        with pytest.raises(SnapshotError, match="not stored yet") as info:
+            committer.commit(b'{"weight_map": {}}')
+        assert names[1] in str(info.value) and names[0] not in str(info.value)
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"dist/{INDEX_NAME}").get("KeyCount") == 0
+    with SnapshotUpload(s3, bucket=bucket, identity="dist") as rank1:
+        rank1.add(SnapshotFile.from_bytes(names[1], b"rank1"))
+        rank1.finish_share()
+    with SnapshotUpload(s3, bucket=bucket, identity="dist", shared_files=names) as final:
+        assert final.commit(b'{"weight_map": {}}') == f"s3://{bucket}/dist/"
+    assert set(stored(s3, bucket, "dist")) == {*names, INDEX_NAME}

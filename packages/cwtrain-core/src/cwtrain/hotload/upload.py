@@ -421,6 +421,10 @@ class SnapshotUpload:
             source = ObjectSource.from_buffers(index.name, index.buffers)
         try:
             self.wait()
+            for name in sorted(self.shared_files - set(self.existing)):  # other writers may have finished since
+                remote = head_object(self.s3, self.bucket, f"{self.prefix}/{name}")
+                if remote is not None:
+                    self.existing[name] = remote
             missing = sorted(self.shared_files - set(self.existing))
             if missing:
                 raise SnapshotError(f"{self.uri}: files of other writers are not stored yet: {', '.join(missing)}")
