@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.codec import ShardSink, _delta_header
+from cwtrain.hotload.codec import ShardSink, delta_shard_header
 from cwtrain.hotload.format import (
     CHECKSUM_FORMAT,
     DEFAULT_SHARD_BYTES,
@@ -138,7 +138,7 @@ class _LayoutSink(ShardSink):
         files = []
         for shard in sorted(self.members):
             members = self.members[shard]
-            buffers: list[Any] = [_delta_header(members, checksums)]
+            buffers: list[Any] = [delta_shard_header(members, checksums)]
             for _, pieces, _ in members:
                 buffers.extend(pieces)
             files.append(SnapshotFile(shard, tuple(buffers)))
