@@ -107,7 +107,9 @@ def test_python_api_sequence(stack: LocalStack, api: InferenceClient, tmp_path: 
     changed = np.frombuffer(base[name].data, dtype=np.uint8).copy()
     changed[::2] ^= 1  # the low mantissa byte of each BF16 value: a small change
     new[name] = TensorData(base[name].dtype, base[name].shape, changed.tobytes())
+    stack.faults.api.drop_next(1, method="POST", path="/hotLoads$")  # created, but the answer is lost
     delta = loader.publish(new, "py-v000001", previous_identity="py-v000000", base=base)
+    assert [h.id for h in loader.list() if h.identity == "py-v000001"] == [delta.id]  # adopted, not doubled
     assert delta.state is HotLoadState.COMPLETED and delta.type is SnapshotType.INCREMENTAL
     _served(loader, delta.id, "py-v000001")
 
