@@ -356,7 +356,9 @@ def test_live_tensor_actor_publishes_the_same_bytes_as_the_directory_path(
     actor.update_weights()  # the baseline: --hf-checkpoint as live-v000000
     _served_by_both(loader, "live-v000000")
     for step in (1, 2):
-        actor.weights = _trained(actor.weights, step)
+        trained = _trained(actor.weights, step)
+        for name, tensor in actor.weights.items():  # an optimizer step updates parameters in place
+            tensor.copy_(trained[name])
         actor.update_weights()
         _served_by_both(loader, f"live-v{step:06d}")
     assert actor.weight_updater.update_weight_metrics["hotload/incremental"] == 1.0

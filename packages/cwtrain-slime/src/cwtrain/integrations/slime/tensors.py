@@ -103,10 +103,44 @@ class TorchCollective:
         return box[0]
 
 
-def _tensor_data(name: str, tensor: Any) -> Any:
-    from cwtrain.hotload._publish_tensors import as_tensor_data
+def _is_torch(tensor: Any) -> bool:
+    return type(tensor).__module__.startswith("torch") and hasattr(tensor, "detach")
 
-    return as_tensor_data(name, tensor)
+
+def _host_copy(name: str, tensor: Any) -> Any:
+    """A host-memory :class:`~cwtrain.hotload.format.TensorData` *copy* of ``tensor``.
+
+    A copy, never a view: the trainer updates its parameters in place, and the served copy
+    must keep the bytes the replicas hold.
+    """
+    import numpy as np
+
+    from cwtrain.hotload._publish_tensors import as_tensor_data
+    from cwtrain.hotload.format import TensorData
+
+    if _is_torch(tensor):
+        from cwtrain.hotload.torch import safetensors_dtype
+
+        host = tensor.detach().contiguous().to("cpu", copy=True)
+        return TensorData(
+            safetensors_dtype(host.dtype), tuple(host.shape), host.reshape(-1).view(torch_uint8()).numpy()
+        )
+    data = as_tensor_data(name, tensor)
+    raw: Any = data.data
+    return TensorData(data.dtype, tuple(data.shape), np.array(np.frombuffer(raw, dtype=np.uint8), copy=True))
+
+
+def torch_uint8() -> Any:
+    """``torch.uint8`` (torch is imported only on the torch path)."""
+    import torch
+
+    return torch.uint8
+
+
+def _nbytes(tensor: Any) -> int:
+    if _is_torch(tensor):
+        return int(tensor.numel() * tensor.element_size())
+    return int(tensor.nbytes)
 
 
 def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, Any]:
@@ -179,7 +213,7 @@ class TensorPublisher:
             CWTrainError: publishing failed on some rank (raised on every rank).
         """
         started = time.perf_counter()
-        tensors = {name: _tensor_data(name, tensor) for name, tensor in named_tensors}
+        tensors = dict(named_tensors)  # live tensors: on the device for the torch path
         export_seconds = time.perf_counter() - started
         if self.served is None:
             return self._baseline(args, tensors)
@@ -188,7 +222,6 @@ class TensorPublisher:
         every = self.config.full_every
         full = (every > 0 and self.version % every == 0) or self._needs_full
         metrics = self._publish(identity, tensors, full=full)
-        self.served = tensors
         if metrics is not None:
             metrics["hotload/export_seconds"] = export_seconds
         return metrics
@@ -210,7 +243,7 @@ class TensorPublisher:
         for name, tensor in tensors.items():
             if name not in base:  # as slime does: absent from the HF checkpoint, seed from the model
                 log.warning("%s is not in --hf-checkpoint; its served copy starts from the trainer's tensor", name)
-                base[name] = tensor
+                base[name] = _host_copy(name, tensor)
         self.served = base
         self.served_identity = identity_for(self.config.run_id, 0)
         return metrics
@@ -222,22 +255,43 @@ class TensorPublisher:
 
     # ------------------------------------------------------------------ versions
 
-    def _encode(self, tensors: Mapping[str, Any], *, full: bool) -> Any:
+    def _encode(self, tensors: Mapping[str, Any], host: Mapping[str, Any], *, full: bool) -> Any:
+        """This rank's snapshot: FULL from host copies, else the delta against the served copy.
+
+        Torch tensors are XORed where they live (:class:`~cwtrain.hotload.torch.TorchDeltaEncoder`,
+        byte-identical to the numpy codec); anything else goes through the numpy codec.
+        """
         from cwtrain.hotload.codec import DeltaEncoder
 
+        if full:  # name order: the same bytes whatever order the model yields its tensors in
+            if not host:
+                return None
+            with DeltaEncoder() as encoder:
+                return encoder.encode_full({n: host[n] for n in sorted(host)})
+        assert self.served is not None
+        base = {name: self.served[name] for name in tensors}
+        if tensors and all(_is_torch(t) for t in tensors.values()):
+            from cwtrain.hotload.torch import TorchDeltaEncoder
+
+            with TorchDeltaEncoder() as torch_encoder:
+                return torch_encoder.encode(tensors, base)
         with DeltaEncoder() as encoder:
-            if full:  # name order: the same bytes whatever order the model yields its tensors in
-                return encoder.encode_full({n: tensors[n] for n in sorted(tensors)}) if tensors else None
-            assert self.served is not None
-            base = {name: self.served[name] for name in tensors}
-            return encoder.encode(tensors, base)
+            return encoder.encode({n: _host_copy(n, t) for n, t in tensors.items()}, base)
 
     def _publish(self, identity: str, tensors: Mapping[str, Any], *, full: bool) -> dict[str, float] | None:
         from cwtrain.hotload.format import SnapshotFile, shard_name
 
         metrics: dict[str, float] = {"hotload/chain_cut": float(full), "hotload/incremental": 0.0}
         started = time.perf_counter()
-        snap = self._encode(tensors, full=full)
+        host = {name: _host_copy(name, tensor) for name, tensor in tensors.items()} if full else {}
+        snap = self._encode(tensors, host, full=full)
+        # the next delta's base (a failure forces a FULL next, which needs no base)
+        if full:
+            self.served = host
+        elif snap is not None:
+            assert self.served is not None
+            for name in snap.changed:  # only changed tensors cross to host memory again
+                self.served[name] = _host_copy(name, tensors[name])
         files = list(snap.files) if snap is not None else []
         counts = self.collective.all_gather_object(len(files))
         total, offset = sum(counts), sum(counts[: self.rank])
@@ -257,7 +311,7 @@ class TensorPublisher:
         files = [SnapshotFile(renamed[f.name], tuple(f.buffers)) for f in files]
         weight_map = {name: renamed[shard] for name, shard in (snap.index_json["weight_map"] if snap else {}).items()}
         checksums = dict(snap.checksums) if snap is not None else {}
-        size = sum(t.nbytes for t in tensors.values())
+        size = sum(_nbytes(t) for t in tensors.values())
 
         loader = self.publisher.loader if self.rank == 0 else None
         error: str | None = None
