@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FakeGym, StubEndpoint, write_rows
+from gym_support import FakeGym, StubEndpoint, write_rows
 
 from cwtrain.errors import CWTrainError
 from cwtrain.integrations.gym import GymNotInstalledError

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import FakeGym, write_rows
+from gym_support import FakeGym, write_rows
 
 from cwtrain.cli import main as cwtrain_main
 from cwtrain.errors import CWTrainError, NotFoundError, UsageError

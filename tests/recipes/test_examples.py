@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RECIPES, RECIPES_DIR, TRAINING_RECIPES, fill, load_json, placeholders_in
+from recipe_files import RECIPES, RECIPES_DIR, TRAINING_RECIPES, fill, load_json, placeholders_in
 
 from cwtrain.cli import main as cwtrain_main
 from cwtrain.errors import NotFoundError, UsageError

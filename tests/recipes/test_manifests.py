@@ -19,8 +19,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import RECIPES, RECIPES_DIR, SERVICE_ACCOUNTS
 from packaging.version import Version
+from recipe_files import RECIPES, RECIPES_DIR, SERVICE_ACCOUNTS
 
 CORE_KINDS = {"ServiceAccount", "ConfigMap", "Job", "PersistentVolumeClaim"}
 #: Files a user creates before `kubectl apply -k` (from an example in the same folder).

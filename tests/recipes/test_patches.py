@@ -12,7 +12,7 @@ import re
 
 import pytest
 import yaml
-from conftest import RECIPES_DIR
+from recipe_files import RECIPES_DIR
 
 PATCHES = {
     "slime": (

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import (
+from policy_eval import Policies, Principal, bucket_decision, org_decision
+from recipe_files import (
     RECIPES,
     RECIPES_DIR,
     SERVICE_ACCOUNTS,
@@ -20,7 +21,6 @@ from conftest import (
     load_json,
     placeholders_in,
 )
-from policy_eval import Policies, Principal, bucket_decision, org_decision
 
 ORG = "ab12cd"
 BUCKET = "rl-weights"

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, RECIPES_DIR
+from recipe_files import RECIPES, RECIPES_DIR
 
 DOTTED = re.compile(r"\bcwtrain\.integrations(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 FROM_IMPORT = re.compile(r"from (cwtrain\.integrations[\w.]*) import ([\w, ]+)")
