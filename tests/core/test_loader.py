@@ -401,3 +401,14 @@ def test_wait_lets_replicas_catch_up_after_completed(
         assert loader.wait(hot.id).state is HotLoadState.COMPLETED
     assert any("1/2 replicas serve 'y'" in r.getMessage() for r in caplog.records)
     fake.injected.clear()
+
+
+def test_publish_accepts_a_snapshot_info(s3_loader: tuple[HotLoader, Any, str], tmp_path: Path) -> None:
+    from cwtrain.hotload.inspect import inspect_snapshot
+
+    loader, s3, bucket = s3_loader
+    info = inspect_snapshot(_full_dir(tmp_path / "f", _weights(2)))
+    assert loader.publish(info, "info-v000000").type is SnapshotType.FULL
+    assert "hotload/info-v000000/config.json" in _keys(s3, bucket, "hotload/info-v000000/")
+    with pytest.raises(SnapshotError):
+        loader.publish(info, "info-v000001", previous_identity="info-v000000")

@@ -572,7 +572,7 @@ class HotLoader:
 
     def publish(
         self,
-        checkpoint: str | os.PathLike[str] | Mapping[str, Any],
+        checkpoint: str | os.PathLike[str] | SnapshotInfo | Mapping[str, Any],
         identity: str,
         *,
         previous_identity: str | None = None,
@@ -588,8 +588,9 @@ class HotLoader:
         """Upload a snapshot, create its hot-load and (by default) wait for it.
 
         Args:
-            checkpoint: a snapshot directory (FULL checkpoint or delta), or in-memory
-                tensors (name → numpy array / torch tensor / ``TensorData``).
+            checkpoint: a snapshot directory (FULL checkpoint or delta), its
+                ``SnapshotInfo``, or in-memory tensors (name → numpy array / torch tensor /
+                ``TensorData``).
             identity: the new snapshot identity.
             previous_identity: the predecessor (a delta directory's default comes from
                 its index; for tensors it makes the snapshot a delta against ``base``).
@@ -607,16 +608,16 @@ class HotLoader:
         budget = _Budget(self.timeout if timeout is None else timeout)
         validate_identity(identity)
         info: SnapshotInfo | None = None
-        if isinstance(checkpoint, (str, os.PathLike)):
-            info = self.upload(checkpoint, identity, previous_identity=previous_identity, workers=workers)
-            previous_identity = None
-            kind = None
-        else:
+        if isinstance(checkpoint, Mapping):
             from cwtrain.hotload import _publish_tensors
 
             kind = _publish_tensors.upload_tensors(
                 self, checkpoint, identity, previous_identity, base, workers, extra_files
             )
+        else:
+            info = self.upload(checkpoint, identity, previous_identity=previous_identity, workers=workers)
+            previous_identity = None
+            kind = None
         self.wait_for_deployment_ready(timeout=max(budget.remaining, 1e-3))
         hot_load = self.trigger(
             identity,
