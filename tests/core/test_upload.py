@@ -264,6 +264,18 @@ def test_part_size_below_50_mb_is_refused_before_any_io(tmp_path: Path, s3_bucke
     assert calls.ops == []
 
 
+def test_configured_part_size_and_budget_are_checked(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_PART_SIZE", "1000")
+    with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_PART_SIZE=1000"):
+        SnapshotUpload(s3, bucket="b-b", identity="x")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_PART_SIZE", str(100 * MIB))
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_MEMORY_BUDGET", "0")
+    with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_MEMORY_BUDGET"):
+        SnapshotUpload(s3, bucket="b-b", identity="x")
+    monkeypatch.delenv("CWTRAIN_HOTLOAD_MEMORY_BUDGET")
+    assert SnapshotUpload(s3, bucket="b-b", identity="x").part_size == 100 * MIB
+
+
 def test_part_size_for_huge_objects() -> None:
     assert objects.part_size_for(10 * MIB) == 64 * MIB
     huge = 1000 * 64 * MIB * 11  # would need 11,000 parts of 64 MiB

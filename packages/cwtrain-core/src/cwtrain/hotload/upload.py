@@ -61,7 +61,7 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.config import env_int
-from cwtrain.errors import SnapshotConflictError, SnapshotError, UsageError
+from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, UsageError
 from cwtrain.hotload.access import check_snapshot_access
 from cwtrain.hotload.format import INDEX_NAME, snapshot_prefix, validate_identity
 from cwtrain.hotload.objects import (
@@ -222,10 +222,18 @@ class SnapshotUpload:
         self.prefix = snapshot_prefix(self.path_prefix, self.identity)
         self.uri = snapshot_uri(bucket, self.path_prefix, self.identity)
         self.workers = workers
-        self.part_size = check_part_size(
-            part_size if part_size is not None else env_int("CWTRAIN_HOTLOAD_PART_SIZE", DEFAULT_PART_SIZE)
+        if part_size is None:
+            configured = env_int("CWTRAIN_HOTLOAD_PART_SIZE", DEFAULT_PART_SIZE)
+            try:
+                part_size = check_part_size(configured)
+            except ConfigError as exc:
+                raise ConfigError(f"CWTRAIN_HOTLOAD_PART_SIZE={configured}: {exc}") from None
+        self.part_size = check_part_size(part_size)
+        budget = (
+            memory_budget
+            if memory_budget is not None
+            else env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET, minimum=1)
         )
-        budget = memory_budget if memory_budget is not None else env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", 1 << 30)
         self._budget = _Budget(budget)
         self._on_file = on_file
         self._on_progress = on_progress
