@@ -11,8 +11,9 @@ Needs torch (``pip install "cwtrain[torch]"``); imported only when used.
 
 ``new`` and ``base`` map names to tensors on the same device (``base`` may also hold
 :class:`~cwtrain.hotload.format.TensorData`, copied to the device batch by batch).
-Per batch of at most ``memory_budget`` bytes: XOR and change detection run on the
-device, one host synchronisation reads the "changed" flags (and, off the CPU, the
+Per batch of at most half the ``memory_budget`` (two batches are in flight: the
+next one runs on the device while the previous one compresses): XOR and change
+detection run on the device, one host synchronisation reads the "changed" flags (and, off the CPU, the
 Adler-32s, computed on the device); only the XOR of changed tensors is copied, once,
 into a reused host buffer (pinned when CUDA is available); then zstd runs in the
 numpy encoder's thread pool. The output is byte-identical to
@@ -27,9 +28,9 @@ Helpers: :func:`safetensors_dtype` (torch dtype → safetensors name),
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Buffer, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -139,7 +140,7 @@ class TorchDeltaEncoder:
     ) -> None:
         self._owned = encoder is None
         self.encoder = encoder or DeltaEncoder(workers=workers, memory_budget=memory_budget, shard_bytes=shard_bytes)
-        self._host = torch.empty(0, dtype=torch.uint8)
+        self._host = [torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)]
 
     def __enter__(self) -> TorchDeltaEncoder:
         return self
@@ -151,12 +152,12 @@ class TorchDeltaEncoder:
         """Close the numpy encoder if this object created it; drop the host buffer."""
         if self._owned:
             self.encoder.close()
-        self._host = torch.empty(0, dtype=torch.uint8)
+        self._host = [torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)]
 
-    def _host_buffer(self, n: int) -> torch.Tensor:
-        if self._host.numel() < n:
-            self._host = torch.empty(n, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-        return self._host[:n]
+    def _host_buffer(self, slot: int, n: int) -> torch.Tensor:
+        if self._host[slot].numel() < n:
+            self._host[slot] = torch.empty(n, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        return self._host[slot][:n]
 
     def encode(
         self,
@@ -178,11 +179,13 @@ class TorchDeltaEncoder:
         return self.encoder.assemble(results, start=start, version=version, base_version=base_version, sink=sink)
 
     def _batches(self, names: Sequence[str], new: Mapping[str, torch.Tensor]) -> Iterator[list[str]]:
+        """Groups of tensors of at most half the budget each (two batches are in flight)."""
+        limit = max(1, self.encoder.memory_budget // 2)
         batch: list[str] = []
         size = 0
         for name in names:
             nbytes = new[name].numel() * new[name].element_size()
-            if batch and size + nbytes > self.encoder.memory_budget:
+            if batch and size + nbytes > limit:
                 yield batch
                 batch, size = [], 0
             batch.append(name)
@@ -193,12 +196,31 @@ class TorchDeltaEncoder:
     def _results(
         self, names: Sequence[str], new: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor | TensorData]
     ) -> Iterator[TensorResult]:
-        for batch in self._batches(names, new):
-            yield from self._encode_batch(batch, new, base)
+        # Batch k+1 runs on the device while batch k compresses on the CPU; host buffers alternate.
+        pending: list[_Launched] | None = None
+        try:
+            for position, batch in enumerate(self._batches(names, new)):
+                launched = self._launch(batch, new, base, slot=position % 2)
+                if pending is not None:
+                    yield from _collect(pending)
+                pending = launched
+            if pending is not None:
+                yield from _collect(pending)
+                pending = None
+        finally:
+            leftover: list[_Launched] = pending or []
+            for item in leftover:
+                if item.future is not None:
+                    item.future.cancel()
 
-    def _encode_batch(
-        self, batch: list[str], new: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor | TensorData]
-    ) -> list[TensorResult]:
+    def _launch(
+        self,
+        batch: list[str],
+        new: Mapping[str, torch.Tensor],
+        base: Mapping[str, torch.Tensor | TensorData],
+        *,
+        slot: int,
+    ) -> list[_Launched]:
         xors: list[torch.Tensor] = []
         flags: list[torch.Tensor] = []
         adlers: list[int] = []
@@ -214,7 +236,7 @@ class TorchDeltaEncoder:
                 adlers.append(device_adler32(current))
         changed = torch.stack(flags).cpu().tolist() if flags else []
         total = sum(x.numel() for x, c in zip(xors, changed) if c)
-        host = self._host_buffer(total)
+        host = self._host_buffer(slot, total)
         views: dict[int, U8Array] = {}
         offset = 0
         for position, (xor, flag) in enumerate(zip(xors, changed)):
@@ -227,15 +249,28 @@ class TorchDeltaEncoder:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         del xors
-        futures: dict[int, Future[Any]] = {
-            position: self.encoder.pool.submit(self.encoder.compress_xor, view) for position, view in views.items()
-        }
-        results = []
+        out = []
         for position, name in enumerate(batch):
             nbytes = new[name].numel() * new[name].element_size()
-            pieces = futures[position].result() if position in futures else None
-            results.append(TensorResult(name, nbytes, adlers[position], pieces, nbytes))
-        return results
+            future = None
+            if position in views:
+                future = self.encoder.pool.submit(self.encoder.compress_xor, views[position])
+            out.append(_Launched(name, nbytes, adlers[position], future))
+        return out
+
+
+@dataclass
+class _Launched:
+    name: str
+    nbytes: int
+    adler: int
+    future: Future[list[Buffer]] | None
+
+
+def _collect(launched: list[_Launched]) -> Iterator[TensorResult]:
+    for item in launched:
+        pieces = item.future.result() if item.future is not None else None
+        yield TensorResult(item.name, item.nbytes, item.adler, pieces, item.nbytes)
 
 
 def _base_bytes(value: torch.Tensor | TensorData, device: torch.device) -> torch.Tensor:
