@@ -84,6 +84,7 @@ class StepRecord:
     logprob_gap: float | None = None
     rollout_seconds: float = 0.0
     train_seconds: float = 0.0
+    rollout_retries: int = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -250,11 +251,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         )
         s3 = stack.s3_client()
         loader = HotLoader(client, deployment.id, s3=s3, timeout=config.timeout, poll_interval=0.05)
-        sampler = CompletionSampler(
-            RolloutConfig(base_url=base_url, model="cwtrain-tiny", api_key=stack.token, concurrency=16),
-            group_size=config.group_size,
-            seed=config.seed,
-        )
+        rollout_config = RolloutConfig(base_url=base_url, model="cwtrain-tiny", api_key=stack.token, concurrency=16)
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
         identity = "initial"
@@ -264,12 +261,19 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 gap: float | None = None
                 seen: list[str] = []
                 t_rollout = t_train = 0.0
+                retries = 0
                 if step > 0:
                     t_start = time.monotonic()
                     prompts = task.prompts(config.prompts_per_step)
-                    batch = sampler.sample_groups_sync(
-                        [ids for _, ids in prompts], config.group_size, params, split=not config.group_requests
-                    )
+                    # a sampler per step, seeded from (seed, step): retry jitter in one step
+                    # cannot shift the sampling seeds of the next
+                    with CompletionSampler(
+                        rollout_config, group_size=config.group_size, seed=config.seed * 1_000_003 + step
+                    ) as sampler:
+                        batch = sampler.sample_groups_sync(
+                            [ids for _, ids in prompts], config.group_size, params, split=not config.group_requests
+                        )
+                    retries = int(batch.metrics.get("coreweave/retries", 0))
                     seen = list(batch.identities)
                     groups = [
                         [
@@ -290,7 +294,20 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 if not full and changed == 0:
                     records.append(
                         StepRecord(
-                            step, identity, "SKIPPED", mean_reward, 0, 0, 0.0, 0.0, 0, seen, gap, t_rollout, t_train
+                            step,
+                            identity,
+                            "SKIPPED",
+                            mean_reward,
+                            0,
+                            0,
+                            0.0,
+                            0.0,
+                            0,
+                            seen,
+                            gap,
+                            t_rollout,
+                            t_train,
+                            retries,
                         )
                     )
                     display.row(records[-1])
@@ -324,11 +341,11 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                     gap,
                     t_rollout,
                     t_train,
+                    retries,
                 )
                 records.append(rec)
                 display.row(rec)
         finally:
-            sampler.close()
             teardown = time.monotonic()
             try:
                 lifecycle.delete_deployment(client, deployment.id, timeout=60, poll_interval=0.1)
@@ -337,7 +354,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 log.warning("cleanup through the API failed (%s); stopping the stack", exc)
             client.close()
             teardown_seconds = time.monotonic() - teardown
-    return _summary(config, records, time.monotonic() - started, teardown_seconds, deployment.id)
+    summary = _summary(config, records, time.monotonic() - started, teardown_seconds, deployment.id)
+    summary["rollout_base_url"] = base_url
+    return summary
 
 
 def _summary(
@@ -374,6 +393,7 @@ def _summary(
         "rollouts_served_by_latest": all(
             r.served_identities == [records[i - 1].identity] for i, r in enumerate(records) if i > 0
         ),
+        "rollout_retries": sum(r.rollout_retries for r in records),
         "teardown_seconds": teardown,
         "total_seconds": seconds,
         "steps": [asdict(r) for r in records],

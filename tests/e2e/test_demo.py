@@ -1,0 +1,91 @@
+"""``cwtrain demo`` end to end, kept short (the full-length run is CI's ``cwtrain demo``)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+from cwtrain.local import demo
+
+pytestmark = pytest.mark.e2e
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _check_run(summary: dict[str, Any], steps: int, replicas: int) -> None:
+    records = summary["steps"]
+    assert [r["step"] for r in records] == list(range(steps + 1))
+    assert [r["identity"] for r in records] == [f"demo-s0-v{i:06d}" for i in range(steps + 1)]
+    assert records[0]["snapshot_type"] == "FULL" and records[0]["mean_reward"] is None
+    assert all(0.0 <= r["mean_reward"] <= 1.0 for r in records[1:])
+    assert summary["every_replica_served_every_version"] and summary["rollouts_served_by_latest"]
+    assert all(r["replicas_serving"] == replicas for r in records)
+    # every rollout of step k was served by the identity published at step k - 1
+    for prev, rec in itertools.pairwise(records):
+        assert rec["served_identities"] == [prev["identity"]]
+    for rec in records[1:]:
+        # BF16 serving vs float32 training: close but not identical log-probs
+        assert rec["logprob_gap"] is not None and 0 <= rec["logprob_gap"] < 0.05
+    assert summary["final_identity"] == records[-1]["identity"]
+    # everything was torn down: the gateway no longer answers
+    with pytest.raises(httpx.TransportError):
+        httpx.get(summary["rollout_base_url"] + "/models", timeout=2)
+
+
+@pytest.fixture(scope="module")
+def cli_run() -> dict[str, Any]:
+    """One short run through the CLI handler: its exit code, JSON stdout and stderr."""
+    capture = pytest.MonkeyPatch()
+    out, err = io.StringIO(), io.StringIO()
+    capture.setattr(sys, "stdout", out)
+    capture.setattr(sys, "stderr", err)
+    try:
+        code = demo.main(_args("--steps", "3", "--full-every", "2", "--no-check", "--replicas", "2"))
+    finally:
+        capture.undo()
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+
+
+def test_demo_cli_handler_publishes_deltas_and_fulls(cli_run: dict[str, Any]) -> None:
+    assert cli_run["code"] == 0
+    summary = json.loads(cli_run["out"])  # exactly one JSON document on stdout
+    err = cli_run["err"]
+    _check_run(summary, steps=3, replicas=2)
+    types = [r["snapshot_type"] for r in summary["steps"]]
+    assert types == ["FULL", "INCREMENTAL", "FULL", "INCREMENTAL"]
+    assert (summary["full_snapshots"], summary["delta_snapshots"]) == (2, 2)
+    delta = summary["steps"][1]
+    assert 0 < delta["snapshot_bytes"] < summary["steps"][0]["snapshot_bytes"]
+    assert delta["tensors_changed"] > 0
+    assert "step   3/3" in err and "median publish" in err and "everything torn down" in err
+
+
+def test_demo_is_reproducible_with_seed(cli_run: dict[str, Any]) -> None:
+    """Same seed, other replica count and cadence: the same rollouts, rewards and weights."""
+    first = json.loads(cli_run["out"])
+    second = demo.run_demo(demo.DemoConfig(steps=2, replicas=1, full_every=10, check=False))
+    assert second["rewards"] == first["rewards"][:2]
+    keys = ("identity", "mean_reward", "logprob_gap", "served_identities")
+    assert [[r[k] for k in keys] for r in second["steps"]] == [[r[k] for k in keys] for r in first["steps"][:3]]
+    # step 1 is a delta in both runs: byte-identical snapshots
+    assert second["steps"][1]["snapshot_bytes"] == first["steps"][1]["snapshot_bytes"]
+
+
+def test_bad_options_are_refused() -> None:
+    from cwtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--group-size"):
+        demo.main(_args("--group-size", "1"))
+    with pytest.raises(ConfigError, match="--full-every"):
+        demo.main(_args("--full-every", "65"))
