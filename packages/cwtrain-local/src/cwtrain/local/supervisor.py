@@ -274,8 +274,8 @@ class Supervisor:
             health = slot.health()
             if health is None or slot.process is None:
                 continue
-            if health.get("identity") == deployment.current_identity and health.get("state") == "READY":
-                slot.catch_up = None
+            if health.get("identity") == deployment.current_identity:
+                slot.catch_up = None  # serving the current weights (even in ERROR after a failed hot-load)
                 continue
             if slot.catch_up is None:
                 hot_load_id = deployment.current_hot_load_id
