@@ -13,7 +13,8 @@ Implements the two commands cwtrain's default collector runs, with Gym's argumen
   ``POST {policy_base_url}/completions`` with the recorded key and model, writes one
   rollout per line (``reward`` = the row's ``fake_reward`` when the endpoint answered,
   ``agent_ref``, the ``response``), and ``<stem>_aggregate_metrics.json`` beside it.
-  ``FAKE_GYM_EVAL_FAIL=1`` exits 2 without writing.
+  ``FAKE_GYM_EVAL_FAIL=1`` exits 2 without writing; ``FAKE_GYM_EVAL_SLEEP=S`` waits S
+  seconds first (time for a test to interrupt the evaluation).
 
 Every invocation appends its argv to ``$FAKE_GYM_LOG`` (JSON lines).
 """
@@ -84,6 +85,7 @@ def eval_run(args: argparse.Namespace) -> int:
     if os.environ.get("FAKE_GYM_EVAL_FAIL") == "1":
         print("rollout collection failed", file=sys.stderr)
         return 2
+    time.sleep(float(os.environ.get("FAKE_GYM_EVAL_SLEEP", "0")))
     state = json.loads(Path(os.environ["FAKE_GYM_STATE"]).read_text(encoding="utf-8"))
     rows = [json.loads(line) for line in Path(args.input).read_text(encoding="utf-8").splitlines() if line.strip()]
     if args.limit is not None:

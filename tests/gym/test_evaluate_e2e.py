@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -208,35 +213,82 @@ def test_bad_input_is_refused_before_anything_is_created(stack: Any, tmp_path: P
         assert {d.id for d in api.list_deployments()} == before
 
 
+def start_interrupted_cli(stack: Any, tmp_path: Path, fake_gym: FakeGym, config: Path, rows: Path) -> tuple[Any, Path]:
+    """`cwtrain gym eval` in a child process whose collection waits long enough to be stopped."""
+    request_file = tmp_path / "sigterm.json"
+    request_file.write_text(json.dumps(request(stack, "gym-sigterm")), encoding="utf-8")
+    state = tmp_path / "sigterm-gym-state.json"
+    env = {
+        **os.environ,
+        "FAKE_GYM_STATE": str(state),
+        "FAKE_GYM_LOG": str(tmp_path / "sigterm-gym-calls.jsonl"),
+        "FAKE_GYM_EVAL_SLEEP": "120",
+    }
+    env.pop("COREWEAVE_API_TOKEN", None)
+    argv = [
+        str(Path(sys.executable).parent / "cwtrain"), "--base-url", stack.api_url, "--token", stack.token,
+        "gym", "eval", "--request", str(request_file), "--config", str(config), "--input", str(rows),
+        "--output", str(tmp_path / "sigterm" / "rollouts.jsonl"), "--agent", "math_agent",
+        "--timeout", "180", "--delete-timeout", "60", "--poll-interval", "0.2",
+    ]  # fmt: skip
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return child, tmp_path / "sigterm-gym-calls.jsonl"
+
+
 def test_cli_gym_eval_with_a_stand_in_gym(
     stack: Any, tmp_path: Path, fake_gym: FakeGym, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`cwtrain gym eval` end to end: the default collector drives the stand-in `gym` CLI."""
+    """`cwtrain gym eval` end to end: the default collector drives the stand-in `gym` CLI.
+
+    Alongside, a second `cwtrain gym eval` in a child process gets SIGTERM (what Kubernetes
+    sends to a Job's pod) during the collection: it exits 130 and its deployment is gone.
+    """
     config, rows = gym_files(tmp_path, [1.0, 0.0])
-    request_file = tmp_path / "deployment.json"
-    request_file.write_text(json.dumps(request(stack, "gym-cli")), encoding="utf-8")
     monkeypatch.delenv("CWTRAIN_ROLLOUT_API_KEY", raising=False)
     monkeypatch.delenv("COREWEAVE_API_TOKEN", raising=False)
-    argv = [
-        "--base-url", stack.api_url, "--token", stack.token,
-        "gym", "eval", "--request", str(request_file), "--config", str(config),
-        "--input", str(rows), "--output", str(tmp_path / "out" / "rollouts.jsonl"),
-        "--agent", "math_agent", "--num-repeats", "2", "--timeout", "180", "--delete-timeout", "60", "--poll-interval", "0.2",
-    ]  # fmt: skip
-    stdout = io.StringIO()
-    with redirect_stdout(stdout):
-        code = cwtrain_main(argv)
-    assert code == 0
-    result = json.loads(stdout.getvalue())
-    assert result["deployment"]["deleted"] is True
-    assert result["model"] == "gym-cli-model"
-    assert result["scores"]["rollouts"] == 4
-    assert result["scores"]["mean_reward"] == pytest.approx(0.5)
-    assert result["aggregate_metrics"].endswith("rollouts_aggregate_metrics.json")
-    assert result["scores"]["aggregate_metrics"][0]["agent_metrics"]["rollouts"] == 4
-    state = fake_gym.state()
-    assert state["base_url"] == result["rollout_base_url"] and state["api_key"] == stack.token
-    assert state["stopped"] is True
-    assert all(stack.token not in " ".join(call) for call in fake_gym.calls())
+    child, child_calls = start_interrupted_cli(stack, tmp_path, fake_gym, config, rows)
+    try:
+        request_file = tmp_path / "deployment.json"
+        request_file.write_text(json.dumps(request(stack, "gym-cli")), encoding="utf-8")
+        argv = [
+            "--base-url", stack.api_url, "--token", stack.token,
+            "gym", "eval", "--request", str(request_file), "--config", str(config),
+            "--input", str(rows), "--output", str(tmp_path / "out" / "rollouts.jsonl"),
+            "--agent", "math_agent", "--num-repeats", "2", "--timeout", "180", "--delete-timeout", "60",
+            "--poll-interval", "0.2",
+        ]  # fmt: skip
+        stdout = io.StringIO()
+        with redirect_stdout(stdout):
+            code = cwtrain_main(argv)
+        assert code == 0
+        result = json.loads(stdout.getvalue())
+        assert result["deployment"]["deleted"] is True
+        assert result["model"] == "gym-cli-model"
+        assert result["scores"]["rollouts"] == 4
+        assert result["scores"]["mean_reward"] == pytest.approx(0.5)
+        assert result["aggregate_metrics"].endswith("rollouts_aggregate_metrics.json")
+        assert result["scores"]["aggregate_metrics"][0]["agent_metrics"]["rollouts"] == 4
+        state = fake_gym.state()
+        assert state["base_url"] == result["rollout_base_url"] and state["api_key"] == stack.token
+        assert state["stopped"] is True
+        assert all(stack.token not in " ".join(call) for call in fake_gym.calls())
+
+        # the child: wait until its collection runs, then stop it as Kubernetes would
+        deadline = time.monotonic() + 240
+        while not (child_calls.exists() and '"eval"' in child_calls.read_text(encoding="utf-8")):
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child's collection never started"
+            time.sleep(0.2)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 130, err
+    assert "error: interrupted" in err
+    assert out == ""  # no result document for an interrupted evaluation
+    assert json.loads((tmp_path / "sigterm-gym-state.json").read_text(encoding="utf-8"))["stopped"] is True
     with InferenceClient(stack.token, base_url=stack.api_url) as api:
         assert gone(api, result["deployment"]["id"])
+        assert "gym-sigterm" not in [d.name for d in api.list_deployments()]
