@@ -290,7 +290,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 new = trainer.served_weights()
                 version = f"{run_id}-v{step:06d}"
                 full = served is None or (config.full_every > 0 and step % config.full_every == 0)
-                changed = len(new) if full else sum(1 for k in new if not torch.equal(new[k], served[k]))  # type: ignore[index]
+                changed = len(new)
+                if not full and served is not None:
+                    changed = sum(1 for k in new if not torch.equal(new[k], served[k]))
                 if not full and changed == 0:
                     records.append(
                         StepRecord(

@@ -131,7 +131,7 @@ class GRPOTrainer:
                     loss = loss - (weights[:, None] * token_lp).sum()
         self.optimizer.zero_grad(set_to_none=True)
         if loss.requires_grad:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             self.optimizer.step()
         gap = sum(gaps) / len(gaps) if gaps else math.nan
         return StepStats(sum(rewards) / len(rewards), float(loss.detach()), gap, tokens)

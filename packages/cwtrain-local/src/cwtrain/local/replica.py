@@ -118,7 +118,8 @@ class Batcher:
                 batches.setdefault(job.key(), []).append(job)
             for batch in batches.values():
                 while batch:
-                    part, rows = [], 0
+                    part: list[_Job] = []
+                    rows = 0
                     while batch and (not part or rows + batch[0].n <= self.max_rows):
                         rows += batch[0].n
                         part.append(batch.pop(0))
