@@ -55,13 +55,17 @@ python3 -m cwtrain.integrations.preflight
 
 # ---------------------------------------------------------------- 3. model and data
 log "fetching ${BASE_MODEL} and ${DATASET_REPO}"
+if [[ "$BASE_MODEL" == s3://* ]]; then # a copy in the bucket (the trainer may read under hotload/)
+  python3 -m cwtrain.integrations.launch stage-model "$BASE_MODEL" "$HF_DIR"
+fi
 python3 - <<'PY'
 import os
 
 from huggingface_hub import snapshot_download
 
 work = os.environ.get("WORK_DIR", "/work")
-snapshot_download(os.environ["BASE_MODEL"], local_dir=f"{work}/hf/base")
+if not os.environ["BASE_MODEL"].startswith("s3://"):
+    snapshot_download(os.environ["BASE_MODEL"], local_dir=f"{work}/hf/base")
 snapshot_download(os.environ["DATASET_REPO"], repo_type="dataset", local_dir=f"{work}/data")
 PY
 [[ -f "$DATA_DIR/$DATASET_FILE" ]] || fail "the dataset has no $DATASET_FILE; set DATASET_FILE"

@@ -46,7 +46,9 @@ log "checking that the trainer can list, read and write the snapshot prefix"
 python -m cwtrain.integrations.preflight
 
 # ---------------------------------------------------------------- 3. model
-if [[ ! -f "$SHARED_DIR/hf/base/config.json" ]]; then
+if [[ "$BASE_MODEL" == s3://* ]]; then # a copy in the bucket (the trainer may read under hotload/)
+  python -m cwtrain.integrations.launch stage-model "$BASE_MODEL" "$SHARED_DIR/hf/base"
+elif [[ ! -f "$SHARED_DIR/hf/base/config.json" ]]; then
   log "fetching ${BASE_MODEL}"
   python - <<'PY'
 import os
