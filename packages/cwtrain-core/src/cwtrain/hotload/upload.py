@@ -143,12 +143,11 @@ def _list_existing(s3: Any, bucket: str, prefix: str) -> dict[str, RemoteObject]
         if not response.get("IsTruncated"):
             break
         kwargs["ContinuationToken"] = response["NextContinuationToken"]
-    found: dict[str, RemoteObject] = {}
-    for name in names:
-        remote = head_object(s3, bucket, f"{prefix}/{name}")
-        if remote is not None:
-            found[name] = remote
-    return found
+    if not names:
+        return {}
+    with ThreadPoolExecutor(min(8, len(names)), thread_name_prefix="cwtrain-head") as pool:
+        heads = pool.map(lambda name: head_object(s3, bucket, f"{prefix}/{name}"), names)
+        return {name: remote for name, remote in zip(names, heads, strict=True) if remote is not None}
 
 
 def _list_open_uploads(s3: Any, bucket: str, prefix: str) -> dict[str, list[OpenUpload]]:
