@@ -232,3 +232,12 @@ def test_servers_that_never_get_ready_time_out(
     with pytest.raises(CWTrainError, match="not ready after 2s"):
         GymCLICollector(server_timeout=2)(j)
     assert_servers_stopped(fake_gym)
+
+
+def test_overlay_follows_chained_config_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    yaml_file(tmp_path / "models" / "vllm.yaml", {"policy_model": {"responses_api_models": {"vllm_model": {}}}})
+    top = yaml_file(tmp_path / "bench.yaml", {"config_paths": ["models/vllm.yaml", "not/here.yaml", "bench.yaml"]})
+    overlay = policy_overlay(ENDPOINT, [top])
+    assert overlay["policy_model"] == {"responses_api_models": {"vllm_model": {"return_token_id_information": True}}}

@@ -150,14 +150,28 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _policy_model_types(config_paths: Sequence[Path]) -> set[str]:
-    """The model-server types the configs declare under ``policy_model.responses_api_models``."""
+def _policy_model_types(config_paths: Sequence[Path], _seen: set[Path] | None = None) -> set[str]:
+    """The model-server types the configs declare under ``policy_model.responses_api_models``.
+
+    Follows the ``config_paths`` a Gym config chains to (relative to the working
+    directory, as Gym resolves them from its root); chained files that do not exist here
+    are skipped.
+    """
+    seen = set() if _seen is None else _seen
     types: set[str] = set()
     for path in config_paths:
-        policy = _load_yaml(path).get("policy_model")
+        if path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        config = _load_yaml(path)
+        policy = config.get("policy_model")
         if isinstance(policy, dict):
             servers = policy.get("responses_api_models")
             types.update(servers if isinstance(servers, dict) else {"<unknown>"})
+        chained = config.get("config_paths")
+        if isinstance(chained, list):
+            existing = [Path(str(p)) for p in chained if Path(str(p)).is_file()]
+            types |= _policy_model_types(existing, seen)
     return types
 
 
