@@ -303,3 +303,20 @@ def test_failed_publish_is_followed_by_a_full_cut(
         run.step(nudge(tiny_weights(), ["lm_head.weight"], 1))
     run.step(nudge(tiny_weights(), ["lm_head.weight", "model.norm.weight"], 2))
     assert [(p[0], p[1]) for p in recording_loader.published][-1] == ("grpo-a-v000002", "FULL")
+
+
+def test_full_mode_needs_no_baseline_call(slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any) -> None:
+    run = _run(tmp_path, recording_loader, update_weight_mode="full")
+    version = Path(run.args.update_weight_disk_dir) / "weight_v000001"
+    write_hf_checkpoint(version, tiny_weights(1))  # a lone model.safetensors, no index
+    run.hook(run.args, str(version), [])
+    assert [(p[0], p[1]) for p in recording_loader.published] == [("grpo-a-v000001", "FULL")]
+
+
+def test_actor_hook_refuses_full_mode_that_deletes_versions(slime_stubs: Path, tmp_path: Path, env: None) -> None:
+    from cwtrain.integrations.slime import actor_hook
+
+    args = slime_args(tmp_path, tmp_path / "hf", update_weight_mode="full", update_weight_disk_keep_files=False)
+    with pytest.raises(ConfigError, match="--update-weight-disk-keep-files"):
+        actor_hook(args, str(tmp_path / "weights" / "weight_v000001"), [])
+    assert actor_hook(slime_args(tmp_path, tmp_path / "hf", rank=1), "unused", []) is None

@@ -23,6 +23,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from cwtrain.errors import ConfigError
+
 from .config import HookConfig, default_run_id, is_rank_zero
 from .publisher import SlimePublisher, version_of
 
@@ -100,6 +102,8 @@ class ActorPublishClient:
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        from cwtrain.integrations.launch import forwarded_env
+
         if not ray.is_initialized():
             ray.init()
         node_id = ray.get_runtime_context().get_node_id()
@@ -110,7 +114,8 @@ class ActorPublishClient:
             num_cpus=0,
             max_concurrency=1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            runtime_env={"env_vars": _forwarded_env()},
+            # Ray workers do not inherit this process's environment: hand over what publishing reads
+            runtime_env={"env_vars": forwarded_env()},
         ).remote(config)
 
     def wait(self) -> dict[str, float] | None:
@@ -170,6 +175,11 @@ def actor_hook(args: Any, version_dir: str, rollout_engines: Sequence[Any] = ())
     del rollout_engines
     if not is_rank_zero(args):
         return None
+    if getattr(args, "update_weight_mode", None) == "full" and not getattr(args, "update_weight_disk_keep_files", True):
+        raise ConfigError(
+            "in --update-weight-mode full slime deletes each version directory after the hook returns, before the "
+            "publishing actor reads it: pass --update-weight-disk-keep-files, or use cwtrain.integrations.slime.hook"
+        )
     return _current_client(args).submit(args, str(version_dir))
 
 
@@ -195,9 +205,3 @@ def drain(deployment_id: str | None = None, *, timeout: float | None = None) -> 
         return None
     identity: str | None = ray.get(handle.drain.remote(), timeout=timeout)
     return identity
-
-
-def _forwarded_env() -> dict[str, str]:
-    """Variables the actor process needs (Ray workers do not inherit the caller's environment)."""
-    prefixes = ("CWTRAIN_", "COREWEAVE_", "CW_", "AWS_")
-    return {k: v for k, v in os.environ.items() if k.startswith(prefixes) or k == "RANK"}

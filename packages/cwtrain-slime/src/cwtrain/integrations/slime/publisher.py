@@ -221,6 +221,8 @@ class SlimePublisher:
             CWTrainError: upload or hot-load failed (the next version is then published FULL).
         """
         directory = Path(os.fspath(version_dir))
+        if not _delta_mode(args) and not _is_delta_dir(directory):
+            return self._publish_full_dir(directory, version)  # full mode: no baseline call, no chain
         if self.served_identity is None:
             raise CWTrainError(
                 f"{directory.name} arrived before the baseline: the hook must see slime's delta root first "
@@ -228,8 +230,6 @@ class SlimePublisher:
             )
         index = _read_index(directory)
         metadata = index.get("metadata") or {}
-        if "delta_encoding" not in metadata and not _delta_mode(args):
-            return self._publish_full_dir(directory, version)
         base = str(metadata.get("base_version", ""))
         if not base.isdigit() or int(base) != self._version or version <= self._version:
             raise SnapshotError(
@@ -380,6 +380,15 @@ class SlimePublisher:
             log.warning("could not read the manifest of %s (%s); publishing it again", identity, exc)
             return False
         return manifest is not None and dict(manifest.get("tensors") or {}) == dict(checksums)
+
+
+def _is_delta_dir(directory: Path) -> bool:
+    """Whether ``directory`` holds a delta (its index metadata names a delta encoding)."""
+    try:
+        metadata = _read_index(directory).get("metadata") or {}
+    except SnapshotError:
+        return False  # a lone model.safetensors, or no index: a full checkpoint
+    return isinstance(metadata, dict) and "delta_encoding" in metadata
 
 
 def _delta_mode(args: Any) -> bool:
