@@ -278,3 +278,22 @@ def test_gateway_header_and_path_routing(stack: LocalStack, api: API, routing: s
     api.ok("DELETE", f"/deployments/{deployment['id']}")
     wait_for(lambda: api.call("GET", f"/deployments/{deployment['id']}")[0] == 404, what="routed deployment gone")
     api.ok("DELETE", f"/gateways/{gateway['spec']['id']}")
+
+
+def test_patching_autoscaling_scales_the_replicas(stack: LocalStack, api: API, gateway: dict[str, Any]) -> None:
+    body = _valid(stack, gateway, "scaled")
+    body["model"]["name"] = "scaled-model"
+    api.ok("POST", "/deployments", body)
+    wait_status(api, "deployment", body["id"], "STATUS_READY")
+    assert len(stack.supervisor.slots[body["id"]]) == 1
+    api.ok("PATCH", f"/deployments/{body['id']}", {"autoscaling": {"min": 2, "max": 2}})
+
+    def two_ready() -> bool:
+        conditions = api.ok("GET", f"/deployments/{body['id']}")["deployment"]["status"]["conditions"]
+        return any(c["type"] == "Progressing" and c["message"] == "2/2 replicas ready" for c in conditions)
+
+    wait_for(two_ready, what="a second replica")
+    names = [s.name for s in stack.supervisor.slots[body["id"]]]
+    assert names == ["scaled-0", "scaled-1"]
+    api.ok("DELETE", f"/deployments/{body['id']}")
+    wait_for(lambda: api.call("GET", f"/deployments/{body['id']}")[0] == 404, what="scaled deployment gone")
