@@ -11,7 +11,7 @@ import pytest
 from _s3_proxy import S3Proxy
 from _upload_util import MIB, open_uploads, sha256, stored
 
-from cwtrain.errors import SnapshotConflictError
+from cwtrain.errors import SnapshotConflictError, SnapshotError
 from cwtrain.hotload import objects
 from cwtrain.hotload.format import SnapshotFile
 from cwtrain.hotload.objects import ObjectSource, ObjectWriter
@@ -127,3 +127,22 @@ def test_501_falls_back_to_check_then_write_with_one_warning(
     ):
         ObjectWriter(s3, bucket, "one", part_size=PART, part_pool=pool).write("one/small", _source("small", b"x"))
     assert stored(s3, bucket, "one")["small"][0] == b"small"
+
+
+def test_lost_multipart_upload_is_restarted_once(proxy: S3Proxy, s3_bucket: tuple[Any, str]) -> None:
+    """NoSuchUpload on a part (another publisher completed or aborted it): HEAD, then a fresh upload."""
+    _, bucket = s3_bucket
+    data = bytes(range(256)) * (24 * 1024)
+    proxy.refuse("UploadPart", 404, "NoSuchUpload", times=1)
+    s3 = s3_client(proxy.endpoint_url)
+    with ThreadPoolExecutor(1) as pool:
+        w = ObjectWriter(s3, bucket, "lost", part_size=PART, part_pool=pool)
+        assert w.write("lost/big", _source("big", data)) == "uploaded"
+    assert proxy.count("CreateMultipartUpload") == 2
+    got = stored(s3, bucket, "lost")["big"]
+    assert got[0] == data and got[1]["cwtrain-sha256"] == sha256(data)
+    assert open_uploads(s3, bucket) == []
+    proxy.refuse("UploadPart", 404, "NoSuchUpload")
+    with ThreadPoolExecutor(1) as pool, pytest.raises(SnapshotError, match="twice"):
+        ObjectWriter(s3, bucket, "lost", part_size=PART, part_pool=pool).write("lost/other", _source("o", data))
+    assert open_uploads(s3, bucket) == []

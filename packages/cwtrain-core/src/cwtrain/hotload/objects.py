@@ -402,13 +402,15 @@ class ObjectWriter:
         progress(sum(v.nbytes for v in views))
         return str(response["ETag"])
 
-    def _abort(self, key: str, upload_id: str) -> None:
+    def _abort(self, key: str, upload_id: str, *, quiet: bool = False) -> None:
         try:
             self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
         except Exception as exc:  # best effort: the original error matters more
-            log.warning("could not abort multipart upload %s of %s: %s", upload_id, key, exc)
+            (log.debug if quiet else log.warning)("could not abort multipart upload %s of %s: %s", upload_id, key, exc)
 
-    def _multipart(self, key: str, source: ObjectSource, metadata: dict[str, str], progress: _Progress) -> str:
+    def _multipart(
+        self, key: str, source: ObjectSource, metadata: dict[str, str], progress: _Progress, *, restarted: bool = False
+    ) -> str:
         plan = self._plan(source.size)
         upload_id, done = self._resume(key, source, plan)
         resumed = bool(upload_id)
@@ -425,9 +427,12 @@ class ObjectWriter:
         except BaseException:
             self._abort(key, upload_id)
             raise
-        if outcome == "restart":
+        if outcome == "restart":  # the upload vanished under us and the key is still absent
+            self._abort(key, upload_id, quiet=True)  # normally gone already
+            if restarted:
+                raise SnapshotError(f"{key}: the store dropped the multipart upload twice (NoSuchUpload); try again")
             self._open.pop(key, None)
-            return self._multipart(key, source, metadata, progress)
+            return self._multipart(key, source, metadata, progress, restarted=True)
         if outcome == "uploaded" and resumed:
             remote = head_object(self.s3, self.bucket, key)
             if remote is None or (remote.sha256 or "").lower() != source.sha256():
