@@ -177,3 +177,20 @@ def test_post_save_hook_publishes_each_hf_export(
     assert list(index["weight_map"]) == ["model.norm.weight"]
     assert not (tmp_path / "state" / "post-save" / "weight_v000010").exists()  # staging removed
     json.dumps(metrics)
+
+
+def test_legacy_function_style_through_miles_adapter(
+    miles_stubs: Path, tmp_path: Path, fake: FakeCompletions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles.rollout.base_types import RolloutFnTrainInput
+    from miles.rollout.inference_rollout.compatibility import LegacyRolloutFnAdapter, call_rollout_function
+
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+
+    set_tokenizer(None)
+    args = miles_args(tmp_path, rollout_function_path="cwtrain.integrations.miles.generate_rollout")
+    fn, _ = _build(args)
+    assert isinstance(fn, LegacyRolloutFnAdapter)
+    output = call_rollout_function(fn, RolloutFnTrainInput(rollout_id=1))
+    assert len(output.samples) == args.rollout_batch_size
+    assert {s.weight_versions[-1] for g in output.samples for s in g} == {"4"}

@@ -25,6 +25,8 @@ Entry points (miles loads ``module.attr``; a class is built with
 * ``cwtrain.integrations.miles.CoreWeaveRolloutFn`` - an ``InferenceRolloutFn`` subclass: one
   ``/v1/completions`` request per group; it replaces miles' engine semaphore (sized from local
   rollout GPUs, zero here) with ``CWTRAIN_ROLLOUT_CONCURRENCY`` slots.
+* ``cwtrain.integrations.miles.generate_rollout`` - the same as a function, for
+  ``MILES_USE_LEGACY_ROLLOUT_V1=1``.
 * ``cwtrain.integrations.miles.post_save_hook`` - the alternative to the post-write hook:
   ``--custom-megatron-post-save-hook-path cwtrain.integrations.miles.post_save_hook`` with
   ``--save`` and ``--save-hf`` publishes each checkpoint's HF export.
@@ -42,8 +44,9 @@ from typing import Any
 from cwtrain.integrations.slime import HookConfig, actor_hook, hook
 
 from .post_save import post_save_hook
+from .rollout import generate_rollout
 
-__all__ = ["CoreWeaveRolloutFn", "HookConfig", "actor_hook", "hook", "post_save_hook"]
+__all__ = ["CoreWeaveRolloutFn", "HookConfig", "actor_hook", "generate_rollout", "hook", "post_save_hook"]
 
 
 def __getattr__(name: str) -> Any:

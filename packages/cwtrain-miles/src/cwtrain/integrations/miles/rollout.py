@@ -21,9 +21,15 @@ import logging
 from typing import Any
 
 from cwtrain.errors import ConfigError
-from cwtrain.integrations.slime.rollout import process_sampler, sample_groups_into, served_version
+from cwtrain.integrations.slime.rollout import (
+    process_sampler,
+    run_sync,
+    sample_groups_into,
+    served_version,
+    trainer_tokenizer,
+)
 
-__all__ = ["MILES_MISSING", "make_rollout_fn_cls"]
+__all__ = ["MILES_MISSING", "generate_rollout", "make_rollout_fn_cls"]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +93,27 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
     CoreWeaveRolloutFn.__module__ = "cwtrain.integrations.miles"
     CoreWeaveRolloutFn.__qualname__ = "CoreWeaveRolloutFn"
     return CoreWeaveRolloutFn
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """The function-style rollout for ``MILES_USE_LEGACY_ROLLOUT_V1=1`` (miles wraps it in its adapter).
+
+    Same behaviour as :class:`CoreWeaveRolloutFn`:
+    ``--rollout-function-path cwtrain.integrations.miles.generate_rollout``.
+    """
+    try:
+        from miles.rollout import rm_hub
+        from miles.rollout.base_types import RolloutFnTrainOutput
+    except ImportError as exc:
+        raise ImportError(MILES_MISSING) from exc
+    if evaluation:
+        raise ConfigError("evaluation rollouts are not served by cwtrain.integrations.miles: unset --eval-interval")
+    from cwtrain.integrations.rollout import RolloutConfig
+
+    config = RolloutConfig.for_trainer(args)
+    sampler = process_sampler(config, trainer_tokenizer(args), int(args.n_samples_per_prompt))
+    groups = data_source.get_samples(int(args.rollout_batch_size))
+    version = served_version(args)
+    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=sampler))
+    metrics["coreweave/rollout_id"] = float(rollout_id)
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)

@@ -55,10 +55,12 @@ __all__ = [
     "generate_rollout",
     "process_sampler",
     "reset_rollout",
+    "run_sync",
     "prompt_of",
     "sample_groups_into",
     "served_version",
     "set_tokenizer",
+    "trainer_tokenizer",
     "version_of_identity",
 ]
 
@@ -101,7 +103,8 @@ def reset_rollout() -> None:
             log.debug("closing a sampler failed", exc_info=True)
 
 
-def _load_tokenizer(args: Any) -> Any:
+def trainer_tokenizer(args: Any) -> Any:
+    """The tokenizer for prompts: the one given to :func:`set_tokenizer`, else ``--hf-checkpoint``'s, else ``None``."""
     global _tokenizer, _tokenizer_loaded
     with _lock:
         if not _tokenizer_loaded:
@@ -248,7 +251,7 @@ async def sample_groups_into(
 
     if sampler is None:
         config = RolloutConfig.for_trainer(args)
-        sampler = process_sampler(config, _load_tokenizer(args), int(args.n_samples_per_prompt))
+        sampler = process_sampler(config, trainer_tokenizer(args), int(args.n_samples_per_prompt))
     tokenizer = sampler.tokenizer
     prompts = [prompt_of(group[0], tokenizer) for group in groups]
     params = sampling_params(args)
@@ -280,7 +283,7 @@ async def _score(args: Any, groups: Sequence[Sequence[Any]], rm: Any) -> None:
         sample.reward = reward
 
 
-def _run(coro: Any) -> Any:
+def run_sync(coro: Any) -> Any:
     """Run ``coro`` to completion from synchronous code, inside or outside a running loop."""
     try:
         asyncio.get_running_loop()
@@ -331,7 +334,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         )
     groups = data_source.get_samples(int(args.rollout_batch_size))
     version = served_version(args)
-    metrics = _run(sample_groups_into(args, groups, rm=rm_hub, version=version))
+    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version))
     metrics["coreweave/rollout_id"] = float(rollout_id)
     if version is not None:
         metrics["coreweave/served_version"] = float(version)
