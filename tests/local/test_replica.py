@@ -116,7 +116,9 @@ def test_text_prompt_add_special_tokens_and_stops(replica: ReplicaProcess) -> No
 
 
 def test_batch_of_prompts_and_top_logprobs(replica: ReplicaProcess) -> None:
-    resp = _complete(replica, prompt=[TOK.encode("ab"), TOK.encode("cd")], n=2, max_tokens=3, logprobs=3, ignore_eos=True)
+    resp = _complete(
+        replica, prompt=[TOK.encode("ab"), TOK.encode("cd")], n=2, max_tokens=3, logprobs=3, ignore_eos=True
+    )
     doc = resp.json()
     assert len(doc["choices"]) == 4
     for choice in doc["choices"]:
@@ -134,12 +136,15 @@ def test_batch_of_prompts_and_top_logprobs(replica: ReplicaProcess) -> None:
         ({"prompt": [1, 999]}, 400, "prompt"),
         ({}, 400, "prompt"),
         ({"prompt": "x", "n": 0}, 400, "n"),
+        ({"prompt": "x", "n": 257}, 400, "n"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
         ({"prompt": "x", "stream": True}, 400, "stream"),
         ({"prompt": "x", "max_tokens": 10_000}, 400, None),
     ],
 )
-def test_invalid_requests_get_openai_errors(replica: ReplicaProcess, body: dict[str, Any], status: int, param: Any) -> None:
+def test_invalid_requests_get_openai_errors(
+    replica: ReplicaProcess, body: dict[str, Any], status: int, param: Any
+) -> None:
     resp = replica.client.post("/v1/completions", json={"model": MODEL} | body)
     assert resp.status_code == status
     assert resp.json()["error"]["param"] == param
@@ -154,7 +159,9 @@ def test_openai_client_parses_n_greater_than_one(replica: ReplicaProcess) -> Non
     )
     assert len(out.choices) == 3
     assert out.system_fingerprint == "initial"
-    assert out.usage is not None and out.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in out.choices)
+    assert out.usage is not None and out.usage.completion_tokens == sum(
+        len(c.model_extra["token_ids"]) for c in out.choices
+    )
     client.close()
 
 
@@ -202,3 +209,20 @@ def test_missing_base_checkpoint_reports_error(s3_server: Any) -> None:
         assert "config.json" in resp.json()["error_reason"]
     finally:
         proc.stop()
+
+
+def test_concurrent_seeded_requests_are_batched_without_changing_tokens(replica: ReplicaProcess) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompt = TOK.encode("even: ")
+
+    def one(seed: int) -> tuple[list[int], list[float]]:
+        body = {"prompt": prompt, "max_tokens": 12, "seed": seed, "logprobs": 0, "return_token_ids": True}
+        choice = _complete(replica, **body).json()["choices"][0]
+        return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+    alone = [one(seed) for seed in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(one, range(8)))
+    assert together == alone
+    assert len({tuple(ids) for ids, _ in alone}) > 1  # the seeds do make different samples

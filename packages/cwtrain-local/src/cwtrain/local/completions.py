@@ -38,6 +38,8 @@ from cwtrain.local.model import GeneratedSequence, TinyLM
 __all__ = ["CompletionError", "Generate", "complete", "error_body", "models_body"]
 
 _MAX_STOP = 4
+#: The most sequences one request may ask for.
+MAX_N = 256
 #: The fake MoE routes reported for ``nvext.extra_fields: ["routed_experts"]``: per row, per layer.
 ROUTED_TOP_K = 2
 ROUTED_EXPERTS = 8
@@ -184,6 +186,8 @@ def complete(body: Any, lm: TinyLM, *, identity: str, model: str, generate: Gene
     add_special = body.get("add_special_tokens", True) is not False
     prompts = _prompts(body, lm, add_special)
     n = _int(body, "n", 1, low=1) or 1
+    if n > MAX_N:
+        raise CompletionError(f"n must be <= {MAX_N}, got {n}", param="n")
     max_tokens = _int(body, "max_tokens", 16, low=0)
     assert max_tokens is not None
     top_k = _int(body, "top_k", 0) or 0

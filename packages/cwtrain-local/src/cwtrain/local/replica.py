@@ -26,6 +26,11 @@ is verified before the swap. The swap replaces one reference between requests: a
 flight finishes on the weights it started with. Every completion names the identity that
 produced it in ``system_fingerprint`` and the ``x-cwtrain-snapshot-identity`` header.
 
+Generation runs on one thread (:class:`Batcher`): concurrent requests for the same prompt
+and settings on the same weights are merged into one batch, each keeping its own seed, so a
+GRPO group split into seeded ``n = 1`` requests costs about as much as one ``n``-request
+and gives the same tokens however the requests were batched or routed.
+
 ``--apply-delay S`` sleeps S seconds after verification and before the swap (for tests that
 must catch a replica mid hot-load). SIGTERM or SIGINT stops the server.
 """
