@@ -58,9 +58,14 @@ def register(subparsers: Any) -> None:
     ev = commands.add_parser(
         "eval",
         help="create a deployment, evaluate it with NeMo Gym, delete it",
-        description=(__doc__ or "").split("::")[0].strip(),
+        description=(
+            "Create the deployment of --request (placeholders refused), wait until it is READY, run NeMo "
+            "Gym's rollout collection against its endpoint, print the scores as one JSON document and delete "
+            "the deployment, also after a failure, Ctrl-C or SIGTERM (--keep leaves it). Needs NeMo Gym's "
+            '`gym` command on PATH (pip install "nemo-gym").'
+        ),
     )
-    ev.add_argument("--request", required=True, type=Path, help="CreateDeploymentRequest JSON file")
+    ev.add_argument("--request", required=True, type=Path, help="CreateDeploymentRequest JSON file (- = stdin)")
     ev.add_argument(
         "--config", required=True, action="append", type=Path, help="Gym config YAML (repeatable, in order)"
     )
