@@ -129,6 +129,7 @@ class CollectionResult:
 
 
 #: The collection step: run Gym for one job. ``None`` means "the files are where the job said".
+#: A collector may also have a ``check()`` method, called before the deployment is created.
 Collector = Callable[[CollectionJob], "CollectionResult | None"]
 
 
@@ -318,6 +319,15 @@ class GymCLICollector:
         self.server_timeout = server_timeout
         self.tools = tools
         self.env = dict(env or {})
+
+    def check(self) -> None:
+        """Find Gym's CLI now (before a deployment is created for nothing).
+
+        Raises:
+            GymNotInstalledError: Gym is not installed; the message names the install.
+        """
+        if self.tools is None:
+            self.tools = require_gym()
 
     def __call__(self, job: CollectionJob) -> CollectionResult:
         """Start Gym's servers, collect the rollouts of ``job``, stop the servers."""

@@ -141,7 +141,8 @@ def evaluate(
         ready_timeout: seconds to wait for READY.
         delete_timeout: seconds to wait until the deployment is gone.
         poll_interval: seconds between status polls.
-        collector: the collection step (default :class:`GymCLICollector`); tests pass a stand-in.
+        collector: the collection step (default :class:`GymCLICollector`); its ``check()``, if any, runs
+            before the deployment is created. Tests pass a stand-in.
         workdir: scratch directory (default: a private temporary one, removed afterwards).
         source: how the request is named in errors (its file name).
 
@@ -157,6 +158,9 @@ def evaluate(
         raise CWTrainError("num_repeats, limit and concurrency must be at least 1")
     lifecycle.refuse_placeholders(request, source)
     step = collector or GymCLICollector()
+    check = getattr(step, "check", None)
+    if callable(check):
+        check()  # e.g. Gym missing: say so before a deployment is created for nothing
     deployment_id = str(request.get("id") or "") or str(uuid.uuid4())
     _refuse_existing(client, deployment_id)
     log.info("temporary deployment %r: id %s", request.get("name"), deployment_id)
