@@ -12,8 +12,9 @@ units in the last place. Then, in one run, on the same bytes:
 - **(d) ceiling**: zstd level 1 alone on the precomputed XOR of every changed tensor,
   one tensor per task on all cores.
 
-Ratios are throughput ratios (``a/c`` = time(c) / time(a)); goals: ``a/d`` and ``b/d``
->= 0.85, ``a/c`` and ``b/c`` >= 4 on 2 cores. ``--memory`` also runs (a) in a child
+Ratios are throughput ratios (``a/c`` = time(c) / time(a)), from wall time and, as a
+check that survives a busy machine, from this process's CPU time; goals: ``a/d`` and
+``b/d`` >= 0.85, ``a/c`` and ``b/c`` >= 4 on 2 cores. ``--memory`` also runs (a) in a child
 process and reports its peak RSS.
 
     .venv-3.12/bin/python bench/codec.py --size 64MiB        # quick check
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
 import subprocess
 import sys
@@ -115,14 +116,15 @@ def save(root: Path, tensors: dict[str, np.ndarray], shard_bytes: int = 256 << 2
     (root / "config.json").write_text("{}")
 
 
-def best(fn: Callable[[], object], repeat: int) -> float:
-    """Best wall time of ``repeat`` runs."""
-    times = []
+def best(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Best wall time and best CPU time (this process, all threads) of ``repeat`` runs."""
+    walls, cpus = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return min(walls), min(cpus)
 
 
 def naive(base: Path, new: Path) -> int:
@@ -162,13 +164,19 @@ def ceiling(xors: list[np.ndarray], workers: int) -> int:
 
 
 def child_peak_rss(base: Path, new: Path, out: Path, workers: int) -> int:
-    """Peak RSS (bytes) of a child process that only runs write_delta."""
+    """Peak RSS (bytes) of a child process that only runs write_delta (its VmHWM, read at exit)."""
     code = (
         "import sys; from cwtrain.hotload.delta import write_delta; "
-        "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4]))"
+        "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4])); "
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])"
     )
-    subprocess.run([sys.executable, "-c", code, str(base), str(new), str(out), str(workers)], check=True)
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(base), str(new), str(out), str(workers)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(done.stdout.split()[-1]) * 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,26 +220,31 @@ def main(argv: list[str] | None = None) -> int:
         naive(scratch / "old", scratch / "new")  # warm the page cache
         with DeltaEncoder(workers=args.workers) as encoder:
             encoder.encode(new_td, old_td)  # warm buffers and threads
-            t_b = best(lambda: encoder.encode(new_td, old_td), args.repeat)
+            t_b, cpu_b = best(lambda: encoder.encode(new_td, old_td), args.repeat)
             payload = encoder.encode(new_td, old_td).stats.payload_bytes
-        t_a = best(diff, args.repeat)
-        t_c = best(lambda: naive(scratch / "old", scratch / "new"), args.repeat)
-        t_d = best(lambda: ceiling(xors, args.workers), args.repeat)
+        t_a, cpu_a = best(diff, args.repeat)
+        t_c, cpu_c = best(lambda: naive(scratch / "old", scratch / "new"), args.repeat)
+        t_d, cpu_d = best(lambda: ceiling(xors, args.workers), args.repeat)
         peak = (
             child_peak_rss(scratch / "old", scratch / "new", scratch / "delta-mem", args.workers)
             if args.memory
             else None
         )
 
-        gbps = {k: total / t / 1e9 for k, t in {"a": t_a, "b": t_b, "c": t_c, "d": t_d}.items()}
+        wall = {"a": t_a, "b": t_b, "c": t_c, "d": t_d}
+        cpu = {"a": cpu_a, "b": cpu_b, "c": cpu_c, "d": cpu_d}
+        pairs = (("a", "c"), ("b", "c"), ("a", "d"), ("b", "d"))
         result = {
             "checkpoint_bytes": total,
             "tensors": len(new),
             "changed_fraction": args.changed,
             "workers": args.workers,
-            "seconds": {"a_diff": t_a, "b_memory": t_b, "c_naive": t_c, "d_ceiling": t_d},
-            "gb_per_s": gbps,
-            "ratios": {"a/c": t_c / t_a, "b/c": t_c / t_b, "a/d": t_d / t_a, "b/d": t_d / t_b},
+            "load_average": os.getloadavg()[0],
+            "seconds": wall,
+            "cpu_seconds": cpu,
+            "gb_per_s": {k: total / t / 1e9 for k, t in wall.items()},
+            "ratios": {f"{x}/{y}": wall[y] / wall[x] for x, y in pairs},
+            "cpu_ratios": {f"{x}/{y}": cpu[y] / cpu[x] for x, y in pairs},
             "delta_percent_of_full": 100.0 * payload / total,
             "peak_rss_bytes_a": peak,
         }
@@ -240,21 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(
                 f"checkpoint {total / 2**20:.0f} MiB BF16, {len(new)} tensors, {args.changed:.1%} of values changed, "
-                f"{args.workers} workers"
+                f"{args.workers} workers, load average {result['load_average']:.1f}"
             )
-            print(f"{'run':<28}{'seconds':>10}{'GB/s':>8}")
-            for key, label in (
-                ("a", "(a) diff of directories"),
-                ("b", "(b) encode from memory"),
-                ("c", "(c) naive baseline"),
-                ("d", "(d) zstd ceiling"),
-            ):
-                print(
-                    f"{label:<28}{result['seconds'][dict(a='a_diff', b='b_memory', c='c_naive', d='d_ceiling')[key]]:>10.3f}"
-                    f"{gbps[key]:>8.2f}"
-                )
-            for name, value in result["ratios"].items():
-                print(f"ratio {name:<22}{value:>10.2f}")
+            print(f"{'run':<28}{'seconds':>10}{'GB/s':>8}{'CPU s':>10}")
+            labels = {
+                "a": "(a) diff of directories",
+                "b": "(b) encode from memory",
+                "c": "(c) naive baseline",
+                "d": "(d) zstd ceiling",
+            }
+            for key, label in labels.items():
+                print(f"{label:<28}{wall[key]:>10.3f}{total / wall[key] / 1e9:>8.2f}{cpu[key]:>10.3f}")
+            print(f"{'ratio (throughput)':<28}{'wall':>10}{'CPU':>8}")
+            for name in result["ratios"]:
+                print(f"{name:<28}{result['ratios'][name]:>10.2f}{result['cpu_ratios'][name]:>8.2f}")
             print(f"delta size {result['delta_percent_of_full']:.2f} % of full")
             if peak is not None:
                 print(f"peak RSS of (a) {peak / 2**20:.0f} MiB")

@@ -113,6 +113,7 @@ DEFAULT_MEMORY_BUDGET = 1 << 30
 BIG_TENSOR_BYTES = 64 << 20
 ZSTD_LEVEL = 1
 _CHUNK = 1 << 20
+_GROUP_BYTES = 1 << 20
 _BIG_CHUNK = 4 << 20
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -348,6 +349,8 @@ class DeltaEncoder:
         self.shard_bytes = shard_bytes
         self._pool: ThreadPoolExecutor | None = None
         self._state = _ThreadState()
+        # One big tensor at a time: each already uses every core through zstd's threads.
+        self._big_lock = threading.Lock()
 
     def __enter__(self) -> DeltaEncoder:
         return self
@@ -597,21 +600,28 @@ class DeltaEncoder:
     def _ordered(
         self, names: Sequence[str], task: Callable[[str], TensorResult], cost: Callable[[str], int]
     ) -> Iterator[TensorResult]:
-        """Run ``task`` over ``names`` in the pool; yield results in order, within the budget."""
-        pending: deque[tuple[Future[TensorResult], int]] = deque()
+        """Run ``task`` over ``names`` in the pool; yield results in order, within the budget.
+
+        Consecutive small tensors go to the pool together (at least :data:`_GROUP_BYTES`
+        per task), so norms and biases do not pay one task each.
+        """
+
+        def run(group: list[str]) -> list[TensorResult]:
+            return [task(name) for name in group]
+
+        pending: deque[tuple[Future[list[TensorResult]], int]] = deque()
         in_flight = 0
         try:
-            for name in names:
-                weight = max(1, min(cost(name), BIG_TENSOR_BYTES))
+            for group, weight in _groups(names, cost):
                 while pending and (in_flight + weight > self.memory_budget or len(pending) >= 4 * self.workers):
                     future, held = pending.popleft()
                     in_flight -= held
-                    yield future.result()
-                pending.append((self.pool.submit(task, name), weight))
+                    yield from future.result()
+                pending.append((self.pool.submit(run, group), weight))
                 in_flight += weight
             while pending:
                 future, held = pending.popleft()
-                yield future.result()
+                yield from future.result()
         finally:
             for future, _ in pending:
                 future.cancel()
@@ -625,15 +635,19 @@ class DeltaEncoder:
             return self._encode_big(name, new.data, old.data, n)
         state = self._state
         xor = state.xor_buffer(n)
-        new_scratch, old_scratch = state.chunks(min(n, _CHUNK))
-        value = 1
-        # One pass, chunk by chunk so each chunk is still in cache for the Adler-32.
-        for offset in range(0, n, _CHUNK):
-            length = min(_CHUNK, n - offset)
-            a = _read(new.data, offset, length, new_scratch)
-            b = _read(old.data, offset, length, old_scratch)
-            _xor_into(a, b, xor[offset : offset + length])
-            value = adler32(a, value)
+        if isinstance(new.data, FileRegion) or isinstance(old.data, FileRegion):
+            new_scratch, old_scratch = state.chunks(min(n, _CHUNK))
+            value = 1
+            for offset in range(0, n, _CHUNK):
+                length = min(_CHUNK, n - offset)
+                a = _read(new.data, offset, length, new_scratch)
+                b = _read(old.data, offset, length, old_scratch)
+                _xor_into(a, b, xor[offset : offset + length])
+                value = adler32(a, value)  # the chunk is still in cache
+        else:
+            a = as_uint8(new.data)
+            _xor_into(a, as_uint8(old.data), xor)
+            value = adler32(a)
         frame = state.cctx.compress(memoryview(xor))
         # No separate change-detection pass: only a frame small enough to be all zeros is checked.
         if len(frame) <= _zero_frame_limit(n) and not np.count_nonzero(xor):
@@ -641,6 +655,10 @@ class DeltaEncoder:
         return TensorResult(name, n, value, [frame], n)
 
     def _encode_big(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
+        with self._big_lock:
+            return self._encode_big_locked(name, new, old, n)
+
+    def _encode_big_locked(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
         state = self._state
         new_scratch, old_scratch = state.chunks(_BIG_CHUNK)
         xor = state.xor_buffer(_BIG_CHUNK)
@@ -673,11 +691,25 @@ class DeltaEncoder:
 
 
 def _xor_into(a: U8Array, b: U8Array, out: U8Array) -> None:
-    """``out = a ^ b``, eight bytes at a time where the views allow it."""
-    if a.size % 8 == 0 and a.ctypes.data % 8 == 0 and b.ctypes.data % 8 == 0 and out.ctypes.data % 8 == 0:
+    """``out = a ^ b``, eight bytes at a time when the length allows it."""
+    if a.size % 8 == 0:
         np.bitwise_xor(a.view(np.uint64), b.view(np.uint64), out=out.view(np.uint64))
     else:
         np.bitwise_xor(a, b, out=out)
+
+
+def _groups(names: Sequence[str], cost: Callable[[str], int]) -> Iterator[tuple[list[str], int]]:
+    group: list[str] = []
+    weight = 0
+    for name in names:
+        size = max(1, min(cost(name), BIG_TENSOR_BYTES))
+        if group and (weight >= _GROUP_BYTES or size >= _GROUP_BYTES):
+            yield group, weight
+            group, weight = [], 0
+        group.append(name)
+        weight += size
+    if group:
+        yield group, weight
 
 
 def _zero_frame_limit(n: int) -> int:
