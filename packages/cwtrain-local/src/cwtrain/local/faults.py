@@ -32,6 +32,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cwtrain.errors import UsageError
+
 if TYPE_CHECKING:
     from cwtrain.local.supervisor import Supervisor
 
@@ -81,7 +83,7 @@ class APIFaults:
 
     def _arm(self, fault: Fault) -> Fault:
         if fault.remaining < 1:
-            raise ValueError(f"a fault needs n >= 1 (got {fault.remaining})")
+            raise UsageError(f"a fault needs n >= 1 (got {fault.remaining})")
         with self._lock:
             self._rules.append(fault)
         return fault
@@ -189,7 +191,7 @@ class S3Proxy:
         mid-body.
         """
         if after_bytes < 0 or count < 1:
-            raise ValueError("cut_next needs after_bytes >= 0 and count >= 1")
+            raise UsageError("cut_next needs after_bytes >= 0 and count >= 1")
         with self._lock:
             self._cuts.extend([after_bytes] * count)
 
@@ -281,7 +283,7 @@ class Faults:
         obj = self._s3_client.get_object(Bucket=bucket, Key=key)
         data = bytearray(obj["Body"].read())
         if not data:
-            raise ValueError(f"s3://{bucket}/{key} is empty; nothing to corrupt")
+            raise UsageError(f"s3://{bucket}/{key} is empty; nothing to corrupt")
         position = offset % len(data)
         data[position] ^= 0xFF
         self._s3_client.put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=obj.get("Metadata") or {})

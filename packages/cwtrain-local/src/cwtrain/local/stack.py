@@ -39,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cwtrain.errors import LifecycleError, UsageError
 from cwtrain.local.controlplane import API_PREFIX, ControlPlaneServer
 from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND
 from cwtrain.local.faults import APIFaults, Faults, S3Proxy
@@ -118,7 +119,7 @@ class LocalStack:
         workdir: str | Path | None = None,
     ) -> None:
         if replicas < 1:
-            raise ValueError(f"replicas must be >= 1 (got {replicas})")
+            raise UsageError(f"LocalStack(replicas={replicas}): replicas must be at least 1")
         self.replicas = replicas
         self._port = port or 0
         self.token = token or "cwl-" + secrets.token_urlsafe(24)
@@ -243,7 +244,7 @@ class LocalStack:
 
     def _need(self, value: Any, what: str) -> Any:
         if value is None:
-            raise RuntimeError(f"the local stack is not running; {what} exists only between start() and stop()")
+            raise UsageError(f"the local stack is not running; {what} exists only between start() and stop()")
         return value
 
     @property
@@ -346,11 +347,11 @@ class LocalStack:
 
     def _expect(self, status: int, payload: Any, what: str) -> Any:
         if status != 200:
-            raise RuntimeError(f"{what} failed: HTTP {status}: {payload}")
+            raise LifecycleError(f"{what} failed: HTTP {status}: {payload}")
         return payload
 
     def wait_ready(self, kind: str, resource_id: str, timeout: float = 120.0) -> dict[str, Any]:
-        """Poll ``/{kind}s/{id}`` until ``STATUS_READY``; ``RuntimeError`` on FAILED or timeout."""
+        """Poll ``/{kind}s/{id}`` until ``STATUS_READY``; ``LifecycleError`` on FAILED or timeout."""
         deadline = time.monotonic() + timeout
         while True:
             status, payload = self.api("GET", f"/{kind}s/{resource_id}")
@@ -362,7 +363,7 @@ class LocalStack:
                 logs = "\n".join(
                     p.read_text(errors="replace")[-2000:] for p in sorted(self.workdir.glob("replica-*.log"))[-2:]
                 )
-                raise RuntimeError(f"{kind} {resource_id} is {value}: {resource['status']}\nreplica logs:\n{logs}")
+                raise LifecycleError(f"{kind} {resource_id} is {value}: {resource['status']}\nreplica logs:\n{logs}")
             time.sleep(0.05)
 
     def deploy(

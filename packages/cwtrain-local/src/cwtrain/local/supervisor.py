@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cwtrain.errors import UsageError
 from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND, ReplicaProcess
 from cwtrain.local.objectstore import free_port
 from cwtrain.local.records import DeploymentRecord, HotLoadRecord, ReplicaRecord
@@ -413,7 +414,7 @@ class Supervisor:
         """SIGKILL one replica now; returns its name. It is restarted cold."""
         slots = self.slots.get(deployment_id) or []
         if not 0 <= index < len(slots) or slots[index].process is None:
-            raise LookupError(f"deployment {deployment_id} has no running replica #{index}")
+            raise UsageError(f"deployment {deployment_id} has no running replica #{index}; indexes start at 0")
         slot = slots[index]
         assert slot.process is not None
         slot.process.kill()
