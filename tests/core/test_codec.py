@@ -360,3 +360,36 @@ def test_load_full_refuses_delta_and_missing_checksums(encoder: DeltaEncoder) ->
     assert header.metadata == {"format": "pt", "x": f"{zlib.adler32(b'abc'):08x}"}
     with pytest.raises(SnapshotError, match="no Adler-32"):
         load_full(json.loads(snap.index.tobytes()), {file.name: bare})
+
+
+def test_in_flight_work_stays_within_the_budget() -> None:
+    import threading
+    import time as _time
+
+    class Probe(DeltaEncoder):
+        def __init__(self, **kw: int) -> None:
+            super().__init__(**kw)
+            self.lock = threading.Lock()
+            self.running = 0
+            self.peak = 0
+
+        def _encode_one(self, name, new, old):  # type: ignore[no-untyped-def]
+            with self.lock:
+                self.running += new.nbytes
+                self.peak = max(self.peak, self.running)
+            _time.sleep(0.01)
+            try:
+                return super()._encode_one(name, new, old)
+            finally:
+                with self.lock:
+                    self.running -= new.nbytes
+
+    size = 1 << 20
+    old = {f"t{i:02d}": TensorData("U8", (size,), np.zeros(size, np.uint8)) for i in range(12)}
+    new = {n: TensorData("U8", (size,), np.ones(size, np.uint8)) for n in old}
+    with Probe(workers=4, memory_budget=2 * size) as probe:
+        snap = probe.encode(new, old)
+    assert len(snap.changed) == 12 and 0 < probe.peak <= 2 * size
+    with Probe(workers=4, memory_budget=8 * size) as probe:
+        probe.encode(new, old)
+    assert probe.peak > 2 * size  # the limit, not the pool, was what held it back
