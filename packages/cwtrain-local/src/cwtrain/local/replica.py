@@ -336,6 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # a split GRPO batch opens dozens of connections at once (default backlog: 5)
 
     def __init__(self, port: int, replica: Replica) -> None:
         self.replica = replica
