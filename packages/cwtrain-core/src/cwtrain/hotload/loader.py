@@ -317,7 +317,7 @@ class HotLoader:
         incremental = None
         if kind is SnapshotType.INCREMENTAL:
             assert previous is not None
-            validate_identity(previous, what="previous identity", allow_reserved=True)
+            validate_identity(previous, what="previous identity", allow_reserved=previous == "initial")
             self._check_chain(identity, previous)
             incremental = IncrementalSnapshotMetadata(previous)
         policy = PromptCachePolicy.parse(prompt_cache_policy)
@@ -607,6 +607,10 @@ class HotLoader:
         """
         budget = _Budget(self.timeout if timeout is None else timeout)
         validate_identity(identity)
+        if previous_identity:  # before anything is listed, encoded or uploaded
+            validate_identity(
+                previous_identity, what="previous identity", allow_reserved=previous_identity == "initial"
+            )
         info: SnapshotInfo | None = None
         if isinstance(checkpoint, Mapping):
             from cwtrain.hotload import _publish_tensors

@@ -244,6 +244,8 @@ class InferenceClient:
         if verify is True and env_bool("CWTRAIN_API_INSECURE", False, environ):
             log.warning("CWTRAIN_API_INSECURE is set: TLS certificates of the API are not verified")
             verify = False
+        elif verify is False:
+            log.warning("verify=False: TLS certificates of the API at %s are not verified (development only)", origin)
         tls: bool | ssl.SSLContext = verify if isinstance(verify, bool) else ssl.create_default_context(cafile=verify)
         self._http = httpx.Client(
             base_url=self.base_url + API_PATH,

@@ -1,0 +1,74 @@
+"""Helpers of the bad-input and secrets rows: a loopback HTTP server that records every request,
+and an in-process CLI runner that captures stdout and stderr.
+
+The recording server answers every request ``503 unavailable`` (so a client that did send
+something fails fast) and keeps ``(method, path)`` of each one; a test asserts the list stayed
+empty to prove that refused input never reached the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from cwtrain.cli import main
+
+
+class RecordingServer:
+    """A loopback HTTP server recording ``(method, path)`` of every request it gets.
+
+    Args:
+        canned: ``GET`` paths answered ``200`` with the given JSON body instead of ``503``.
+    """
+
+    def __init__(self, canned: dict[str, Any] | None = None) -> None:
+        self.requests: list[tuple[str, str]] = []
+        self.canned = dict(canned or {})
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _record(self) -> None:
+                owner.requests.append((self.command, self.path))
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                canned = owner.canned.get(self.path) if self.command == "GET" else None
+                answer = canned if canned is not None else {"code": "unavailable", "message": "recording server"}
+                body = json.dumps(answer).encode()
+                self.send_response(200 if canned is not None else 503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _record
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="recording-server", daemon=True)
+
+    def __enter__(self) -> RecordingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
+    """``cwtrain.cli.main(argv)`` in-process: ``(exit code, stdout, stderr)``."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
