@@ -429,3 +429,8 @@ def test_every_rank_encodes_its_tensors_and_rank_zero_commits(
     assert sorted(full_index["weight_map"]) == names
     assert loader.completed_hot_load("ranks-v000003").previous_identity is None
     assert loader.read_manifest("ranks-v000003")["tensors"].keys() == set(names)
+    from cwtrain.hotload.format import adler32_hex
+    from cwtrain.local.model import to_tensor_data
+
+    expected = {n: adler32_hex(t.data) for n, t in to_tensor_data(steps[2]).items()}
+    assert loader.read_manifest("ranks-v000002")["tensors"] == expected  # a delta's manifest: all tensors

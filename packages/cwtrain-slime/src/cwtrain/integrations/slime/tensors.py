@@ -421,9 +421,9 @@ class TensorPublisher:
         metrics["hotload/incremental"] = float(not full)
         state = getattr(getattr(hot_load, "state", None), "name", None)
         metrics["hotload/completed"] = 1.0 if state == "COMPLETED" else 0.0
+        # every rank reports the Adler-32 of all its tensors, changed or not: the full weights
         checksums = {n: c for r in results for n, c in r.checksums.items()}
-        if full:
-            self.publisher._write_manifest(identity, f"{self.version:06d}", checksums)
+        self.publisher._write_manifest(identity, f"{self.version:06d}", checksums)
         self.publisher._served(identity, self.version)
 
 
