@@ -55,3 +55,53 @@ def test_served_copy_is_never_a_view_of_the_parameters() -> None:
 @pytest.mark.gpu
 def test_device_tensors_encode_to_the_same_bytes_as_host_tensors() -> None:
     assert _encoded_bytes("cuda") == _encoded_bytes("cpu")
+
+
+def test_an_encoding_failure_on_one_rank_raises_on_every_rank() -> None:
+    import threading
+
+    from cwtrain.errors import CWTrainError
+    from cwtrain.integrations.slime import HookConfig
+    from cwtrain.integrations.slime.tensors import TensorPublisher, _host_copy
+
+    barrier = threading.Barrier(2)
+    slots: list[Any] = [None, None]
+
+    class View:
+        world_size = 2
+
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+        def all_gather_object(self, obj: Any) -> list[Any]:
+            barrier.wait()
+            slots[self.rank] = obj
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()
+            return out
+
+        def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+            return self.all_gather_object(obj)[src]
+
+    errors: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        publisher = TensorPublisher(HookConfig("dep", "run", full_every=0), View(rank), loader=object())
+        base = {f"r{rank}.weight": torch.zeros(4)}
+        publisher.served = {n: _host_copy(n, t) for n, t in base.items()}
+        publisher.served_identity = "run-v000000"
+        new = {f"r{rank}.weight": torch.zeros(5 if rank == 1 else 4)}  # rank 1's shape changed: no delta
+        try:
+            publisher.publish(None, new.items())
+        except BaseException as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)  # nobody left waiting in a collective
+    assert set(errors) == {0, 1}
+    assert all(isinstance(e, CWTrainError) and "rank 1" in str(e) for e in errors.values())

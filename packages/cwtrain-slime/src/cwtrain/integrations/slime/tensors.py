@@ -283,17 +283,27 @@ class TensorPublisher:
 
         metrics: dict[str, float] = {"hotload/chain_cut": float(full), "hotload/incremental": 0.0}
         started = time.perf_counter()
-        host = {name: _host_copy(name, tensor) for name, tensor in tensors.items()} if full else {}
-        snap = self._encode(tensors, host, full=full)
-        # the next delta's base (a failure forces a FULL next, which needs no base)
-        if full:
-            self.served = host
-        elif snap is not None:
-            assert self.served is not None
-            for name in snap.changed:  # only changed tensors cross to host memory again
-                self.served[name] = _host_copy(name, tensors[name])
+        snap: Any = None
+        problem: str | None = None
+        try:
+            host = {name: _host_copy(name, tensor) for name, tensor in tensors.items()} if full else {}
+            snap = self._encode(tensors, host, full=full)
+            # the next delta's base (a failure forces a FULL next, which needs no base)
+            if full:
+                self.served = host
+            elif snap is not None:
+                assert self.served is not None
+                for name in snap.changed:  # only changed tensors cross to host memory again
+                    self.served[name] = _host_copy(name, tensors[name])
+        except Exception as exc:  # every rank must reach the collectives below, then all raise
+            problem = f"rank {self.rank}: {type(exc).__name__}: {exc}"
         files = list(snap.files) if snap is not None else []
-        counts = self.collective.all_gather_object(len(files))
+        gathered = self.collective.all_gather_object((len(files), problem))
+        problems = [p for _, p in gathered if p]
+        if problems:
+            self._needs_full = True
+            raise CWTrainError(f"encoding {identity} failed: {problems[0]}")
+        counts = [count for count, _ in gathered]
         total, offset = sum(counts), sum(counts[: self.rank])
         metrics["hotload/stage_seconds"] = time.perf_counter() - started
         changed = len(snap.changed) if snap is not None else 0
