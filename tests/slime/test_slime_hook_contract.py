@@ -320,3 +320,21 @@ def test_actor_hook_refuses_full_mode_that_deletes_versions(slime_stubs: Path, t
     with pytest.raises(ConfigError, match="--update-weight-disk-keep-files"):
         actor_hook(args, str(tmp_path / "weights" / "weight_v000001"), [])
     assert actor_hook(slime_args(tmp_path, tmp_path / "hf", rank=1), "unused", []) is None
+
+
+def test_wait_off_returns_once_created_and_verify_counts_replicas(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher
+
+    hf = write_hf_checkpoint(tmp_path / "hf", tiny_weights())
+    args = slime_args(tmp_path, hf)
+    waited: list[str] = []
+    original_wait = recording_loader.wait
+    recording_loader.wait = lambda hot_load_id, **kw: waited.append(hot_load_id) or original_wait(hot_load_id, **kw)
+    ahead = SlimePublisher(HookConfig("dep-1", "ahead", wait=False, full_every=0), recording_loader)
+    metrics = ahead(args, args.update_weight_disk_dir)
+    assert waited == [] and "hotload/replicas_ready" not in metrics and "hotload/upload_seconds" in metrics
+    verified = SlimePublisher(HookConfig("dep-1", "verified", verify=True, full_every=0), recording_loader)
+    metrics = verified(args, args.update_weight_disk_dir)
+    assert len(waited) == 1 and metrics["hotload/replicas_verified"] == 2.0
