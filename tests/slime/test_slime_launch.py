@@ -53,3 +53,19 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "train.py" in capsys.readouterr().err
     with pytest.raises(ImportError, match="slime"):
         main([__file__])
+
+
+def test_the_actor_names_missing_configuration(slime_stubs: Path, tmp_path: Path) -> None:
+    import argparse
+
+    from slime.backends.megatron_utils.actor import MegatronTrainRayActor
+
+    from cwtrain.errors import CWTrainError
+    from cwtrain.integrations.slime import make_actor_cls
+
+    actor = make_actor_cls(MegatronTrainRayActor)(1, 0, None, None)
+    actor.init(argparse.Namespace(update_weight_disk_dir=str(tmp_path / "w")), "actor")
+    with pytest.raises(CWTrainError, match="CWTRAIN_HOTLOAD_DEPLOYMENT_ID"):
+        actor.update_weights()
+    actor.args.debug_train_only = True
+    assert actor.update_weights() is None  # slime's debug modes publish nothing

@@ -467,10 +467,16 @@ def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
             """This rank's publisher (config built on rank 0 and broadcast)."""
             if self._cwtrain is None:
                 collective: Collective = TorchCollective() if _distributed() else SingleProcess()
-                config = None
+                config: HookConfig | str | None = None
                 if collective.rank == 0:
-                    config = HookConfig.from_env(default_run_id=default_run_id(self.args)).with_state_dir(self.args)
+                    try:
+                        config = HookConfig.from_env(default_run_id=default_run_id(self.args))
+                        config = config.with_state_dir(self.args)
+                    except Exception as exc:  # the other ranks wait in the broadcast: tell them
+                        config = f"{type(exc).__name__}: {exc}"
                 config = collective.broadcast_object(config)
+                if not isinstance(config, HookConfig):
+                    raise CWTrainError(f"cwtrain publishing is misconfigured: {config}")
                 start = int(getattr(self.args, "update_weight_start_version", 0) or 0)
                 self._cwtrain = TensorPublisher(config, collective, start_version=start)
             return self._cwtrain
