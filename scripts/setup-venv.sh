@@ -6,7 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:?usage: scripts/setup-venv.sh PYTHON_VERSION}"
 venv=".venv-$version"
-export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/cwtrain-pip}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 find_python() {
@@ -32,14 +31,21 @@ echo "setting up $venv with $($python --version)" >&2
 "$venv/bin/python" -m pip install -q --upgrade pip
 # Our packages by path only (never from an index); their pins to each other resolve
 # against these local candidates.
-"$venv/bin/python" -m pip install -q \
-  -e "packages/cwtrain-core[torch]" \
-  -e packages/cwtrain-local \
-  -e packages/cwtrain-slime \
-  -e packages/cwtrain-miles \
-  -e packages/cwtrain-nemo-rl \
-  -e packages/cwtrain-gym \
-  -r requirements-dev.txt
+ours=("packages/cwtrain-core[torch]" packages/cwtrain-local packages/cwtrain-slime packages/cwtrain-miles
+      packages/cwtrain-nemo-rl packages/cwtrain-gym)
+# Third-party wheels are kept in a wheelhouse between runs (pip's own cache is not
+# reliable on these machines): downloaded once per Python version and dependency set,
+# then installed with --no-index.
+wheelhouse="${CWTRAIN_WHEELHOUSE:-$HOME/.cache/cwtrain-wheels}"
+mkdir -p "$wheelhouse"
+if [ "$(cat "$wheelhouse/.stamp-$version" 2>/dev/null)" != "$stamp_src" ]; then
+  echo "downloading dependencies into $wheelhouse" >&2
+  "$venv/bin/python" -m pip download -q -d "$wheelhouse" "${ours[@]}" -r requirements-dev.txt hatchling editables
+  echo "$stamp_src" > "$wheelhouse/.stamp-$version"
+fi
+editables=()
+for package in "${ours[@]}"; do editables+=(-e "$package"); done
+"$venv/bin/python" -m pip install -q --no-index --find-links "$wheelhouse" "${editables[@]}" -r requirements-dev.txt
 # Refuse an environment where any cwtrain distribution came from somewhere else.
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md, json, sys
