@@ -393,3 +393,19 @@ def test_in_flight_work_stays_within_the_budget() -> None:
     with Probe(workers=4, memory_budget=8 * size) as probe:
         probe.encode(new, old)
     assert probe.peak > 2 * size  # the limit, not the pool, was what held it back
+
+
+def test_mid_sized_tensors_use_shared_buffers_and_round_trip() -> None:
+    n = (9 << 20) + 6  # above the per-thread buffer size, odd length (no 8-byte XOR)
+    rng = np.random.default_rng(5)
+    old = {f"m{i}": TensorData("U8", (n,), rng.integers(0, 255, n, dtype=np.uint8)) for i in range(3)}
+    new = {}
+    for name, t in old.items():
+        arr = np.array(t.data)
+        arr[rng.integers(0, n, 100)] ^= 0x5A
+        new[name] = TensorData("U8", (n,), arr)
+    with DeltaEncoder(workers=2) as enc:
+        first = enc.encode(new, old)
+        second = enc.encode(new, old)  # buffers come back from the pool
+    assert [f.sha256() for f in first.files] == [f.sha256() for f in second.files]
+    assert _raw(apply_delta(old, json.loads(first.index.tobytes()), _shards(first))) == _raw(new)

@@ -123,6 +123,7 @@ BIG_TENSOR_BYTES = 64 << 20
 ZSTD_LEVEL = 1
 _CHUNK = 1 << 20
 _GROUP_BYTES = 1 << 20
+_THREAD_BUFFER_BYTES = 8 << 20
 _BIG_CHUNK = 4 << 20
 
 
@@ -292,6 +293,31 @@ class _ThreadState(threading.local):
         return self.new_chunk, self.old_chunk
 
 
+class _BufferPool:
+    """Reusable XOR buffers (fresh memory page-faults slowly); at most ``limit`` bytes kept idle."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._free: list[U8Array] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> U8Array:
+        with self._lock:
+            fits = [b for b in self._free if b.size >= n]
+            if fits:
+                buffer = min(fits, key=lambda b: b.size)
+                self._free.remove(buffer)
+                return buffer
+        return np.empty(n, np.uint8)
+
+    def give(self, buffer: U8Array) -> None:
+        with self._lock:
+            self._free.append(buffer)
+            self._free.sort(key=lambda b: b.size)
+            while self._free and sum(b.size for b in self._free) > self.limit:
+                self._free.pop()  # drop the largest
+
+
 def _read(source: TensorSource, offset: int, length: int, scratch: U8Array) -> U8Array:
     if isinstance(source, FileRegion):
         view = scratch[:length]
@@ -334,6 +360,9 @@ class DeltaEncoder:
         self._state = _ThreadState()
         # One big tensor at a time: each already uses every core through zstd's threads.
         self._big_lock = threading.Lock()
+        self._big_scratch: tuple[U8Array, ...] | None = None
+        # XOR buffers of mid-sized tensors are shared, so idle memory stays bounded whatever ``workers``.
+        self._buffers = _BufferPool(min(self.memory_budget, 512 << 20))
 
     def __enter__(self) -> DeltaEncoder:
         return self
@@ -617,7 +646,19 @@ class DeltaEncoder:
         if n > BIG_TENSOR_BYTES:
             return self._encode_big(name, new.data, old.data, n)
         state = self._state
-        xor = state.xor_buffer(n)
+        if n <= _THREAD_BUFFER_BYTES:
+            xor = state.xor_buffer(n)
+            return self._encode_into(name, new, old, xor, state)
+        pooled = self._buffers.take(n)
+        try:
+            return self._encode_into(name, new, old, pooled[:n], state)
+        finally:
+            self._buffers.give(pooled)
+
+    def _encode_into(
+        self, name: str, new: TensorData, old: TensorData, xor: U8Array, state: _ThreadState
+    ) -> TensorResult:
+        n = xor.size
         if isinstance(new.data, FileRegion) or isinstance(old.data, FileRegion):
             new_scratch, old_scratch = state.chunks(min(n, _CHUNK))
             value = 1
@@ -642,9 +683,9 @@ class DeltaEncoder:
             return self._encode_big_locked(name, new, old, n)
 
     def _encode_big_locked(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
-        state = self._state
-        new_scratch, old_scratch = state.chunks(_BIG_CHUNK)
-        xor = state.xor_buffer(_BIG_CHUNK)
+        if self._big_scratch is None:  # one set, used under the lock
+            self._big_scratch = tuple(np.empty(_BIG_CHUNK, np.uint8) for _ in range(3))
+        new_scratch, old_scratch, xor = self._big_scratch
         compressor: Any = None
         pieces: list[Buffer] = []
         zero_prefix = 0
