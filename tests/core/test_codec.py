@@ -136,11 +136,15 @@ def test_empty_delta_has_no_shards(encoder: DeltaEncoder) -> None:
     assert list(encoder.iter_files(dict(old), old)) == []
 
 
-def test_big_tensor_is_one_frame_that_plain_zstandard_decodes() -> None:
-    n = BIG_TENSOR_BYTES + 4099
+def test_big_tensor_is_one_frame_that_plain_zstandard_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cwtrain.hotload.codec as codec_module
+
+    assert BIG_TENSOR_BYTES == 256 << 20  # part of the output definition
+    monkeypatch.setattr(codec_module, "BIG_TENSOR_BYTES", 4 << 20)  # the same path, on a cheap tensor
+    n = (4 << 20) * 3 + 4099
     old = np.zeros(n, np.uint8)
     new = old.copy()
-    new[[7, n // 2, n - 1]] = [1, 2, 3]
+    new[[n // 2, n - 1]] = [2, 3]  # the first chunks are all zeros: they are fed late, as zeros
     frames = []
     for workers in (1, 2):
         with DeltaEncoder(workers=workers) as enc:

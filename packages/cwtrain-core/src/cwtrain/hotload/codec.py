@@ -119,7 +119,7 @@ __all__ = [
 DEFAULT_MEMORY_BUDGET = 1 << 30
 #: Tensors above this size compress with zstd's worker threads (one frame still).
 #: Part of the output definition: changing it changes the bytes of big frames.
-BIG_TENSOR_BYTES = 64 << 20
+BIG_TENSOR_BYTES = 256 << 20
 ZSTD_LEVEL = 1
 _CHUNK = 1 << 20
 _GROUP_BYTES = 1 << 20
