@@ -22,8 +22,13 @@ WORK_DIR=${WORK_DIR:-/work}
 GYM_DIR="$WORK_DIR/gym"
 mkdir -p "$WORK_DIR/results"
 
-log "installing ${CWTRAIN_INSTALL} and NeMo Gym ${GYM_REF}"
-python -m pip install --no-cache-dir --quiet "uv" "${CWTRAIN_INSTALL}"
+if [[ "${CWTRAIN_GIT:-}" =~ \<[A-Za-z][^\<\>]*\> ]] || [[ -z "${CWTRAIN_GIT:-}" ]]; then
+  fail "CWTRAIN_GIT is '${CWTRAIN_GIT:-}': set it to cwtrain's repository in the cwtrain-gym-config ConfigMap"
+fi
+log "installing ${CWTRAIN_PACKAGES} from ${CWTRAIN_GIT} and NeMo Gym ${GYM_REF}"
+cwtrain_reqs=()
+for package in $CWTRAIN_PACKAGES; do cwtrain_reqs+=("$package @ ${CWTRAIN_GIT}#subdirectory=packages/$package"); done
+python -m pip install --no-cache-dir --quiet "uv" "${cwtrain_reqs[@]}"
 if [[ ! -d "$GYM_DIR/.git" ]]; then
   git clone --quiet --depth 1 --branch "$GYM_REF" "$GYM_REPO" "$GYM_DIR"
 fi

@@ -41,7 +41,7 @@ mkdir -p "$SHARED_DIR" "$CWTRAIN_HOTLOAD_STATE_DIR"
 
 # ---------------------------------------------------------------- 2. cwtrain
 python -c "import cwtrain.integrations.nemo_rl" ||
-  fail "cwtrain's NeMo-RL integration is not importable: check the install-cwtrain init container (CWTRAIN_INSTALL)"
+  fail "cwtrain's NeMo-RL integration is not importable: check the install-cwtrain init container (CWTRAIN_GIT, CWTRAIN_PACKAGES)"
 log "checking that the trainer can list, read and write the snapshot prefix"
 python -m cwtrain.integrations.preflight
 

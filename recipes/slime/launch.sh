@@ -23,7 +23,7 @@ fail() {
 }
 
 # ---------------------------------------------------------------- 1. settings
-for name in CWTRAIN_HOTLOAD_DEPLOYMENT_ID CWTRAIN_ROLLOUT_BASE_URL CWTRAIN_ROLLOUT_MODEL AWS_REGION; do
+for name in CWTRAIN_HOTLOAD_DEPLOYMENT_ID CWTRAIN_ROLLOUT_BASE_URL CWTRAIN_ROLLOUT_MODEL AWS_REGION CWTRAIN_GIT; do
   value="${!name:-}"
   [[ -n "$value" ]] || fail "$name is empty: set it in the cwtrain-slime-config ConfigMap"
   if [[ "$value" =~ \<[A-Za-z][^\<\>]*\> ]]; then
@@ -57,8 +57,10 @@ fi
 python3 -m pip install --no-cache-dir --quiet --no-deps -e "$FRAMEWORK_DIR"
 
 # ---------------------------------------------------------------- 3. cwtrain
-log "installing ${CWTRAIN_INSTALL}"
-python3 -m pip install --no-cache-dir --quiet "${CWTRAIN_INSTALL}"
+log "installing ${CWTRAIN_PACKAGES} from ${CWTRAIN_GIT}"
+cwtrain_reqs=()
+for package in $CWTRAIN_PACKAGES; do cwtrain_reqs+=("$package @ ${CWTRAIN_GIT}#subdirectory=packages/$package"); done
+python3 -m pip install --no-cache-dir --quiet "${cwtrain_reqs[@]}"
 log "checking that the trainer can list, read and write the snapshot prefix"
 python3 -m cwtrain.integrations.preflight
 

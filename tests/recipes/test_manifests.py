@@ -179,8 +179,13 @@ def test_training_config_maps_leave_the_deployment_to_fill_in(recipe: str) -> No
     assert len(maps) == 1
     data = maps[0]["data"]
     assert all(isinstance(v, str) for v in data.values()), "ConfigMap values must be strings"
-    if recipe == "nemo-gym":  # the request file carries everything it needs
-        assert not any("<" in v for v in data.values())
+    # cwtrain is installed from its own repository (a placeholder until filled in), never
+    # by name from an index, where another project publishes a package called cwtrain.
+    assert data["CWTRAIN_GIT"].startswith("git+<") and "CWTRAIN_INSTALL" not in data
+    assert set(data["CWTRAIN_PACKAGES"].split()) >= {"cwtrain-core"}
+    assert all(name.startswith("cwtrain-") for name in data["CWTRAIN_PACKAGES"].split())
+    if recipe == "nemo-gym":  # the request file carries everything else it needs
+        assert [k for k, v in data.items() if "<" in v] == ["CWTRAIN_GIT"]
         return
     for key in FILL_IN:
         assert data[key].startswith("<") and data[key].endswith(">"), key
