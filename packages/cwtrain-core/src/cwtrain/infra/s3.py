@@ -36,7 +36,9 @@ sign payloads anyway; a ``config`` you pass is merged over these settings.
 **TLS** verification is on. ``verify=False`` turns it off (with a warning; for
 development stores with self-signed certificates only); ``verify="/path/ca.pem"`` names
 a CA bundle. Credentials come from the standard boto3 chain (static keys, container
-credentials, web identity, profiles); cwtrain never reads or logs key material.
+credentials, web identity, profiles); cwtrain never reads or logs key material, and it
+masks the signing material (``Authorization``, ``Credential=``, session tokens) in
+botocore's DEBUG request logs.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -66,6 +69,35 @@ _MAX_ATTEMPTS = 5
 
 _loader_lock = threading.Lock()
 _loader: Any = None
+
+# botocore's DEBUG logs of each request carry its signing material: the Authorization header
+# (``Credential=<access key id>/...``) and a session token (the request repr, the canonical request).
+_SIGNING = (
+    (re.compile(r"(['\"]?Authorization['\"]?\s*:\s*b?['\"]?)[^'\"\n]+", re.IGNORECASE), r"\1***"),
+    (re.compile(r"(x-amz-security-token['\"]?\s*[:=]\s*b?['\"]?)[^'\"&\s]+", re.IGNORECASE), r"\1***"),
+    (re.compile(r"(Credential=)[^/&\s'\"]+"), r"\1***"),
+)
+
+
+class _RedactSigning(logging.Filter):
+    """Masks credentials in botocore's request logs (cwtrain never logs key material)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that cannot be formatted is left to the handler
+            return True
+        redacted = text
+        for pattern, replacement in _SIGNING:
+            redacted = pattern.sub(replacement, redacted)
+        if redacted != text:
+            record.msg, record.args = redacted, None
+        return True
+
+
+_REDACT_SIGNING = _RedactSigning()
+for _name in ("botocore.endpoint", "botocore.auth", "botocore.httpsession"):
+    logging.getLogger(_name).addFilter(_REDACT_SIGNING)
 
 
 def _shared_loader() -> Any:
