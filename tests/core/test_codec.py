@@ -21,6 +21,7 @@ from cwtrain.hotload.codec import (
     apply_delta,
     load_full,
     replay_chain,
+    verify_delta,
     zstd_frame_size,
 )
 from cwtrain.hotload.format import TensorData, header_of_bytes, parse_index
@@ -247,6 +248,9 @@ def test_checksum_mismatch(delta) -> None:  # type: ignore[no-untyped-def]
     [(name, shard)] = shards.items()
     bad = {name: _rewrite(shard, metadata={"b.w": "00000001"})}
     _check_refused(old, index, bad, SnapshotChecksumError, "b.w", name, "deltas/v2")
+    assert verify_delta(old, index, shards, base_version="v1") == ["a.w", "b.w"]
+    with pytest.raises(SnapshotChecksumError, match=r"b\.w"):
+        verify_delta(old, index, bad)
 
 
 def test_truncated_frame(delta) -> None:  # type: ignore[no-untyped-def]

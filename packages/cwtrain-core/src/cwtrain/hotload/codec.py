@@ -66,6 +66,7 @@ from cwtrain.hotload.decode import (
     load_full_dir,
     read_snapshot_dir,
     replay_chain,
+    verify_delta,
     zstd_frame_size,
 )
 from cwtrain.hotload.format import (
@@ -113,6 +114,7 @@ __all__ = [
     "read_snapshot_dir",
     "replay_chain",
     "tensor_adler32",
+    "verify_delta",
     "zstd_frame_size",
 ]
 

@@ -67,6 +67,7 @@ __all__ = [
     "load_full_dir",
     "read_snapshot_dir",
     "replay_chain",
+    "verify_delta",
     "zstd_frame_size",
 ]
 
@@ -244,6 +245,59 @@ def apply_delta(
             malformed or truncated frame, a size that does not match the base.
         SnapshotChecksumError: an Adler-32 does not match.
     """
+    jobs, headers = _delta_jobs(base, index, shards, base_version=base_version, source=source)
+
+    def decode(job: tuple[str, str, TensorEntry, int, str]) -> tuple[str, U8Array]:
+        name, shard, entry, expected, where = job
+        payload = _tensor_bytes(shards[shard], headers[shard], entry)
+        return name, apply_payload(base[name].data, payload, expected, where=where)
+
+    results = _map(decode, jobs, workers)
+    out = dict(base)
+    for name, data in results:
+        old = base[name]
+        out[name] = TensorData(old.dtype, tuple(old.shape), data)
+    return out
+
+
+def verify_delta(
+    base: Mapping[str, TensorData],
+    index: Mapping[str, Any],
+    shards: Mapping[str, Buffer],
+    *,
+    base_version: str | None = None,
+    workers: int | None = None,
+    source: str = "delta",
+) -> list[str]:
+    """Check that a delta applies to ``base`` (every frame, every Adler-32) without keeping the result.
+
+    Memory stays at the tensors being decoded, whatever the delta's size (the on-disk
+    mirror verifies this way before it writes anything).
+
+    Returns:
+        The names of the tensors the delta changes.
+
+    Raises:
+        SnapshotError: as :func:`apply_delta`.
+    """
+    jobs, headers = _delta_jobs(base, index, shards, base_version=base_version, source=source)
+
+    def check(job: tuple[str, str, TensorEntry, int, str]) -> str:
+        name, shard, entry, expected, where = job
+        apply_payload(base[name].data, _tensor_bytes(shards[shard], headers[shard], entry), expected, where=where)
+        return name
+
+    return list(_map(check, jobs, workers))
+
+
+def _delta_jobs(
+    base: Mapping[str, TensorData],
+    index: Mapping[str, Any],
+    shards: Mapping[str, Buffer],
+    *,
+    base_version: str | None,
+    source: str,
+) -> tuple[list[tuple[str, str, TensorEntry, int, str]], dict[str, SafetensorsHeader]]:
     metadata = index_metadata(index)
     if not is_delta_index(index):
         raise SnapshotError(f"{source}: not a delta (index metadata has no delta_encoding)")
@@ -266,18 +320,7 @@ def apply_delta(
         expected = _expected_checksum(headers[shard], name, where, required=True)
         assert expected is not None
         jobs.append((name, shard, entry, expected, where))
-
-    def decode(job: tuple[str, str, TensorEntry, int, str]) -> tuple[str, U8Array]:
-        name, shard, entry, expected, where = job
-        payload = _tensor_bytes(shards[shard], headers[shard], entry)
-        return name, apply_payload(base[name].data, payload, expected, where=where)
-
-    results = _map(decode, jobs, workers)
-    out = dict(base)
-    for name, data in results:
-        old = base[name]
-        out[name] = TensorData(old.dtype, tuple(old.shape), data)
-    return out
+    return jobs, headers
 
 
 def load_full(

@@ -54,6 +54,7 @@ from cwtrain.hotload.codec import (
     as_uint8,
     read_snapshot_dir,
     tensor_adler32,
+    verify_delta,
 )
 from cwtrain.hotload.delta import open_checkpoint, staged_directory
 from cwtrain.hotload.delta import write_full_snapshot as write_full_from_dir
@@ -410,8 +411,8 @@ class WeightMirror:
         snap: SnapshotDir | None,
     ) -> tuple[str, ...]:
         assert self.root is not None
-        # 1. verify everything without touching the weights
-        apply_delta(self._tensors, index, shards, workers=self.workers, source=source)
+        # 1. verify everything without touching the weights (nothing kept: memory stays small)
+        verify_delta(self._tensors, index, shards, workers=self.workers, source=source)
         sums = self._new_checksums(index, shards)
         # 2. commit the intent: a copy of the delta and the target version
         partial = self.root / _JOURNAL_PARTIAL

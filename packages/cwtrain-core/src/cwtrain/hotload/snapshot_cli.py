@@ -120,12 +120,12 @@ def _verify(args: argparse.Namespace) -> int:
 
     from cwtrain.errors import SnapshotError
     from cwtrain.hotload.codec import (
-        apply_delta,
         as_uint8,
         decode_frame,
         load_full,
         load_full_dir,
         read_snapshot_dir,
+        verify_delta,
         zstd_frame_size,
     )
     from cwtrain.hotload.format import header_of_bytes, is_delta_index
@@ -143,7 +143,7 @@ def _verify(args: argparse.Namespace) -> int:
     inspect_snapshot(args.dir, previous_identity="unchecked", allow_empty_delta=True)
     names = list(snap.index["weight_map"])
     if args.base is not None:
-        apply_delta(
+        verify_delta(
             load_full_dir(args.base, workers=args.workers),
             snap.index,
             snap.shards,
