@@ -4,7 +4,7 @@ slime calls :func:`generate_rollout` with its contract
 ``generate_rollout(args, rollout_id, data_source, evaluation=False)``. Each call takes
 ``--rollout-batch-size`` groups from ``data_source.get_samples``, sends **one**
 ``/v1/completions`` request per group with ``n = --n-samples-per-prompt`` through the rollout
-sampler (:mod:`cwtrain.integrations.rollout`), fills every ``Sample`` (``tokens``,
+sampler (:mod:`cwtrain.integrations.rollout`), fills every ``Sample`` with its ``fill_group`` (``tokens``,
 ``response``, ``response_length``, ``rollout_log_probs``, ``rollout_routed_experts``,
 ``status``) and appends the weight version that served it to ``weight_versions``. Rewards
 come from slime's own reward hooks (``--custom-rm-path``, ``--rm-type``, ``--group-rm``).
@@ -43,15 +43,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cwtrain.errors import ConfigError, RolloutError
+from cwtrain.errors import ConfigError
 
 from .config import HookConfig
 
 if TYPE_CHECKING:
-    from cwtrain.integrations.rollout import Completion, CompletionSampler, RolloutConfig
+    from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig
 
 __all__ = [
-    "fill_sample",
     "generate_rollout",
     "process_sampler",
     "reset_rollout",
@@ -194,22 +193,6 @@ def prompt_of(sample: Any, tokenizer: Any) -> Any:
     return Prompt(text=prompt)
 
 
-def fill_sample(sample: Any, completion: Completion, *, version: int | None, keep_logprobs: bool) -> None:
-    """Write one completion into a slime/miles ``Sample`` (interface.md section 4.3)."""
-    sample.tokens = list(completion.tokens)
-    sample.response = completion.text
-    sample.response_length = len(completion.response_ids)
-    sample.rollout_log_probs = list(completion.logprobs) if keep_logprobs and completion.logprobs else None
-    if completion.routed_experts is not None:
-        sample.rollout_routed_experts = completion.routed_experts
-    status = type(sample).Status
-    sample.status = status.TRUNCATED if completion.truncated else status.COMPLETED
-    served = version_of_identity(completion.identity) if completion.identity else None
-    served = version if served is None else served
-    if served is not None:
-        sample.weight_versions.append(str(served))
-
-
 def sampling_params(args: Any) -> Any:
     """The sampler's settings from slime's/miles' rollout flags."""
     from cwtrain.integrations.rollout import SamplingParams
@@ -247,7 +230,7 @@ async def sample_groups_into(
     Returns:
         the ``coreweave/*`` metrics of the batch.
     """
-    from cwtrain.integrations.rollout import RolloutConfig
+    from cwtrain.integrations.rollout import RolloutConfig, fill_group
 
     if sampler is None:
         config = RolloutConfig.for_trainer(args)
@@ -257,12 +240,12 @@ async def sample_groups_into(
     params = sampling_params(args)
     started = time.perf_counter()
     batch = await sampler.sample_groups(prompts, [len(group) for group in groups], params)
-    keep = all(c.logprobs is not None for completions in batch.groups for c in completions)
     for group, completions in zip(groups, batch.groups, strict=True):
-        if len(completions) != len(group):
-            raise RolloutError(f"asked for {len(group)} completions of a group, got {len(completions)}")
-        for sample, completion in zip(group, completions, strict=True):
-            fill_sample(sample, completion, version=version, keep_logprobs=keep)
+        fill_group(group, completions)  # tokens, response, status, log-probs, routes, served version
+        if version is not None:
+            for sample, completion in zip(group, completions, strict=True):
+                if completion.identity is None:  # the endpoint did not say: what the deployment serves
+                    sample.weight_versions.append(str(version))
     await _score(args, groups, rm)
     metrics = dict(batch.metrics)
     metrics.setdefault("coreweave/generation_seconds", time.perf_counter() - started)
