@@ -3,24 +3,24 @@
 Precedence: an explicit argument beats the ``CWTRAIN_HOTLOAD_*`` variable, which beats the
 default. :meth:`HookConfig.from_env` reads:
 
-==================================== ============================ =====================================
-variable                             default                      meaning
-==================================== ============================ =====================================
-``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``    required                     target deployment
-``CWTRAIN_HOTLOAD_RUN_ID``           :func:`default_run_id`       identity prefix (<= 120 chars, no ``/``)
-``CWTRAIN_HOTLOAD_WAIT``             true                         wait for each hot-load to complete
-``CWTRAIN_HOTLOAD_TIMEOUT``          1800                         seconds per publish
-``CWTRAIN_HOTLOAD_PUBLISH_BASELINE`` true                         publish ``<run>-v000000``
-``CWTRAIN_HOTLOAD_FULL_EVERY``       20                           FULL every N versions (0-64, 0 = never)
-``CWTRAIN_HOTLOAD_MIRROR``           on iff FULL_EVERY > 0        keep the served copy
-``CWTRAIN_HOTLOAD_VERIFY``           false                        every replica READY on the identity
-``CWTRAIN_HOTLOAD_STATE_DIR``        ``<disk dir>-hotload``       local working directory
-``CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY`` unset                     ``preserve`` or ``reset_all``
-``CWTRAIN_HOTLOAD_UPLOAD_WORKERS``   8                            files uploaded in parallel
-``COREWEAVE_API_URL``                ``https://api.coreweave.com`` API origin
-``CWTRAIN_API_HEADERS``              none                         JSON object of extra headers (secret)
-``CWTRAIN_API_INSECURE``             false                        skip TLS verification
-==================================== ============================ =====================================
+======================================= ============================= ========================================
+variable                                default                       meaning
+======================================= ============================= ========================================
+``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``       required                      target deployment
+``CWTRAIN_HOTLOAD_RUN_ID``              :func:`default_run_id`        identity prefix (<= 120 chars, no ``/``)
+``CWTRAIN_HOTLOAD_WAIT``                true                          wait for each hot-load to complete
+``CWTRAIN_HOTLOAD_TIMEOUT``             1800                          seconds per publish
+``CWTRAIN_HOTLOAD_PUBLISH_BASELINE``    true                          publish ``<run>-v000000``
+``CWTRAIN_HOTLOAD_FULL_EVERY``          20                            FULL every N versions (0-64, 0 = never)
+``CWTRAIN_HOTLOAD_MIRROR``              on iff FULL_EVERY > 0         keep the served copy
+``CWTRAIN_HOTLOAD_VERIFY``              false                         every replica READY on the identity
+``CWTRAIN_HOTLOAD_STATE_DIR``           ``<disk dir>-hotload``        local working directory
+``CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY`` unset                         ``preserve`` or ``reset_all``
+``CWTRAIN_HOTLOAD_UPLOAD_WORKERS``      8                             files uploaded in parallel
+``COREWEAVE_API_URL``                   ``https://api.coreweave.com`` API origin
+``CWTRAIN_API_HEADERS``                 none                          JSON object of extra headers (secret)
+``CWTRAIN_API_INSECURE``                false                         skip TLS verification
+======================================= ============================= ========================================
 
 The API token (``COREWEAVE_API_TOKEN``, then ``CW_API_TOKEN``) is read by the client, never
 stored here.
