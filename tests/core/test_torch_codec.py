@@ -74,10 +74,11 @@ def _same(a: object, b: object) -> None:
     assert a.checksums == b.checksums and a.changed == b.changed  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("budget", [1 << 10, 1 << 30])
-def test_cpu_tensors_match_numpy_path(budget: int) -> None:
+@pytest.mark.parametrize(("budget", "device_checksums"), [(1 << 10, None), (1 << 30, None), (1 << 30, True)])
+def test_cpu_tensors_match_numpy_path(budget: int, device_checksums: bool | None) -> None:
     base, new = _state("cpu")
     with TorchDeltaEncoder(workers=2, memory_budget=budget) as enc:
+        enc.device_checksums = device_checksums  # True: the GPU's batched Adler-32 code, run on the CPU
         ours = enc.encode(new, base, version="v2", base_version="v1")
     _same(ours, _numpy_path(new, base, version="v2", base_version="v1"))
     index = json.loads(ours.index.tobytes())

@@ -101,21 +101,28 @@ def tensor_data(tensor: torch.Tensor) -> TensorData:
 
 def device_adler32(data: torch.Tensor) -> int:
     """Adler-32 of a flat ``uint8`` tensor, computed on its device (one host sync)."""
+    return _adler_finish(data.numel(), _adler_parts(data).cpu().tolist())
+
+
+def _adler_parts(data: torch.Tensor) -> torch.Tensor:
+    """Per-block ``[sum b, sum j*b]`` on the device (``int64``, shape ``[blocks, 2]``)."""
     n = data.numel()
-    if n == 0:
-        return 1
     sums = []
     for start in range(0, n, _ADLER_BLOCK):
         block = data[start : start + _ADLER_BLOCK].to(torch.int32)
         weights = torch.arange(block.numel(), device=data.device, dtype=torch.int32)
         sums.append(torch.stack([block.sum(dtype=torch.int64), (block * weights).sum(dtype=torch.int64)]))
-    host = torch.stack(sums).cpu().tolist()
+    if not sums:
+        return torch.zeros((0, 2), dtype=torch.int64, device=data.device)
+    return torch.stack(sums)
+
+
+def _adler_finish(n: int, parts: Sequence[Sequence[int]]) -> int:
     a = 1
     b = n
-    for position, (s1, s2) in enumerate(host):
-        start = position * _ADLER_BLOCK
+    for position, (s1, s2) in enumerate(parts):
         a += s1
-        b += (n - start) * s1 - s2
+        b += (n - position * _ADLER_BLOCK) * s1 - s2
     return ((b % _MOD) << 16) | (a % _MOD)
 
 
@@ -138,6 +145,8 @@ class TorchDeltaEncoder:
         memory_budget: int | None = None,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
     ) -> None:
+        #: Adler-32 of the new bytes on the tensors' device (None: on the device unless it is the CPU).
+        self.device_checksums: bool | None = None
         self._owned = encoder is None
         self.encoder = encoder or DeltaEncoder(workers=workers, memory_budget=memory_budget, shard_bytes=shard_bytes)
         self._host = [torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)]
@@ -223,18 +232,29 @@ class TorchDeltaEncoder:
     ) -> list[_Launched]:
         xors: list[torch.Tensor] = []
         flags: list[torch.Tensor] = []
-        adlers: list[int] = []
-        for name in batch:
+        adlers: list[int] = [1] * len(batch)
+        parts: list[tuple[int, torch.Tensor]] = []
+        for position, name in enumerate(batch):
             current = tensor_bytes(new[name])
             old = _base_bytes(base[name], current.device)
             xor = torch.bitwise_xor(current, old)
             xors.append(xor)
             flags.append(xor.any() if xor.numel() else torch.zeros((), dtype=torch.bool, device=xor.device))
-            if current.device.type == "cpu":
-                adlers.append(adler32(current.numpy()))
+            on_device = self.device_checksums if self.device_checksums is not None else current.device.type != "cpu"
+            if on_device:
+                parts.append((position, _adler_parts(current)))
             else:
-                adlers.append(device_adler32(current))
+                adlers[position] = adler32(current.numpy())
+        # one host synchronisation per batch: the change flags and the device Adler-32 sums
         changed = torch.stack(flags).cpu().tolist() if flags else []
+        if parts:
+            host_parts = torch.cat([p.to("cpu") for _, p in parts]).tolist()
+            start = 0
+            for position, part in parts:
+                count = part.shape[0]
+                nbytes = new[batch[position]].numel() * new[batch[position]].element_size()
+                adlers[position] = _adler_finish(nbytes, host_parts[start : start + count])
+                start += count
         total = sum(x.numel() for x, c in zip(xors, changed) if c)
         host = self._host_buffer(slot, total)
         views: dict[int, U8Array] = {}
