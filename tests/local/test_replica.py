@@ -226,3 +226,55 @@ def test_concurrent_seeded_requests_are_batched_without_changing_tokens(replica:
         together = list(pool.map(one, range(8)))
     assert together == alone
     assert len({tuple(ids) for ids, _ in alone}) > 1  # the seeds do make different samples
+
+
+def test_replica_exits_when_its_parent_does(s3_server: Any) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cwtrain.local.objectstore import free_port
+
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "cwtrain.local.replica", "--name", "orphan", "--port", str(port),
+        "--s3-endpoint", s3_server.endpoint_url, "--bucket", "none", "--model-name", "m",
+        "--model-bucket", "none", "--model-path", "p",
+    ]  # fmt: skip
+    launcher = (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen({argv!r}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+        "print(p.pid, flush=True); time.sleep(600)"
+    )
+    env = dict(os.environ) | s3_server.credentials
+    parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True, env=env)
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+
+    def alive() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().split(") ", 1)[1][0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # up: it answers /health (503: no base weights)
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(), "the replica outlived the process that started it"
+    finally:
+        if alive():
+            os.kill(pid, signal.SIGKILL)
+        parent.stdout.close()

@@ -32,7 +32,8 @@ GRPO group split into seeded ``n = 1`` requests costs about as much as one ``n``
 and gives the same tokens however the requests were batched or routed.
 
 ``--apply-delay S`` sleeps S seconds after verification and before the swap (for tests that
-must catch a replica mid hot-load). SIGTERM or SIGINT stops the server.
+must catch a replica mid hot-load). SIGTERM or SIGINT stops the server, and so does the exit
+of the process that started it.
 """
 
 from __future__ import annotations
@@ -382,6 +383,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a replica until SIGTERM/SIGINT; returns the exit code."""
+    parent = os.getppid()  # before anything slow, so that a parent dying during start-up is noticed
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s replica {args.name} %(levelname)s %(message)s")
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
@@ -421,6 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("listening on http://127.0.0.1:%d", args.port)
     while not stop.is_set():
         stop.wait(0.5)
+        if os.getppid() != parent:  # whoever started us is gone: never outlive it
+            log.warning("parent process %d exited; stopping", parent)
+            _stop(signal.SIGTERM, None)
     thread.join(timeout=5)
     server.server_close()
     return 0
