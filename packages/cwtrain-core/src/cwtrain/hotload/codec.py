@@ -359,6 +359,7 @@ class DeltaEncoder:
         self.memory_budget = memory_budget if memory_budget is not None else memory_budget_from_env()
         self.shard_bytes = shard_bytes
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._state = _ThreadState()
         # One big tensor at a time: each already uses every core through zstd's threads.
         self._big_lock = threading.Lock()
@@ -381,9 +382,10 @@ class DeltaEncoder:
     @property
     def pool(self) -> ThreadPoolExecutor:
         """The encoder's thread pool (started on first use)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="cwtrain-codec")
-        return self._pool
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="cwtrain-codec")
+            return self._pool
 
     # -- public API
 
