@@ -52,3 +52,46 @@ def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     return dict(os.environ)
+
+
+# ------------------------------------------------ fault matrix (docs/reliability.md)
+# Each test marked ``fault_row("<id>")`` is counted per row and outcome; with
+# CWTRAIN_FAULT_RESULTS=path the counts are written there as JSON at the end of the session
+# ({"<row>": {"passed": n, "failed": m, ...}}), which scripts/reliability_table.py reads.
+# Deselected items are remembered so that tests/faults/test_reliability_doc.py can count
+# every test of a row also when ``-m``/``-k`` left some out.
+
+_FAULT_RESULTS: dict[tuple[str, str], int] = {}
+DESELECTED = pytest.StashKey[list[pytest.Item]]()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        items[0].config.stash.setdefault(DESELECTED, []).extend(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    marker = item.get_closest_marker("fault_row")
+    if marker is not None:
+        outcome.get_result().fault_row = marker.args[0]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    row = getattr(report, "fault_row", None)
+    if row and (report.when == "call" or report.outcome != "passed"):
+        key = (row, report.outcome)
+        _FAULT_RESULTS[key] = _FAULT_RESULTS.get(key, 0) + 1
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get("CWTRAIN_FAULT_RESULTS")
+    if target and _FAULT_RESULTS:
+        import json
+        from pathlib import Path
+
+        rows: dict[str, dict[str, int]] = {}
+        for (row, outcome), count in sorted(_FAULT_RESULTS.items()):
+            rows.setdefault(row, {})[outcome] = count
+        Path(target).write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
