@@ -568,6 +568,33 @@ CORE_READERS: dict[str, tuple[Any, Any]] = {
         lambda v: _expect_int(v, 8, 1, None),
     ),
 }
+
+
+def _upload_setting(variable: str, attribute: str) -> Any:
+    """A reader that builds a ``SnapshotUpload`` (which reads the variable from ``os.environ``)."""
+
+    def read(env: dict[str, str]) -> Any:
+        from cwtrain.hotload.upload import SnapshotUpload
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(variable, env[variable])
+            return getattr(SnapshotUpload(object(), bucket="b", identity="fuzz-v000001"), attribute)
+
+    return read
+
+
+CORE_READERS["CWTRAIN_HOTLOAD_PART_SIZE"] = (
+    _upload_setting("CWTRAIN_HOTLOAD_PART_SIZE", "part_size"),
+    lambda v: _expect_int(v, 64 << 20, 50_000_000, 5 << 30),
+)
+CORE_READERS["CWTRAIN_HOTLOAD_MEMORY_BUDGET (upload)"] = (
+    lambda env: (
+        _upload_setting("CWTRAIN_HOTLOAD_MEMORY_BUDGET", "_budget")(
+            {"CWTRAIN_HOTLOAD_MEMORY_BUDGET": env["CWTRAIN_HOTLOAD_MEMORY_BUDGET (upload)"]}
+        ).limit
+    ),
+    lambda v: _expect_int(v, 1 << 30, 1, None),
+)
 ROLLOUT_BASE = {"CWTRAIN_ROLLOUT_BASE_URL": "http://127.0.0.1:9/v1", "CWTRAIN_ROLLOUT_MODEL": "tiny"}
 HOOK_BASE = {"CWTRAIN_HOTLOAD_DEPLOYMENT_ID": DEPLOYMENT, "CWTRAIN_HOTLOAD_RUN_ID": "fuzz"}
 
@@ -614,9 +641,12 @@ def test_slime_hook_variables(variable: str, value: str) -> None:
 @given(variable=st.sampled_from(sorted(CORE_READERS)), value=ENV_TEXT)
 @example(variable="CWTRAIN_HOTLOAD_FULL_EVERY", value="abc")
 @example(variable="CWTRAIN_HOTLOAD_MEMORY_BUDGET", value="-1")
+@example(variable="CWTRAIN_HOTLOAD_PART_SIZE", value="1024")
+@example(variable="CWTRAIN_HOTLOAD_PART_SIZE", value="52428800")
 def test_core_config_readers(variable: str, value: str) -> None:
     read, oracle = CORE_READERS[variable]
-    _check_reader(lambda: read({variable: value}), variable, value, oracle(value))
+    name = variable.split()[0]
+    _check_reader(lambda: read({variable: value}), name, value, oracle(value))
 
 
 HEADER_SECRET = "SeCrEt-h3ader-value"
