@@ -148,7 +148,7 @@ def test_open_refuses_non_mirror(tmp_path: Path) -> None:
         WeightMirror(tmp_path)
 
 
-def test_memory_mirror_from_tensors_and_encoded_delta() -> None:
+def test_memory_mirror_from_tensors_and_encoded_delta(tmp_path: Path) -> None:
     base = {n: TensorData("F32" if a.dtype == np.float32 else "F16", a.shape, a) for n, a in _weights(0).items()}
     mirror = WeightMirror.create(base, version="0")
     base["norm"].data[0] = 42  # type: ignore[index]  # the mirror holds its own copy
@@ -160,6 +160,13 @@ def test_memory_mirror_from_tensors_and_encoded_delta() -> None:
     assert report.version == "2" and _raw(mirror.tensors) == _raw(new)
     mirror.advance("3")
     assert mirror.version == "3"
+    assert mirror.write_full_snapshot(tmp_path / "cut") == tmp_path / "cut"
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["model.safetensors", "model.safetensors.index.json"]
+    seeded = WeightMirror.create(base, tmp_path / "disk", files={"config.json": b"{}"})
+    seeded.write_full_snapshot(tmp_path / "cut2")
+    assert (tmp_path / "cut2" / "config.json").read_bytes() == b"{}"
+    assert _raw(load_full_dir(tmp_path / "cut2")) == _raw(seeded.tensors)
+    seeded.close()
     with pytest.raises(SnapshotError, match="not a delta"):
         mirror.apply({"metadata": {}, "weight_map": {}}, {})
 

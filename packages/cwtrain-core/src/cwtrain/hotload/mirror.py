@@ -199,6 +199,7 @@ class WeightMirror:
         version: str = "0",
         checksums: Mapping[str, str] | None = None,
         workers: int | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> WeightMirror:
         """Seed a mirror from the checkpoint (directory or tensors) that was published.
 
@@ -208,10 +209,13 @@ class WeightMirror:
             version: the mirror's version string.
             checksums: Adler-32s already known (else computed).
             workers: threads.
+            files: small files (``config.json``, tokenizer, ...) carried into FULL
+                snapshots, for a mirror seeded from tensors (a directory's own are kept).
         """
         if root is None:
             mirror = cls(None, workers=workers)
             mirror._seed_memory(base, checksums)
+            mirror._layout.files.update(files or {})
             mirror._version = version
             return mirror
         target = Path(root)
@@ -225,6 +229,8 @@ class WeightMirror:
                 weights.mkdir()
                 for file in full.all_files:
                     file.write_to(weights / file.name)
+            for name, data in (files or {}).items():
+                (weights / name).write_bytes(data)
             with open_checkpoint(weights) as ckpt:
                 sums = {
                     name: (header.metadata or {})[name] for header in ckpt.headers.values() for name in header.tensors
