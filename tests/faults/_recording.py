@@ -1,5 +1,5 @@
 """Helpers of the bad-input and secrets rows: a loopback HTTP server that records every request,
-and an in-process CLI runner that captures stdout and stderr.
+an in-process CLI runner that captures stdout and stderr, and the shared hypothesis settings.
 
 The recording server answers every request ``503 unavailable`` (so a client that did send
 something fails fast) and keeps ``(method, path)`` of each one; a test asserts the list stayed
@@ -16,7 +16,26 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
 from cwtrain.cli import main
+
+FUZZ = settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+#: Examples that go through ``cwtrain.cli.main`` (each builds the parser: ~0.2 s).
+FUZZ_CLI = settings(FUZZ, max_examples=20)
+TOKEN = "t0k3n-bad-input"
+
+JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 class RecordingServer:
@@ -72,3 +91,19 @@ def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
+
+
+def one_error_line(err: str) -> str:
+    """The single ``error:`` line of a failed command (and no traceback)."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def is_json_object(data: bytes) -> bool:
+    """Whether ``data`` is UTF-8 JSON holding an object."""
+    try:
+        return isinstance(json.loads(data.decode("utf-8")), dict)
+    except ValueError:
+        return False
