@@ -30,14 +30,8 @@ import torch
 
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.codec import ShardSink, delta_shard_header
-from cwtrain.hotload.format import (
-    CHECKSUM_FORMAT,
-    DEFAULT_SHARD_BYTES,
-    INDEX_NAME,
-    SnapshotFile,
-    serialize_index,
-    upload_index_bytes,
-)
+from cwtrain.hotload.distributed import commit_shared_index, merge_weight_maps
+from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, SnapshotFile
 from cwtrain.hotload.torch import TorchDeltaEncoder, tensor_data
 from cwtrain.hotload.upload import SnapshotUpload
 
@@ -253,37 +247,19 @@ def commit_index(
     s3: Any = None,
     extra_files: Mapping[str, bytes] | None = None,
 ) -> str | None:
-    """Write the snapshot's index (and small extra files such as ``config.json``) last.
+    """Write the snapshot's index over every rank's shards (and, for FULL, the side files) last.
 
     Returns:
         the snapshot URI, or ``None`` for an empty delta (nothing written, spec 5.4).
     """
-    weight_map: dict[str, str] = {}
-    for result in results:
-        overlap = set(weight_map) & set(result.weight_map)
-        if overlap:
-            raise SnapshotError(f"tensors published by two ranks: {sorted(overlap)[:3]}")
-        weight_map.update(result.weight_map)
-    if not weight_map and not plan.full:
-        return None
-    ordered = dict(sorted(weight_map.items()))
-    if plan.full:
-        index = serialize_index(
-            {
-                "metadata": {"total_size": sum(r.total_size for r in results), "checksum_format": CHECKSUM_FORMAT},
-                "weight_map": ordered,
-            }
-        )
-    else:
-        if plan.previous_identity is None:
-            raise SnapshotError(f"delta {plan.identity!r} has no predecessor")
-        index = upload_index_bytes(
-            {"metadata": {}, "weight_map": ordered}, version=plan.identity, base_version=plan.previous_identity
-        )
-    shards = sorted(set(ordered.values()))
-    with SnapshotUpload(
-        s3, bucket=plan.bucket, identity=plan.identity, path_prefix=plan.path_prefix, shared_files=shards
-    ) as upload:
-        for name, data in sorted((extra_files or {}).items()):
-            upload.add(SnapshotFile.from_bytes(name, data))
-        return upload.commit(SnapshotFile.from_bytes(INDEX_NAME, index))
+    return commit_shared_index(
+        s3,
+        bucket=plan.bucket,
+        identity=plan.identity,
+        path_prefix=plan.path_prefix,
+        weight_map=merge_weight_maps(r.weight_map for r in results),
+        full=plan.full,
+        total_size=sum(r.total_size for r in results),
+        previous_identity=plan.previous_identity,
+        extra_files=extra_files,
+    )

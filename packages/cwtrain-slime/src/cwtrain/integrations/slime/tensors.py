@@ -175,6 +175,7 @@ class _RankResult:
     checksums: dict[str, str]
     total_size: int
     error: str | None = None
+    payload_bytes: int = 0
 
 
 class TensorPublisher:
@@ -332,7 +333,9 @@ class TensorPublisher:
             self._upload_shards(identity, files)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        results: list[_RankResult] = self.collective.all_gather_object(_RankResult(weight_map, checksums, size, error))
+        results: list[_RankResult] = self.collective.all_gather_object(
+            _RankResult(weight_map, checksums, size, error, sum(f.size for f in files))
+        )
         failed = [r.error for r in results if r.error]
         outcome: str | None = failed[0] if failed else None
         if self.rank == 0 and outcome is None:
@@ -381,35 +384,33 @@ class TensorPublisher:
         ) as upload:
             for file in files:
                 upload.add(file)
-            upload.wait()
+            upload.finish_share()  # no index: rank 0 commits it over every rank's shards
 
     def _commit(
         self, identity: str, results: list[_RankResult], *, full: bool, metrics: dict[str, float], upload_started: float
     ) -> None:
         """Rank 0: write the index over every rank's shards, then hot-load."""
-        from cwtrain.hotload.format import INDEX_NAME, SnapshotFile, serialize_index, upload_index_bytes
-        from cwtrain.hotload.upload import SnapshotUpload
+        from cwtrain.hotload.distributed import commit_shared_index, merge_weight_maps
         from cwtrain.infra.enums import SnapshotType
 
-        weight_map = dict(sorted((n, s) for r in results for n, s in r.weight_map.items()))
-        if full:
-            metadata = {"total_size": sum(r.total_size for r in results), "checksum_format": "adler32"}
-            index = serialize_index({"metadata": metadata, "weight_map": weight_map})
-            previous = None
-        else:
-            previous = self.served_identity
-            assert previous is not None
-            index = upload_index_bytes(
-                {"metadata": {}, "weight_map": weight_map}, version=identity, base_version=previous
-            )
+        weight_map = merge_weight_maps(r.weight_map for r in results)
+        previous = None if full else self.served_identity
+        assert full or previous is not None
         loader = self.publisher.loader
         assert self._target is not None  # resolved before the shards were uploaded
         s3, bucket, prefix = self._target
-        # Other ranks' shards are already stored: they are part of this snapshot, not strays.
-        with SnapshotUpload(s3, bucket=bucket, identity=identity, path_prefix=prefix, _existing={}) as upload:
-            upload.commit(SnapshotFile.from_bytes(INDEX_NAME, index))
+        commit_shared_index(
+            s3,
+            bucket=bucket,
+            identity=identity,
+            path_prefix=prefix,
+            weight_map=weight_map,
+            full=full,
+            total_size=sum(r.total_size for r in results),
+            previous_identity=previous,
+        )
         metrics["hotload/upload_seconds"] = time.perf_counter() - upload_started
-        metrics["hotload/snapshot_bytes"] = float(len(index))
+        metrics["hotload/snapshot_bytes"] = float(sum(r.payload_bytes for r in results))
         started = time.perf_counter()
         config = self.config
         loader.wait_for_deployment_ready(timeout=config.timeout)
