@@ -35,7 +35,6 @@ done
 
 SHARED_DIR=${SHARED_DIR:-/shared}
 NEMO_RL_DIR=${NEMO_RL_DIR:-/opt/nemo-rl}
-PATCH=/opt/cwtrain/nemo-rl-coreweave-backend.patch
 PATCHED="$SHARED_DIR/nemo-rl-patched"
 mkdir -p "$SHARED_DIR" "$CWTRAIN_HOTLOAD_STATE_DIR"
 
@@ -66,10 +65,9 @@ if [[ ! -f "$PATCHED/.cwtrain-patched" ]]; then
   rm -rf "$PATCHED"
   mkdir -p "$PATCHED"
   cp -r "$NEMO_RL_DIR/nemo_rl" "$PATCHED/nemo_rl"
-  if ! (cd "$PATCHED" && git apply --check "$PATCH"); then
-    fail "the recipe patch does not apply to ${NEMO_RL_DIR} (it was written against NeMo-RL v0.7.0); see README 'Patch'"
-  fi
-  (cd "$PATCHED" && git apply "$PATCH")
+  # the patch ships in cwtrain-nemo-rl; the helper refuses a NeMo-RL other than v0.7.0
+  python -m cwtrain.integrations.nemo_rl.patch --root "$PATCHED" ||
+    fail "the coreweave patch does not apply to ${NEMO_RL_DIR} (it was written against NeMo-RL v0.7.0); see README 'Patch'"
   touch "$PATCHED/.cwtrain-patched"
 fi
 export PYTHONPATH="$PATCHED${PYTHONPATH:+:$PYTHONPATH}"

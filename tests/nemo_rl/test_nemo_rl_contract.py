@@ -223,3 +223,30 @@ def test_generation_without_nemo_rl_names_the_install(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "nemo_rl.models.generation.interfaces", None)
     with pytest.raises(ImportError, match=r'pip install "cwtrain\[nemo-rl\]"'):
         _nemo.require("nemo_rl.models.generation.interfaces")
+
+
+def test_install_wraps_setup_for_coreweave_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import nemo_rl.algorithms.grpo as grpo
+    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+
+    import cwtrain.integrations.nemo_rl as nemo
+    from cwtrain.integrations.nemo_rl.refit import uninstall
+    from cwtrain.integrations.nemo_rl.synchronizer import HotLoadWeightSynchronizer
+
+    for key, value in {**ENV, "COREWEAVE_API_TOKEN": "t0ken"}.items():
+        monkeypatch.setenv(key, value)
+    ACTOR_ENVIRONMENT_REGISTRY.clear()
+    nemo.install()
+    try:
+        nemo.install()  # idempotent
+        assert nemo.DTENSOR_WORKER_FQN in ACTOR_ENVIRONMENT_REGISTRY
+        config = {"policy": {"model_name": str(tmp_path), "generation": {"backend": "coreweave", "max_new_tokens": 4}}}
+        policy, generation = grpo.setup(config, _Tok(), None, None)
+        assert policy.kwargs == {"worker_extension_cls_fqn": nemo.DTENSOR_WORKER_FQN}
+        assert isinstance(generation.weight_synchronizer, HotLoadWeightSynchronizer)
+        assert generation.weight_synchronizer.hf_checkpoint == tmp_path
+        other = {"policy": {"model_name": "m", "generation": {"backend": "vllm"}}}
+        assert grpo.setup(other, _Tok(), None, None) == ("default policy", None)
+    finally:
+        uninstall()
+    assert not hasattr(grpo.setup, "__cwtrain_refit__")

@@ -67,5 +67,5 @@ def test_recipe_names_exist(recipe: str) -> None:
 def test_references_are_found() -> None:
     assert "cwtrain.integrations.slime.hook" in references("slime")
     assert "cwtrain.integrations.miles.CoreWeaveRolloutFn" in references("miles")
-    assert "cwtrain.integrations.nemo_rl.HotLoadWeightSynchronizer" in references("nemo-rl")
+    assert "cwtrain.integrations.nemo_rl.install" in references("nemo-rl")
     assert not resolves("cwtrain.integrations.slime.no_such_hook")

@@ -55,6 +55,7 @@ __all__ = [
     "CoreWeaveGeneration",
     "CoreWeaveMegatronPolicyWorker",
     "HotLoadWeightSynchronizer",
+    "install",
     "install_refit",
     "register_workers",
     "worker_env",
@@ -77,6 +78,18 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'cwtrain.integrations.nemo_rl' has no attribute {name!r}")
     return getattr(import_module(module), name)
+
+
+def install(worker_fqn: str = DTENSOR_WORKER_FQN) -> None:
+    """Everything a NeMo-RL launcher needs before ``grpo.setup``: register cwtrain's workers,
+    wrap ``setup`` (policy built with ``worker_fqn``, synchronizer attached) and route
+    ``grpo_train``'s refit through hot-load. Idempotent.
+    """
+    from cwtrain.integrations.nemo_rl.refit import install_setup
+
+    register_workers()
+    install_setup(worker_fqn)
+    install_refit()
 
 
 def install_refit() -> Any:
