@@ -186,6 +186,9 @@ def test_library_publish_and_failing_hot_load(
         with pytest.raises(HotLoadFailedError) as failed:
             loader.wait(corrupt.id)
         texts += [str(failed.value), repr(failed.value), json.dumps(failed.value.hot_load.to_json())]
+        code, out, err = _cli("hotload", "wait", corrupt.id, "--timeout", "60", "--poll-interval", POLL)
+        assert code == 1 and json.loads(out)["status"]["state"] == "FAILED", err
+        texts += [out, err]
     with InferenceClient(WRONG_TOKEN) as wrong:
         with pytest.raises(CWTrainError) as refused:
             wrong.get_deployment(target.deployment_id)
