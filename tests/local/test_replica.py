@@ -187,30 +187,6 @@ def test_admin_weights_and_peer_copy(replica: ReplicaProcess, s3_server: Any) ->
         peer.stop()
 
 
-def test_missing_base_checkpoint_reports_error(s3_server: Any) -> None:
-    s3 = s3_server.client()
-    empty = f"nobase-{uuid.uuid4().hex[:8]}"
-    s3.create_bucket(Bucket=empty, CreateBucketConfiguration={"LocationConstraint": "US-EAST-04A"})
-    proc = ReplicaProcess(s3_server, empty, name="nobase")
-    try:
-        import time
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                resp = proc.client.get("/health")
-            except httpx.TransportError:
-                time.sleep(0.1)
-                continue
-            if resp.json()["state"] == "ERROR":
-                break
-            time.sleep(0.1)
-        assert resp.status_code == 503
-        assert "config.json" in resp.json()["error_reason"]
-    finally:
-        proc.stop()
-
-
 def test_concurrent_seeded_requests_are_batched_without_changing_tokens(replica: ReplicaProcess) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -228,7 +204,7 @@ def test_concurrent_seeded_requests_are_batched_without_changing_tokens(replica:
     assert len({tuple(ids) for ids, _ in alone}) > 1  # the seeds do make different samples
 
 
-def test_replica_exits_when_its_parent_does(s3_server: Any) -> None:
+def test_missing_base_reports_error_and_replica_exits_with_its_parent(s3_server: Any) -> None:
     import os
     import signal
     import subprocess
@@ -262,12 +238,17 @@ def test_replica_exits_when_its_parent_does(s3_server: Any) -> None:
 
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # up: it answers /health (503: no base weights)
+        resp = None
+        while time.monotonic() < deadline:  # the bucket has no base checkpoint: 503 and ERROR
             try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
+                resp = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                if resp.json()["state"] == "ERROR":
+                    break
             except httpx.TransportError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
+        assert resp is not None and resp.status_code == 503 and resp.json()["identity"] is None
+        assert "config.json" in resp.json()["error_reason"]
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 30
