@@ -17,11 +17,11 @@ from typing import Any
 from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
 from cwtrain.errors import ConfigError
 
-__all__ = ["RolloutConfig"]
+__all__ = ["FIELD_VARIABLES", "RolloutConfig"]
 
 log = logging.getLogger("cwtrain.integrations.rollout")
 
-_VARIABLES = {
+FIELD_VARIABLES = {
     "base_url": "CWTRAIN_ROLLOUT_BASE_URL",
     "model": "CWTRAIN_ROLLOUT_MODEL",
     "api_key": "CWTRAIN_ROLLOUT_API_KEY",
@@ -146,18 +146,18 @@ class RolloutConfig:
             raise TypeError(f"RolloutConfig has no field(s) {sorted(unknown)}")
 
         def label(name: str) -> str:
-            var = _VARIABLES.get(name, name)
+            var = FIELD_VARIABLES.get(name, name)
             return names.get(name) or names.get(var) or var
 
         def relabel(exc: ConfigError, name: str) -> ConfigError:
-            var = _VARIABLES[name]
+            var = FIELD_VARIABLES[name]
             shown = label(name)
             return ConfigError(str(exc).replace(var, shown)) if shown != var else exc
 
         values: dict[str, Any] = {}
         for name in ("base_url", "model"):
             if name not in overrides:
-                value = env_str(_VARIABLES[name], env)
+                value = env_str(FIELD_VARIABLES[name], env)
                 if value is None:
                     what = "the endpoint's OpenAI base URL ending in /v1" if name == "base_url" else "the model name"
                     raise ConfigError(f"{label(name)} is not set: give {what} (the deployment's spec)")
@@ -167,12 +167,12 @@ class RolloutConfig:
         for name, default, minimum in (("concurrency", 16, 1), ("max_attempts", 6, 1)):
             if name not in overrides:
                 try:
-                    values[name] = env_int(_VARIABLES[name], default, env, minimum=minimum)
+                    values[name] = env_int(FIELD_VARIABLES[name], default, env, minimum=minimum)
                 except ConfigError as exc:
                     raise relabel(exc, name) from None
         if "timeout" not in overrides:
             try:
-                values["timeout"] = env_float(_VARIABLES["timeout"], 600.0, env)
+                values["timeout"] = env_float(FIELD_VARIABLES["timeout"], 600.0, env)
             except ConfigError as exc:
                 raise relabel(exc, "timeout") from None
         for name, flag_default in (
@@ -184,7 +184,7 @@ class RolloutConfig:
         ):
             if name not in overrides:
                 try:
-                    values[name] = env_bool(_VARIABLES[name], flag_default, env)
+                    values[name] = env_bool(FIELD_VARIABLES[name], flag_default, env)
                 except ConfigError as exc:
                     raise relabel(exc, name) from None
         values.update(overrides)

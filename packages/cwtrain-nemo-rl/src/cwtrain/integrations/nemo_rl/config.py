@@ -33,24 +33,18 @@ from typing import Any
 from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
 from cwtrain.errors import ConfigError
 from cwtrain.integrations.rollout import RolloutConfig
+from cwtrain.integrations.rollout.config import FIELD_VARIABLES
 
 __all__ = ["CFG_KEY", "CoreWeaveConfig", "HotLoadSettings", "default_run_id"]
 
 #: Where the settings live in a NeMo-RL master config.
 CFG_KEY = "policy.generation.coreweave_cfg"
 
+# coreweave_cfg keys that name a RolloutConfig field read their CWTRAIN_ROLLOUT_* variable;
+# routed experts stay off for NeMo-RL.
 _ROLLOUT_VARS = {
-    "base_url": "CWTRAIN_ROLLOUT_BASE_URL",
-    "model": "CWTRAIN_ROLLOUT_MODEL",
-    "api_key": "CWTRAIN_ROLLOUT_API_KEY",
+    **{key: var for key, var in FIELD_VARIABLES.items() if key != "routed_experts"},
     "api_key_file": "CWTRAIN_ROLLOUT_API_KEY_FILE",
-    "concurrency": "CWTRAIN_ROLLOUT_CONCURRENCY",
-    "timeout": "CWTRAIN_ROLLOUT_TIMEOUT",
-    "max_attempts": "CWTRAIN_ROLLOUT_MAX_ATTEMPTS",
-    "logprobs": "CWTRAIN_ROLLOUT_LOGPROBS",
-    "token_ids": "CWTRAIN_ROLLOUT_TOKEN_IDS",
-    "token_id_prompts": "CWTRAIN_ROLLOUT_TOKEN_ID_PROMPTS",
-    "seeds": "CWTRAIN_ROLLOUT_SEEDS",
 }
 _HOTLOAD_VARS = {
     "deployment_id": "CWTRAIN_HOTLOAD_DEPLOYMENT_ID",
