@@ -259,3 +259,25 @@ def test_missing_base_reports_error_and_replica_exits_with_its_parent(s3_server:
         if alive():
             os.kill(pid, signal.SIGKILL)
         parent.stdout.close()
+
+
+def test_routed_experts_shape_follows_the_tokens(replica: ReplicaProcess) -> None:
+    import base64
+
+    prompt = TOK.encode("moe: ")
+    resp = _complete(
+        replica,
+        prompt=prompt,
+        n=1,
+        max_tokens=6,
+        seed=2,
+        return_token_ids=True,
+        nvext={"extra_fields": ["routed_experts"]},
+    )
+    doc = resp.json()
+    choice = doc["choices"][0]
+    routes = choice["nvext"]["routed_experts"]
+    rows = len(prompt) + len(choice["token_ids"]) - 1
+    assert routes["shape"] == [rows, 2, 2] and routes["start"] == 0 and routes["dtype"] == "uint8"
+    assert len(base64.b64decode(routes["data"])) == rows * 2 * 2
+    assert doc["nvext"]["routed_experts"] == routes  # n = 1: also at the top level
