@@ -128,6 +128,8 @@ _GROUP_BYTES = 1 << 20
 _BIG_CHUNK = 4 << 20
 #: XOR and Adler-32 run together over chunks this size, so the new bytes come from L2 for the checksum.
 _FUSE_CHUNK = 512 << 10
+#: Most tasks queued at once (besides the memory budget).
+_MAX_PENDING = 1024
 
 
 def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> int:
@@ -624,7 +626,9 @@ class DeltaEncoder:
         """Run ``task`` over ``names`` in the pool; yield results in order, within the budget.
 
         Consecutive small tensors go to the pool together (at least :data:`_GROUP_BYTES`
-        per task), so norms and biases do not pay one task each.
+        per task), so norms and biases do not pay one task each. Only the budget (and a
+        generous task count) limits what is queued: a short queue stalls behind a big
+        tensor at its head and leaves the other workers idle.
         """
 
         def run(group: list[str]) -> list[TensorResult]:
@@ -634,7 +638,7 @@ class DeltaEncoder:
         in_flight = 0
         try:
             for group, weight in _groups(names, cost):
-                while pending and (in_flight + weight > self.memory_budget or len(pending) >= 4 * self.workers):
+                while pending and (in_flight + weight > self.memory_budget or len(pending) >= _MAX_PENDING):
                     future, held = pending.popleft()
                     in_flight -= held
                     yield from future.result()
