@@ -315,17 +315,20 @@ class _BufferPool:
                 return buffer
         return np.empty(n, np.uint8)
 
-    def give(self, buffer: U8Array) -> None:
+    def give(self, buffer: U8Array, limit: int | None = None) -> None:
+        """Return ``buffer``; then drop the largest idle ones past ``limit`` (default: the pool's)."""
+        bound = self.limit if limit is None else min(limit, self.limit)
         with self._lock:
             self._free.append(buffer)
             self._free.sort(key=lambda b: b.size)
-            while self._free and sum(b.size for b in self._free) > self.limit:
+            while self._free and sum(b.size for b in self._free) > bound:
                 self._free.pop()  # drop the largest
 
 
 #: XOR buffers of tensors above :data:`_CHUNK`, shared by every encoder of the process so that
 #: idle memory stays bounded whatever ``workers`` and fresh encoders do not page-fault
-#: (fresh memory faults in at ~1 GB/s, slower than zstd).
+#: (fresh memory faults in at ~1 GB/s, slower than zstd). Idle bytes stay under 512 MiB
+#: and under the memory budget of the encoder that last gave a buffer back.
 _SHARED_BUFFERS = _BufferPool(512 << 20)
 
 
@@ -667,7 +670,7 @@ class DeltaEncoder:
         try:
             return self._encode_into(name, new, old, pooled[:n], state)
         finally:
-            _SHARED_BUFFERS.give(pooled)
+            _SHARED_BUFFERS.give(pooled, self.memory_budget)
 
     def _encode_into(
         self, name: str, new: TensorData, old: TensorData, xor: U8Array, state: _ThreadState
