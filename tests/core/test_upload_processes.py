@@ -63,6 +63,8 @@ def _publisher(snap: Path, bucket: str, identity: str, go: str = "", delay: floa
 
 
 @pytest.mark.slow
+@pytest.mark.faults
+@pytest.mark.fault_row("kill-publisher")
 def test_killed_publisher_leaves_no_index_and_rerun_completes(
     tmp_path: Path, s3_bucket: tuple[Any, str], s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,6 +107,8 @@ def test_killed_publisher_leaves_no_index_and_rerun_completes(
 
 
 @pytest.mark.slow
+@pytest.mark.faults
+@pytest.mark.fault_row("race")
 def test_two_racing_publishers_exactly_one_wins(
     tmp_path: Path, s3_bucket: tuple[Any, str], s3_env: dict[str, str]
 ) -> None:
