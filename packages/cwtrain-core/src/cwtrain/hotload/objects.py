@@ -343,7 +343,7 @@ class ObjectWriter:
                 if found is not None:
                     return found
             try:
-                self.s3.put_object(Body=Payload(source.views), **kwargs)
+                self.s3.put_object(Body=source.payload(0, source.size), **kwargs)
             except client_error as exc:
                 outcome = self._answer(exc, key, source, attempt)
                 attempt += 1
@@ -392,14 +392,10 @@ class ObjectWriter:
                 return parts
             marker = int(response["NextPartNumberMarker"])
 
-    def _send_part(
-        self, key: str, upload_id: str, number: int, views: tuple[memoryview, ...], progress: _Progress
-    ) -> str:
+    def _send_part(self, key: str, upload_id: str, number: int, body: Payload, progress: _Progress) -> str:
         self._check_cancelled()
-        response = self.s3.upload_part(
-            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=Payload(views)
-        )
-        progress(sum(v.nbytes for v in views))
+        response = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)
+        progress(len(body))
         return str(response["ETag"])
 
     def _abort(self, key: str, upload_id: str, *, quiet: bool = False) -> None:
@@ -456,8 +452,8 @@ class ObjectWriter:
         futures: dict[int, Future[str]] = {}
         for number, offset, length in plan:
             if number not in done:
-                views = source.slice(offset, length)
-                futures[number] = self._pool.submit(self._send_part, key, upload_id, number, views, progress)
+                body = source.payload(offset, length)
+                futures[number] = self._pool.submit(self._send_part, key, upload_id, number, body, progress)
         finished, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
         for future in finished:
             if future.exception() is not None:

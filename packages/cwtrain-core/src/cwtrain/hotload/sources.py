@@ -7,9 +7,12 @@ so that the page cache is the buffer. Its SHA-256 is one pass over those views.
 :class:`Payload` is a request body over a slice of those views. botocore sees a
 file-like object (it validates and measures it); :func:`install_zero_copy` registers a
 ``before-send`` hook that hands urllib3 the views themselves, which go to ``sendall``
-as they are, instead of being copied out in 16 KiB reads. Clients that wrap bodies
-(SDK checksums in an ``aws-chunked`` trailer) read the payload through ``read`` and work
-unchanged, only slower.
+as they are, instead of being copied out in 16 KiB reads. Over plain HTTP (loopback,
+the LOTA cache) a body over a mapped file goes out as a
+:class:`~cwtrain.infra.s3.FileRange` instead, which the client's connections send with
+``sendfile`` straight from the page cache (HTTPS keeps ``sendall`` of the views). Clients
+that wrap bodies (SDK checksums in an ``aws-chunked`` trailer) read the payload through
+``read`` and work unchanged, only slower.
 
 **Why map files instead of reading them.** Multipart metadata is fixed at
 CreateMultipartUpload, so a file's SHA-256 must be known before its first part goes out.
@@ -17,10 +20,12 @@ Reading parts into buffers would force either a hash pre-pass that reads the fil
 (two copies out of the page cache) or holding the whole file in memory. With a read-only
 mapping the hash pass reads each page once, the parts are sent from the same pages, and
 no part buffer exists at all. Measured with ``bench/upload.py`` (256 MiB, moto on
-loopback, 2-core VM): the SHA-256 pass costs 0.75 CPU-s/GB and the whole upload 1.26
-CPU-s/GB, against 3.37 for a SHA-256 pass plus boto3 ``upload_file`` (default client)
-and 2.82 with ``when_required`` checksums (whose signer hashes every body again); the
-remainder of cwtrain's cost is the loopback TCP send charged to the client.
+loopback, 2-core VM, one run; see the commit log for the figures of each change): the
+SHA-256 pass is about 0.7 CPU-s/GB of the total (OpenSSL with SHA-NI, ~1.4 GB/s on one
+core: the floor); the loopback send is charged to the sender (the receiver's TCP work
+runs in its context), ``sendfile`` at least saves the copy out of user memory; botocore
+costs about 4 ms of CPU a request (the test server closes every connection). No request
+carries Content-MD5 or an SDK checksum, and bodies go out as ``UNSIGNED-PAYLOAD``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cwtrain.infra.s3 import FileRange
 
 __all__ = ["ObjectSource", "Payload", "install_zero_copy"]
 
@@ -45,11 +53,20 @@ class ObjectSource:
     the file must not change while it uploads) or :meth:`from_buffers`.
     """
 
-    def __init__(self, name: str, views: Sequence[memoryview], *, closer: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        views: Sequence[memoryview],
+        *,
+        closer: Callable[[], None] | None = None,
+        fd: int | None = None,
+    ) -> None:
         self.name = name
         self.views = tuple(views)
         self.size = sum(v.nbytes for v in self.views)
         self._closer = closer
+        #: A descriptor of the mapped file (one view, file offset 0), for ``sendfile``.
+        self.fd = fd if len(self.views) == 1 else None
         #: Whether the bytes are a file mapping (page cache) rather than caller memory.
         self.mapped = closer is not None
         self._sha256: str | None = None
@@ -71,23 +88,29 @@ class ObjectSource:
     def from_path(cls, path: str | os.PathLike[str], name: str | None = None) -> ObjectSource:
         """A source over a file on disk, memory-mapped read-only."""
         path = Path(path)
-        with path.open("rb") as handle:
+        handle = path.open("rb")  # kept open for sendfile; closed by close() (or when collected)
+        try:
             size = os.fstat(handle.fileno()).st_size
-            if size == 0:
-                return cls(name or path.name, ())
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except BaseException:
+            handle.close()
+            raise
+        if mapped is None:
+            handle.close()
+            return cls(name or path.name, ())
         if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
             mapped.madvise(mmap.MADV_SEQUENTIAL)
         view = memoryview(mapped)
 
         def close() -> None:
+            handle.close()
             view.release()
             try:
                 mapped.close()
             except BufferError:  # a request still holds a slice; the map goes when it does
                 pass
 
-        return cls(name or path.name, (view,), closer=close)
+        return cls(name or path.name, (view,), closer=close, fd=handle.fileno())
 
     def sha256(self) -> str:
         """SHA-256 of the bytes, 64 lowercase hex digits (computed once; hashlib drops the GIL)."""
@@ -115,6 +138,10 @@ class ObjectSource:
             out.append(view[max(offset, lo) - lo : min(end, hi) - lo])
         return tuple(out)
 
+    def payload(self, offset: int, length: int) -> Payload:
+        """A request body for ``[offset, offset + length)`` (no copy; ``sendfile`` where it can)."""
+        return Payload(self.slice(offset, length), file=None if self.fd is None else (self.fd, offset))
+
     def md5_hex(self, offset: int, length: int) -> str:
         """MD5 of a byte range (to compare with a part's ETag)."""
         digest = hashlib.md5(usedforsecurity=False)
@@ -137,10 +164,12 @@ class Payload:
     urllib3 passes each view to ``sendall`` instead of copying 16 KiB reads.
     """
 
-    def __init__(self, views: Sequence[memoryview]) -> None:
+    def __init__(self, views: Sequence[memoryview], *, file: tuple[int, int] | None = None) -> None:
         self.views = tuple(views)
         self._size = sum(v.nbytes for v in self.views)
         self._pos = 0
+        #: ``(fd, offset)`` when the views are that file's bytes from ``offset`` on.
+        self.file = file
 
     def __len__(self) -> int:
         return self._size
@@ -169,13 +198,13 @@ class Payload:
 
 
 class _Chunks:
-    """What urllib3 sends: an iterable of views (``seek`` so botocore can rewind on retry)."""
+    """What urllib3 sends: an iterable of chunks (``seek`` so botocore can rewind on retry)."""
 
-    def __init__(self, views: tuple[memoryview, ...]) -> None:
-        self._views = views
+    def __init__(self, chunks: tuple[memoryview | FileRange, ...]) -> None:
+        self._chunks = chunks
 
-    def __iter__(self) -> Iterator[memoryview]:
-        return iter(self._views)
+    def __iter__(self) -> Iterator[memoryview | FileRange]:
+        return iter(self._chunks)
 
     def seek(self, offset: int, whence: int = 0) -> int:
         return 0
@@ -184,11 +213,26 @@ class _Chunks:
 def _swap_body(request: Any, **_: Any) -> None:
     body = getattr(request, "body", None)
     if isinstance(body, Payload):
-        request.body = _Chunks(body.views)
+        from cwtrain.infra.s3 import FileRange  # loaded already, by install_zero_copy
+
+        url = str(getattr(request, "url", ""))
+        if body.file is not None and body.views and url.startswith("http://"):
+            fd, offset = body.file
+            request.body = _Chunks((FileRange(fd, offset, body.views),))
+        else:
+            request.body = _Chunks(body.views)
 
 
 def install_zero_copy(s3: Any) -> None:
-    """Let ``s3`` send :class:`Payload` bodies without copying (idempotent)."""
+    """Let ``s3`` send :class:`Payload` bodies without copying (idempotent).
+
+    Over plain HTTP, a body over a mapped file goes out with ``sendfile`` on the
+    connections ``s3`` opens after :func:`cwtrain.infra.s3.install_sendfile` (which
+    :func:`~cwtrain.infra.s3_client` calls before the first request).
+    """
+    from cwtrain.infra.s3 import install_sendfile
+
     events = s3.meta.events
     for operation in ("PutObject", "UploadPart"):
         events.register(f"before-send.s3.{operation}", _swap_body, unique_id=f"cwtrain-zero-copy-{operation}")
+    install_sendfile(s3)

@@ -33,6 +33,13 @@ cost a second SHA-256 pass over every published byte, while TLS, cwtrain's own
 bytes. Pass ``config=botocore.config.Config(s3={"payload_signing_enabled": True})`` to
 sign payloads anyway; a ``config`` you pass is merged over these settings.
 
+**Sending files.** Over plain HTTP (a loopback store, the LOTA cache) the client's
+connections send a request-body chunk that is a :class:`FileRange` with ``sendfile``:
+the kernel sends straight from the page cache instead of copying the bytes from user
+memory (about 0.05 CPU-s/GB less on loopback). Any other chunk, and HTTPS, go through the
+SDK's own send path; a connection that predates :func:`install_sendfile` iterates the
+range's memory views instead.
+
 **TLS** verification is on. ``verify=False`` turns it off (with a warning; for
 development stores with self-signed certificates only); ``verify="/path/ca.pem"`` names
 a CA bundle. Credentials come from the standard boto3 chain (static keys, container
@@ -48,14 +55,22 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from cwtrain.config import env_str, parse_bool
 from cwtrain.errors import ConfigError
 
-__all__ = ["DEFAULT_S3_ENDPOINT", "addressing_style", "resolve_endpoint", "resolve_region", "s3_client"]
+__all__ = [
+    "DEFAULT_S3_ENDPOINT",
+    "FileRange",
+    "addressing_style",
+    "install_sendfile",
+    "resolve_endpoint",
+    "resolve_region",
+    "s3_client",
+]
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +238,87 @@ def _pool_size(environ: Mapping[str, str]) -> int:
     return max(_MIN_POOL, value)
 
 
+class FileRange:
+    """A request-body chunk that is ``views`` = the bytes of file ``fd`` from ``offset`` on.
+
+    Plain-HTTP connections of a client prepared by :func:`install_sendfile` send it with
+    ``sendfile``; any other connection iterates it and sends the views.
+    """
+
+    def __init__(self, fd: int, offset: int, views: tuple[memoryview, ...]) -> None:
+        self.fd = fd
+        self.offset = offset
+        self.views = views
+        self.count = sum(v.nbytes for v in views)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[memoryview]:
+        return iter(self.views)
+
+
+class _RangeFile:
+    """A file object for ``socket.sendfile`` over a shared descriptor (``pread``: no shared offset)."""
+
+    mode = "rb"
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pos = 0
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = pos
+        return pos
+
+    def read(self, amt: int) -> bytes:
+        """Used by ``socket.sendfile`` only where ``os.sendfile`` cannot be."""
+        data = os.pread(self._fd, amt, self._pos)
+        self._pos += len(data)
+        return data
+
+
+_sendfile_pool: Any = None
+
+
+def _sendfile_pool_class() -> Any:
+    """botocore's plain-HTTP connection pool, with connections that ``sendfile`` a :class:`FileRange`."""
+    global _sendfile_pool
+    if _sendfile_pool is None:
+        from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool
+
+        class SendfileConnection(AWSHTTPConnection):  # type: ignore[misc]
+            def send(self, data: Any) -> Any:
+                if not isinstance(data, FileRange) or self.sock is None:
+                    return super().send(data)
+                if self._response_received:  # the store answered before the body (Expect: 100-continue)
+                    return None
+                self.sock.sendfile(_RangeFile(data.fd), data.offset, data.count)
+                return None
+
+        class SendfilePool(AWSHTTPConnectionPool):  # type: ignore[misc]
+            ConnectionCls = SendfileConnection
+
+        _sendfile_pool = SendfilePool
+    return _sendfile_pool
+
+
+def install_sendfile(s3: Any) -> None:
+    """Let the plain-HTTP connections ``s3`` opens from now on send :class:`FileRange` chunks with ``sendfile``.
+
+    Idempotent; a no-op for a client whose HTTP session is not botocore's urllib3 one.
+    """
+    from botocore.awsrequest import AWSHTTPConnectionPool
+
+    session = getattr(getattr(s3, "_endpoint", None), "http_session", None)
+    classes = getattr(session, "_pool_classes_by_scheme", None)
+    if isinstance(classes, dict) and classes.get("http") is AWSHTTPConnectionPool:
+        classes["http"] = _sendfile_pool_class()
+
+
 def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None, **boto3_kwargs: Any) -> Any:
     """A boto3 S3 client for CoreWeave AI Object Storage or another S3-compatible store.
 
@@ -268,4 +364,5 @@ def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None
         "s3", endpoint_url=endpoint, region_name=region, config=config, **boto3_kwargs
     )
     _shared_loader()  # drop the data path boto3 just appended again
+    install_sendfile(client)
     return client
