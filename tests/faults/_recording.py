@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sys
 import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,12 +86,32 @@ class RecordingServer:
         self._thread.join(timeout=5)
 
 
+class _ThisThread(io.TextIOBase):
+    """A stream that keeps what this thread writes and passes other threads' writes on.
+
+    Servers of a local stack may still print from their threads (a broken pipe of a dropped
+    connection); that is not the command's output.
+    """
+
+    def __init__(self, passthrough: Any) -> None:
+        self.captured = io.StringIO()
+        self._passthrough = passthrough
+        self._owner = threading.get_ident()
+
+    def write(self, text: str) -> int:
+        target = self.captured if threading.get_ident() == self._owner else self._passthrough
+        return target.write(text)  # type: ignore[no-any-return]
+
+    def flush(self) -> None:
+        self._passthrough.flush()
+
+
 def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
-    """``cwtrain.cli.main(argv)`` in-process: ``(exit code, stdout, stderr)``."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    """``cwtrain.cli.main(argv)`` in-process: ``(exit code, stdout, stderr)`` of this thread."""
+    out, err = _ThisThread(sys.stdout), _ThisThread(sys.stderr)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # type: ignore[type-var]
         code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
+    return code, out.captured.getvalue(), err.captured.getvalue()
 
 
 def one_error_line(err: str) -> str:
