@@ -87,13 +87,14 @@ def count_tests(tests: Path = ROOT / "tests") -> dict[str, int]:
     import pytest
 
     counter = _RowCounter()
-    with contextlib.redirect_stdout(io.StringIO()):
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
         code = pytest.main(
             ["--collect-only", "-q", "-m", "faults", "-p", "no:cacheprovider", "--rootdir", str(ROOT), str(tests)],
             plugins=[counter],
         )
     if code not in (0, 5):  # 5: nothing collected
-        raise SystemExit(f"collecting the fault suite failed (pytest exit {code})")
+        raise SystemExit(f"collecting the fault suite failed (pytest exit {code}):\n{output.getvalue()[-3000:]}")
     return counter.counts
 
 
@@ -128,7 +129,9 @@ def render(rows: dict[str, tuple[str, str, str]], counts: dict[str, int], result
             f"| {result_text(results.get(row_id), count)} |"
         )
     total = sum(counts.get(r, 0) for r in rows)
-    lines += ["", f"{len(rows)} rows, {total} tests. Run with Python {platform.python_version()}.", "", OUTRO]
+    seconds = (results.get("_session") or {}).get("seconds")
+    took = f"the run took {seconds:.0f} s" if seconds else "the run was not timed"
+    lines += ["", f"{len(rows)} rows, {total} tests; {took} on Python {platform.python_version()}.", "", OUTRO]
     return "\n".join(lines)
 
 

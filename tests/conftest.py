@@ -85,13 +85,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _FAULT_RESULTS[key] = _FAULT_RESULTS.get(key, 0) + 1
 
 
+_SESSION_START: list[float] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    _SESSION_START.append(time.monotonic())
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get("CWTRAIN_FAULT_RESULTS")
     if target and _FAULT_RESULTS:
         import json
+        import time
         from pathlib import Path
 
-        rows: dict[str, dict[str, int]] = {}
+        rows: dict[str, Any] = {}
         for (row, outcome), count in sorted(_FAULT_RESULTS.items()):
             rows.setdefault(row, {})[outcome] = count
+        if _SESSION_START:  # not a row: the session's wall time
+            rows["_session"] = {"seconds": round(time.monotonic() - _SESSION_START[0], 1)}
         Path(target).write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
