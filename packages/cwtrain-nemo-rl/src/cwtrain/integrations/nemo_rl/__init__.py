@@ -18,16 +18,9 @@ GRPO patch once (``python -m cwtrain.integrations.nemo_rl.patch``) and set::
 
 In the launcher, before ``setup``::
 
-    import functools
-    from nemo_rl.models.policy.lm_policy import Policy
-    from cwtrain.integrations.nemo_rl import DTENSOR_WORKER_FQN, register_workers, install_refit
+    from cwtrain.integrations.nemo_rl import install
 
-    register_workers()                       # NeMo-RL's actor registry accepts cwtrain's worker
-    install_refit()                          # grpo_train's refit goes through hot-load
-    policy_factory = functools.partial(Policy, worker_extension_cls_fqn=DTENSOR_WORKER_FQN)
-    ... = setup(master_config, tokenizer, dataset, val_dataset, policy_factory=policy_factory)
-    policy_generation.weight_synchronizer or HotLoadWeightSynchronizer(
-        policy, policy_generation, master_config["policy"]["generation"], hf_checkpoint=MODEL_DIR)
+    install()   # register the worker, wrap grpo.setup (policy worker + synchronizer), route refit
 
 Pieces: :class:`CoreWeaveGeneration` (the ``GenerationInterface``),
 :class:`HotLoadWeightSynchronizer` (refit by hot-load: FULL at step 0 and every
