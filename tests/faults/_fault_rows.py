@@ -31,7 +31,7 @@ ROWS: dict[str, tuple[str, str, str]] = {
     ),
     "kill-publisher": (
         "trainer killed (kill -9) mid-publish",
-        "SIGKILL of a `cwtrain hotload publish` subprocess while its multipart upload runs",
+        "SIGKILL of a publisher subprocess (upload_snapshot, 5 MiB parts) while its multipart upload runs",
         "no index (snapshot invisible); a rerun completes with identical objects, re-sending only unfinished parts",
     ),
     "race": (
