@@ -127,7 +127,12 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def _headers_from_env(environ: Mapping[str, str]) -> dict[str, str]:
+def headers_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``CWTRAIN_API_HEADERS``: a JSON object of extra headers, values coerced to strings.
+
+    Raises:
+        ConfigError: not JSON, or not an object (the value, usually a secret, is not echoed).
+    """
     text = env_str("CWTRAIN_API_HEADERS", environ)
     if text is None:
         return {}
@@ -226,7 +231,7 @@ class InferenceClient:
         self.backoff_base = 0.5
         self.backoff_max = 8.0
         resolved = (token or "").strip() or token_from_env(environ)
-        extra = {str(k): str(v) for k, v in headers.items()} if headers is not None else _headers_from_env(environ)
+        extra = {str(k): str(v) for k, v in headers.items()} if headers is not None else headers_from_env(environ)
         if not resolved and not extra:
             raise ConfigError(
                 "no API token: pass --token or set COREWEAVE_API_TOKEN (or CW_API_TOKEN); "

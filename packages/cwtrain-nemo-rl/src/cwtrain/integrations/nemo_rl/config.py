@@ -32,6 +32,7 @@ from typing import Any
 
 from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
 from cwtrain.errors import ConfigError
+from cwtrain.hotload.format import full_every_from_env
 from cwtrain.integrations.rollout import RolloutConfig
 from cwtrain.integrations.rollout.config import FIELD_VARIABLES
 
@@ -140,7 +141,7 @@ class CoreWeaveConfig:
             return ConfigError(str(exc).replace(_HOTLOAD_VARS[key], f"{CFG_KEY}.{key}")) if key in cfg else exc
 
         try:
-            full_every = env_int("CWTRAIN_HOTLOAD_FULL_EVERY", 20, hot_env, minimum=0, maximum=64)
+            full_every = full_every_from_env(hot_env)
         except ConfigError as exc:
             raise named("full_every", exc) from None
         try:

@@ -28,7 +28,6 @@ stored here.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -40,6 +39,7 @@ from typing import Any
 
 from cwtrain.config import env_bool, env_float, env_int, env_str
 from cwtrain.errors import ConfigError
+from cwtrain.hotload.format import full_every_from_env
 from cwtrain.infra.enums import PromptCachePolicy
 
 __all__ = [
@@ -248,7 +248,7 @@ class HookConfig:
         values["wait"] = env_bool("CWTRAIN_HOTLOAD_WAIT", True, env)
         values["timeout"] = env_float("CWTRAIN_HOTLOAD_TIMEOUT", 1800.0, env)
         values["publish_baseline"] = env_bool("CWTRAIN_HOTLOAD_PUBLISH_BASELINE", True, env)
-        values["full_every"] = env_int("CWTRAIN_HOTLOAD_FULL_EVERY", 20, env, minimum=0, maximum=64)
+        values["full_every"] = full_every_from_env(env)
         mirror = env_str("CWTRAIN_HOTLOAD_MIRROR", env)
         values["mirror"] = None if mirror is None else env_bool("CWTRAIN_HOTLOAD_MIRROR", False, env)
         values["verify"] = env_bool("CWTRAIN_HOTLOAD_VERIFY", False, env)
@@ -258,16 +258,11 @@ class HookConfig:
         )
         values["upload_workers"] = env_int("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", 8, env, minimum=1)
         values["api_base_url"] = (env_str("COREWEAVE_API_URL", env) or DEFAULT_API_BASE_URL).rstrip("/")
-        headers = env_str("CWTRAIN_API_HEADERS", env)
-        if headers is not None:
-            try:
-                parsed = json.loads(headers)
-            except ValueError:
-                # never echo the value: it usually carries credentials
-                raise ConfigError("CWTRAIN_API_HEADERS is not valid JSON (expected an object of strings)") from None
-            if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
-                raise ConfigError("CWTRAIN_API_HEADERS must be a JSON object of strings")
-            values["api_headers"] = parsed
+        from cwtrain.infra.client import headers_from_env
+
+        headers = headers_from_env(env)  # never echoes the value: it usually carries credentials
+        if headers:
+            values["api_headers"] = headers
         values["api_insecure"] = env_bool("CWTRAIN_API_INSECURE", False, env)
         values.update(overrides)
         return cls(**values)
