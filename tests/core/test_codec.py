@@ -159,6 +159,21 @@ def test_big_tensor_is_one_frame_that_plain_zstandard_decodes(monkeypatch: pytes
     assert len(xor) == n and np.array_equal(np.frombuffer(xor, np.uint8), new)
 
 
+def test_late_start_gives_the_bytes_of_the_whole_buffer() -> None:
+    """Leading zero chunks are fed late, as zeros: the frame equals ``compress_xor`` of the whole XOR."""
+    n = (1 << 20) * 3 + 5  # several chunks, not a multiple of eight
+    old = np.random.default_rng(3).integers(0, 255, n, dtype=np.uint8)
+    new = old.copy()
+    new[[(1 << 20) * 2 + 7, n - 1]] ^= 0x40  # the first two chunks XOR to zeros
+    with DeltaEncoder(workers=2) as enc:
+        snap = enc.encode({"w": TensorData("U8", (n,), new)}, {"w": TensorData("U8", (n,), old)})
+        whole = b"".join(bytes(p) for p in enc.compress_xor(np.bitwise_xor(new, old)))
+    data = snap.files[0].tobytes()
+    frame = data[header_of_bytes(data, source="shard").data_start :]
+    assert frame == whole
+    assert zstandard.ZstdDecompressor().decompress(frame) == np.bitwise_xor(new, old).tobytes()
+
+
 # ------------------------------------------------------------------ independent delta
 
 

@@ -14,7 +14,9 @@ bytes-like, or a :class:`FileRegion` of a safetensors file). The encoder XORs ea
 tensor against its base, skips unchanged ones, and writes one zstd frame (level 1,
 content size set, no checksum) per changed tensor. Work runs in a thread pool (numpy,
 zstd and Adler-32 release the GIL); at most ``memory_budget`` bytes (default 1 GiB,
-``CWTRAIN_HOTLOAD_MEMORY_BUDGET``) of tensors are in flight; buffers are reused.
+``CWTRAIN_HOTLOAD_MEMORY_BUDGET``) of tensors are in flight. Each tensor is read, XORed,
+checksummed and fed to a streaming compressor 1 MiB at a time, so no tensor-sized
+buffer is ever allocated and each chunk stays in cache between the steps.
 Tensors larger than :data:`BIG_TENSOR_BYTES` are compressed with zstd's own worker
 threads (still one frame), so one big embedding does not serialise the run. The
 output depends only on the input: the same tensors always give the same bytes,
@@ -123,11 +125,10 @@ DEFAULT_MEMORY_BUDGET = 1 << 30
 #: Part of the output definition: changing it changes the bytes of big frames.
 BIG_TENSOR_BYTES = 256 << 20
 ZSTD_LEVEL = 1
+#: Tensors are read, XORed, checksummed and fed to zstd in chunks this size, so each chunk
+#: stays in cache between the steps and no tensor-sized buffer is ever allocated.
 _CHUNK = 1 << 20
 _GROUP_BYTES = 1 << 20
-_BIG_CHUNK = 4 << 20
-#: XOR and Adler-32 run together over chunks this size, so the new bytes come from L2 for the checksum.
-_FUSE_CHUNK = 512 << 10
 #: Most tasks queued at once (besides the memory budget).
 _MAX_PENDING = 1024
 
@@ -212,7 +213,6 @@ class TensorResult:
     nbytes: int
     adler: int
     pieces: list[Buffer] | None  # None: unchanged
-    cost: int
 
     @property
     def payload(self) -> int:
@@ -280,56 +280,19 @@ def _delta_header(members: Sequence[tuple[str, Any, int]], checksums: Mapping[st
 
 
 class _ThreadState(threading.local):
+    """Per-thread chunk buffers (reused: fresh memory page-faults at ~1 GB/s) and compressor."""
+
     def __init__(self) -> None:
-        self.xor: U8Array = np.empty(0, np.uint8)
-        self.new_chunk: U8Array = np.empty(0, np.uint8)
-        self.old_chunk: U8Array = np.empty(0, np.uint8)
+        self.new_chunk = np.empty(_CHUNK, np.uint8)
+        self.old_chunk = np.empty(_CHUNK, np.uint8)
+        self.xor_chunk = np.empty(_CHUNK, np.uint8)
+        self.zeros: U8Array | None = None
         self.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
 
-    def xor_buffer(self, n: int) -> U8Array:
-        if self.xor.size < n:
-            self.xor = np.empty(n, np.uint8)
-        return self.xor[:n]
-
-    def chunks(self, n: int) -> tuple[U8Array, U8Array]:
-        if self.new_chunk.size < n:
-            self.new_chunk = np.empty(n, np.uint8)
-            self.old_chunk = np.empty(n, np.uint8)
-        return self.new_chunk, self.old_chunk
-
-
-class _BufferPool:
-    """Reusable XOR buffers (fresh memory page-faults slowly); at most ``limit`` bytes kept idle."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._free: list[U8Array] = []
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> U8Array:
-        with self._lock:
-            fits = [b for b in self._free if b.size >= n]
-            if fits:
-                buffer = min(fits, key=lambda b: b.size)
-                self._free.remove(buffer)
-                return buffer
-        return np.empty(n, np.uint8)
-
-    def give(self, buffer: U8Array, limit: int | None = None) -> None:
-        """Return ``buffer``; then drop the largest idle ones past ``limit`` (default: the pool's)."""
-        bound = self.limit if limit is None else min(limit, self.limit)
-        with self._lock:
-            self._free.append(buffer)
-            self._free.sort(key=lambda b: b.size)
-            while self._free and sum(b.size for b in self._free) > bound:
-                self._free.pop()  # drop the largest
-
-
-#: XOR buffers of tensors above :data:`_CHUNK`, shared by every encoder of the process so that
-#: idle memory stays bounded whatever ``workers`` and fresh encoders do not page-fault
-#: (fresh memory faults in at ~1 GB/s, slower than zstd). Idle bytes stay under 512 MiB
-#: and under the memory budget of the encoder that last gave a buffer back.
-_SHARED_BUFFERS = _BufferPool(512 << 20)
+    def zero_chunk(self) -> U8Array:
+        if self.zeros is None:
+            self.zeros = np.zeros(_CHUNK, np.uint8)
+        return self.zeros
 
 
 def _read(source: TensorSource, offset: int, length: int, scratch: U8Array) -> U8Array:
@@ -375,7 +338,6 @@ class DeltaEncoder:
         self._state = _ThreadState()
         # One big tensor at a time: each already uses every core through zstd's threads.
         self._big_lock = threading.Lock()
-        self._big_scratch: tuple[U8Array, ...] | None = None
 
     def __enter__(self) -> DeltaEncoder:
         return self
@@ -491,20 +453,28 @@ class DeltaEncoder:
     def compress_xor(self, xor: U8Array) -> list[Buffer]:
         """One zstd frame of a whole XOR buffer, by the same rule as :meth:`encode`.
 
-        Thread-safe; run it in :attr:`pool`. Small tensors use one single-threaded
-        compression; tensors above :data:`BIG_TENSOR_BYTES` use zstd's worker threads.
+        Thread-safe; run it in :attr:`pool`. The buffer is fed to a streaming compressor
+        in chunks, as :meth:`encode` does, so both give the same bytes.
         """
         n = xor.size
-        if n <= BIG_TENSOR_BYTES:
-            return [self._state.cctx.compress(memoryview(xor))]
-        compressor = zstandard.ZstdCompressor(
-            level=ZSTD_LEVEL, write_content_size=True, write_checksum=False, threads=self.workers
-        ).compressobj(size=n)
+        if n > BIG_TENSOR_BYTES:
+            with self._big_lock:
+                return self._compress_chunks(self._big_compressor(n), xor, n)
+        return self._compress_chunks(self._state.cctx.compressobj(size=n), xor, n)
+
+    @staticmethod
+    def _compress_chunks(compressor: Any, xor: U8Array, n: int) -> list[Buffer]:
         pieces: list[Buffer] = []
-        for offset in range(0, n, _BIG_CHUNK):
-            _append(pieces, compressor.compress(memoryview(xor[offset : offset + _BIG_CHUNK])))
+        for offset in range(0, n, _CHUNK):
+            _append(pieces, compressor.compress(memoryview(xor[offset : offset + _CHUNK])))
         _append(pieces, compressor.flush())
         return pieces
+
+    def _big_compressor(self, n: int) -> Any:
+        """A streaming compressor for a tensor above :data:`BIG_TENSOR_BYTES` (zstd's threads, one frame)."""
+        return zstandard.ZstdCompressor(
+            level=ZSTD_LEVEL, write_content_size=True, write_checksum=False, threads=self.workers
+        ).compressobj(size=n)
 
     def iter_files(
         self,
@@ -530,7 +500,7 @@ class DeltaEncoder:
         out: dict[str, str] = {}
 
         def task(name: str) -> TensorResult:
-            return TensorResult(name, tensors[name].nbytes, _adler_of(tensors[name].data, self._state), None, 0)
+            return TensorResult(name, tensors[name].nbytes, _adler_of(tensors[name].data, self._state), None)
 
         for result in self._ordered(names, task, lambda name: min(tensors[name].nbytes, _CHUNK)):
             out[result.name] = f"{result.adler:08x}"
@@ -660,89 +630,43 @@ class DeltaEncoder:
     def _encode_one(self, name: str, new: TensorData, old: TensorData) -> TensorResult:
         n = new.nbytes
         if n > BIG_TENSOR_BYTES:
-            return self._encode_big(name, new.data, old.data, n)
+            with self._big_lock:
+                return self._stream(name, new.data, old.data, n, big=True)
+        return self._stream(name, new.data, old.data, n, big=False)
+
+    def _stream(self, name: str, new: TensorSource, old: TensorSource, n: int, *, big: bool) -> TensorResult:
+        """Read, XOR, checksum and compress one tensor chunk by chunk (each chunk stays in cache).
+
+        The compressor starts at the first chunk with a set bit (the zero chunks before it
+        are fed then, as zeros), so an unchanged tensor costs no compression at all and
+        needs no second pass to be detected. zstd's streaming output does not depend on
+        how the input is cut, so this gives the bytes :meth:`compress_xor` gives.
+        """
         state = self._state
-        if n <= _CHUNK:
-            return self._encode_into(name, new, old, state.xor_buffer(n), state)
-        # Mid and large tensors share one process-wide pool: a fresh encoder (one per
-        # ``write_delta``) then finds its XOR buffers already faulted in.
-        pooled = _SHARED_BUFFERS.take(n)
-        try:
-            return self._encode_into(name, new, old, pooled[:n], state)
-        finally:
-            _SHARED_BUFFERS.give(pooled, self.memory_budget)
-
-    def _encode_into(
-        self, name: str, new: TensorData, old: TensorData, xor: U8Array, state: _ThreadState
-    ) -> TensorResult:
-        n = xor.size
-        if isinstance(new.data, FileRegion) or isinstance(old.data, FileRegion):
-            _, old_scratch = state.chunks(min(n, _FUSE_CHUNK))
-            value = 1
-            for offset in range(0, n, _FUSE_CHUNK):
-                length = min(_FUSE_CHUNK, n - offset)
-                part = xor[offset : offset + length]
-                a = _read(new.data, offset, length, part)  # the new bytes land in the XOR buffer
-                value = adler32(a, value)  # the chunk is still in cache
-                b = _read(old.data, offset, length, old_scratch)
-                _xor_into(a, b, part)
-        else:
-            value = _xor_adler(as_uint8(new.data), as_uint8(old.data), xor)
-        frame = state.cctx.compress(memoryview(xor))
-        # No separate change-detection pass: only a frame small enough to be all zeros is checked.
-        if len(frame) <= _zero_frame_limit(n) and not np.count_nonzero(xor):
-            return TensorResult(name, n, value, None, n)
-        return TensorResult(name, n, value, [frame], n)
-
-    def _encode_big(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
-        with self._big_lock:
-            return self._encode_big_locked(name, new, old, n)
-
-    def _encode_big_locked(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
-        if self._big_scratch is None:  # one set, used under the lock
-            self._big_scratch = tuple(np.empty(_BIG_CHUNK, np.uint8) for _ in range(3))
-        new_scratch, old_scratch, xor = self._big_scratch
         compressor: Any = None
         pieces: list[Buffer] = []
         zero_prefix = 0
         value = 1
-        for offset in range(0, n, _BIG_CHUNK):
-            length = min(_BIG_CHUNK, n - offset)
-            a = _read(new, offset, length, new_scratch)
-            b = _read(old, offset, length, old_scratch)
-            part = xor[:length]
-            _xor_into(a, b, part)
-            value = adler32(a, value)
+        for offset in range(0, n, _CHUNK):
+            length = min(_CHUNK, n - offset)
+            a = _read(new, offset, length, state.new_chunk)
+            value = adler32(a, value)  # the chunk is still in cache
+            b = _read(old, offset, length, state.old_chunk)
+            xor = state.xor_chunk[:length]
+            _xor_into(a, b, xor)
             if compressor is None:
-                if not np.count_nonzero(part):
-                    zero_prefix = offset + length
+                if not _any(xor):
+                    zero_prefix += length
                     continue
-                compressor = zstandard.ZstdCompressor(
-                    level=ZSTD_LEVEL, write_content_size=True, write_checksum=False, threads=self.workers
-                ).compressobj(size=n)
-                zeros = np.zeros(min(_BIG_CHUNK, max(zero_prefix, 1)), np.uint8)
-                for z in range(0, zero_prefix, zeros.size):
-                    _append(pieces, compressor.compress(zeros[: min(zeros.size, zero_prefix - z)]))
-            _append(pieces, compressor.compress(part))
+                compressor = self._big_compressor(n) if big else state.cctx.compressobj(size=n)
+                zeros = state.zero_chunk()
+                for start in range(0, zero_prefix, _CHUNK):
+                    _append(pieces, compressor.compress(zeros[: min(_CHUNK, zero_prefix - start)]))
+            _append(pieces, compressor.compress(xor))
         if compressor is None:
-            return TensorResult(name, n, value, None, _BIG_CHUNK)
+            return TensorResult(name, n, value, None)
         _append(pieces, compressor.flush())
-        return TensorResult(name, n, value, pieces, _BIG_CHUNK)
-
-
-def _xor_adler(a: U8Array, b: U8Array, out: U8Array) -> int:
-    """``out = a ^ b`` and the Adler-32 of ``a``, fused over cache-sized chunks (``a`` is read once)."""
-    n = a.size
-    if n <= _FUSE_CHUNK:
-        _xor_into(a, b, out)
-        return adler32(a)
-    value = 1
-    for offset in range(0, n, _FUSE_CHUNK):
-        end = offset + _FUSE_CHUNK
-        part = a[offset:end]
-        _xor_into(part, b[offset:end], out[offset:end])
-        value = adler32(part, value)
-    return value
+        return TensorResult(name, n, value, pieces)
 
 
 def _xor_into(a: U8Array, b: U8Array, out: U8Array) -> None:
@@ -751,6 +675,11 @@ def _xor_into(a: U8Array, b: U8Array, out: U8Array) -> None:
         np.bitwise_xor(a.view(np.uint64), b.view(np.uint64), out=out.view(np.uint64))
     else:
         np.bitwise_xor(a, b, out=out)
+
+
+def _any(data: U8Array) -> bool:
+    """Whether any bit is set (eight bytes at a time when the length allows it)."""
+    return bool(data.view(np.uint64).any() if data.size % 8 == 0 else data.any())
 
 
 def _groups(names: Sequence[str], cost: Callable[[str], int]) -> Iterator[tuple[list[str], int]]:
@@ -767,11 +696,6 @@ def _groups(names: Sequence[str], cost: Callable[[str], int]) -> Iterator[tuple[
         yield group, weight
 
 
-def _zero_frame_limit(n: int) -> int:
-    """An upper bound on the level-1 frame size of ``n`` zero bytes (blocks of 128 KiB)."""
-    return 64 + 32 * (n // (128 << 10) + 1)
-
-
 def _append(pieces: list[Buffer], chunk: bytes) -> None:
     if chunk:
         pieces.append(chunk)
@@ -786,11 +710,10 @@ def _adler_of(data: TensorSource, state: _ThreadState) -> int:
     n = _nbytes(data)
     if not isinstance(data, FileRegion):
         return adler32(as_uint8(data))
-    scratch, _ = state.chunks(min(max(n, 1), _BIG_CHUNK))
     value = 1
-    for offset in range(0, n, _BIG_CHUNK):
-        length = min(_BIG_CHUNK, n - offset)
-        value = adler32(_read(data, offset, length, scratch), value)
+    for offset in range(0, n, _CHUNK):
+        length = min(_CHUNK, n - offset)
+        value = adler32(_read(data, offset, length, state.new_chunk), value)
     return value
 
 

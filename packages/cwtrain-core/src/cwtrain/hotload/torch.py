@@ -290,7 +290,7 @@ class _Launched:
 def _collect(launched: list[_Launched]) -> Iterator[TensorResult]:
     for item in launched:
         pieces = item.future.result() if item.future is not None else None
-        yield TensorResult(item.name, item.nbytes, item.adler, pieces, item.nbytes)
+        yield TensorResult(item.name, item.nbytes, item.adler, pieces)
 
 
 def _base_bytes(value: torch.Tensor | TensorData, device: torch.device) -> torch.Tensor:
