@@ -41,6 +41,7 @@ the shard and the tensor. The base is never modified. ``apply_delta_dir`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -457,24 +458,25 @@ class DeltaEncoder:
         in chunks, as :meth:`encode` does, so both give the same bytes.
         """
         n = xor.size
+        with self._turn(n):
+            compressor = self._compressor(n)
+            pieces: list[Buffer] = []
+            for offset in range(0, n, _CHUNK):
+                _append(pieces, compressor.compress(memoryview(xor[offset : offset + _CHUNK])))
+            _append(pieces, compressor.flush())
+            return pieces
+
+    def _turn(self, n: int) -> contextlib.AbstractContextManager[object]:
+        """Held while an ``n``-byte tensor compresses: one big tensor at a time (each uses every core)."""
+        return self._big_lock if n > BIG_TENSOR_BYTES else contextlib.nullcontext()
+
+    def _compressor(self, n: int) -> Any:
+        """The streaming compressor of one ``n``-byte frame: zstd's threads above :data:`BIG_TENSOR_BYTES`."""
         if n > BIG_TENSOR_BYTES:
-            with self._big_lock:
-                return self._compress_chunks(self._big_compressor(n), xor, n)
-        return self._compress_chunks(self._state.cctx.compressobj(size=n), xor, n)
-
-    @staticmethod
-    def _compress_chunks(compressor: Any, xor: U8Array, n: int) -> list[Buffer]:
-        pieces: list[Buffer] = []
-        for offset in range(0, n, _CHUNK):
-            _append(pieces, compressor.compress(memoryview(xor[offset : offset + _CHUNK])))
-        _append(pieces, compressor.flush())
-        return pieces
-
-    def _big_compressor(self, n: int) -> Any:
-        """A streaming compressor for a tensor above :data:`BIG_TENSOR_BYTES` (zstd's threads, one frame)."""
-        return zstandard.ZstdCompressor(
-            level=ZSTD_LEVEL, write_content_size=True, write_checksum=False, threads=self.workers
-        ).compressobj(size=n)
+            return zstandard.ZstdCompressor(
+                level=ZSTD_LEVEL, write_content_size=True, write_checksum=False, threads=self.workers
+            ).compressobj(size=n)
+        return self._state.cctx.compressobj(size=n)
 
     def iter_files(
         self,
@@ -629,12 +631,10 @@ class DeltaEncoder:
 
     def _encode_one(self, name: str, new: TensorData, old: TensorData) -> TensorResult:
         n = new.nbytes
-        if n > BIG_TENSOR_BYTES:
-            with self._big_lock:
-                return self._stream(name, new.data, old.data, n, big=True)
-        return self._stream(name, new.data, old.data, n, big=False)
+        with self._turn(n):
+            return self._stream(name, new.data, old.data, n)
 
-    def _stream(self, name: str, new: TensorSource, old: TensorSource, n: int, *, big: bool) -> TensorResult:
+    def _stream(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
         """Read, XOR, checksum and compress one tensor chunk by chunk (each chunk stays in cache).
 
         The compressor starts at the first chunk with a set bit (the zero chunks before it
@@ -658,7 +658,7 @@ class DeltaEncoder:
                 if not _any(xor):
                     zero_prefix += length
                     continue
-                compressor = self._big_compressor(n) if big else state.cctx.compressobj(size=n)
+                compressor = self._compressor(n)
                 zeros = state.zero_chunk()
                 for start in range(0, zero_prefix, _CHUNK):
                     _append(pieces, compressor.compress(zeros[: min(_CHUNK, zero_prefix - start)]))
