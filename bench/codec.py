@@ -44,9 +44,12 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from cwtrain.hotload.codec import DeltaEncoder, default_workers
+from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.decode import default_workers
 from cwtrain.hotload.delta import open_checkpoint, write_delta
-from cwtrain.hotload.format import INDEX_NAME, FileRegion, TensorData, TensorEntry, adler32, encode_header
+from cwtrain.hotload.format import INDEX_NAME, adler32
+from cwtrain.hotload.safetensors import TensorEntry, encode_header
+from cwtrain.hotload.tensors import FileRegion, TensorData
 
 CHUNK = 1 << 20
 

@@ -39,11 +39,12 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAPI:
         tokens.append(args.token)
         return api.client()
 
-    import cwtrain.hotload.cli as hotload_cli
-    import cwtrain.infra.cli as infra_cli
+    import cwtrain.cli.deployment
+    import cwtrain.cli.gateway
+    import cwtrain.cli.hotload
 
-    monkeypatch.setattr(infra_cli, "client_from_args", client_from_args)
-    monkeypatch.setattr(hotload_cli, "client_from_args", client_from_args)
+    for module in (cwtrain.cli.deployment, cwtrain.cli.gateway, cwtrain.cli.hotload):
+        monkeypatch.setattr(module, "client_from_args", client_from_args)
     return api
 
 
@@ -289,7 +290,7 @@ def test_inspect_needs_no_token(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from cwtrain.hotload.codec import DeltaEncoder
-    from cwtrain.hotload.format import TensorData
+    from cwtrain.hotload.tensors import TensorData
 
     for name in ("COREWEAVE_API_TOKEN", "CW_API_TOKEN"):
         monkeypatch.delenv(name, raising=False)

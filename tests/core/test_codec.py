@@ -15,16 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.codec import (
-    BIG_TENSOR_BYTES,
-    DeltaEncoder,
-    apply_delta,
-    load_full,
-    replay_chain,
-    verify_delta,
-    zstd_frame_size,
-)
-from cwtrain.hotload.format import TensorData, header_of_bytes, parse_index
+from cwtrain.hotload.codec import BIG_TENSOR_BYTES, DeltaEncoder
+from cwtrain.hotload.decode import apply_delta, load_full, replay_chain, verify_delta, zstd_frame_size
+from cwtrain.hotload.format import parse_index
+from cwtrain.hotload.safetensors import header_of_bytes
+from cwtrain.hotload.tensors import TensorData
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

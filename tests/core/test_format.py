@@ -1,4 +1,4 @@
-"""The snapshot wire format: headers, index JSON, identities, chain rules (spec snapshot-format.md)."""
+"""The snapshot wire format: headers, index JSON, identities, shard names (spec snapshot-format.md)."""
 
 from __future__ import annotations
 
@@ -13,27 +13,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from cwtrain.errors import ConfigError, SnapshotError, SnapshotNotFoundError
+from cwtrain.errors import SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload import format as fmt
 from cwtrain.hotload.format import (
     SnapshotFile,
-    TensorEntry,
     adler32,
     adler32_hex,
     check_delta_metadata,
-    encode_header,
+    full_shard_name,
     generated_index_bytes,
-    header_of_bytes,
-    identity_for_base_version,
-    is_chain_cut,
     parse_index,
-    read_header,
     serialize_index,
     shard_name,
-    snapshot_prefix,
     upload_index_bytes,
-    validate_identity,
 )
+from cwtrain.hotload.identity import identity_for_base_version, snapshot_prefix, validate_identity, version_identity
+from cwtrain.hotload.safetensors import TensorEntry, dtype_nbytes, encode_header, header_of_bytes, read_header
 
 
 def _file(header: dict[str, object], data: bytes = b"") -> bytes:
@@ -109,10 +104,10 @@ def test_missing_file_is_not_found(tmp_path: Path) -> None:
 
 
 def test_sub_byte_dtypes_need_whole_bytes() -> None:
-    assert fmt.dtype_nbytes("F4", (2, 3)) == 3
-    assert fmt.dtype_nbytes("F6_E2M3", (4,)) == 3
+    assert dtype_nbytes("F4", (2, 3)) == 3
+    assert dtype_nbytes("F6_E2M3", (4,)) == 3
     with pytest.raises(SnapshotError, match="whole number of bytes"):
-        fmt.dtype_nbytes("F4", (3,))
+        dtype_nbytes("F4", (3,))
 
 
 @pytest.mark.parametrize(
@@ -137,9 +132,9 @@ def test_sub_byte_dtypes_need_whole_bytes() -> None:
     ],
 )
 def test_dtype_sizes(dtype: str, size: int) -> None:
-    assert fmt.dtype_nbytes(dtype, (3, 2)) == 6 * size
-    assert fmt.dtype_nbytes(dtype, ()) == size
-    assert fmt.dtype_nbytes(dtype, (0, 7)) == 0
+    assert dtype_nbytes(dtype, (3, 2)) == 6 * size
+    assert dtype_nbytes(dtype, ()) == size
+    assert dtype_nbytes(dtype, (0, 7)) == 0
 
 
 # --------------------------------------------------------------------------- checksums
@@ -258,8 +253,8 @@ def test_reserved_allowed_when_asked() -> None:
 
 
 def test_identity_rules() -> None:
-    assert fmt.version_identity("grpo-a", 2) == "grpo-a-v000002"
-    assert fmt.version_identity("r", 1234567) == "r-v1234567"
+    assert version_identity("grpo-a", 2) == "grpo-a-v000002"
+    assert version_identity("r", 1234567) == "r-v1234567"
     assert identity_for_base_version("000006") == "weight_v000006"
     assert identity_for_base_version("7") == "weight_v000007"
     assert identity_for_base_version("run-v000006") == "run-v000006"
@@ -273,27 +268,8 @@ def test_snapshot_prefix_and_shard_names() -> None:
     assert snapshot_prefix("a/b", "id") == "a/b/id"
     assert shard_name(0, 2) == "model-00000-of-00002.safetensors"
     assert fmt.SHARD_NAME_RE.match(shard_name(12, 100000))
-
-
-# -------------------------------------------------------------------------- chain rules
-
-
-def test_chain_cut_cadence() -> None:
-    assert is_chain_cut(20, 20, 19) and not is_chain_cut(21, 20, 0)
-    assert [v for v in range(1, 30) if is_chain_cut(v, 10, 0)] == [10, 20]
-    assert is_chain_cut(5, 0, 63) and not is_chain_cut(5, 0, 62)
-    assert is_chain_cut(64, 64, 63)
-    with pytest.raises(ConfigError):
-        is_chain_cut(1, 65, 0)
-
-
-def test_full_every_from_env() -> None:
-    assert fmt.full_every_from_env({}) == 20
-    assert fmt.full_every_from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": "0"}) == 0
-    assert fmt.full_every_from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": "64"}) == 64
-    for bad in ("65", "-1", "x"):
-        with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
-            fmt.full_every_from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": bad})
+    assert full_shard_name(0, 2) == "model-00001-of-00002.safetensors"
+    assert full_shard_name(1, 2) == "model-00002-of-00002.safetensors"
 
 
 # ------------------------------------------------------------------------ SnapshotFile

@@ -22,8 +22,8 @@ from cwtrain.errors import (
     SnapshotError,
 )
 from cwtrain.hotload.codec import DeltaEncoder
-from cwtrain.hotload.format import TensorData
 from cwtrain.hotload.loader import HotLoader, ProgressEvent
+from cwtrain.hotload.tensors import TensorData
 from cwtrain.infra.enums import HotLoadState, SnapshotType
 
 

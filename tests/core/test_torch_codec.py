@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cwtrain.errors import SnapshotError  # noqa: E402
-from cwtrain.hotload.codec import DeltaEncoder, apply_delta  # noqa: E402
+from cwtrain.hotload.codec import DeltaEncoder  # noqa: E402
+from cwtrain.hotload.decode import apply_delta  # noqa: E402
 from cwtrain.hotload.torch import (  # noqa: E402
     TorchDeltaEncoder,
     device_adler32,

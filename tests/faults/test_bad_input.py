@@ -34,17 +34,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.format import (
-    INDEX_NAME,
-    MAX_HEADER_BYTES,
-    RESERVED_IDENTITIES,
-    SINGLE_FILE_NAME,
-    TensorEntry,
-    encode_header,
-    validate_identity,
-)
+from cwtrain.hotload.format import INDEX_NAME, SINGLE_FILE_NAME
+from cwtrain.hotload.identity import RESERVED_IDENTITIES, validate_identity
 from cwtrain.hotload.inspect import inspect_snapshot
 from cwtrain.hotload.loader import HotLoader
+from cwtrain.hotload.safetensors import MAX_HEADER_BYTES, TensorEntry, encode_header
 from cwtrain.infra import InferenceClient
 
 pytestmark = [pytest.mark.faults, pytest.mark.fault_row("bad-input")]

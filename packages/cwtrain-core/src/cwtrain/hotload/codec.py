@@ -25,18 +25,7 @@ whatever ``workers`` or ``memory_budget``.
 ``encode_full(tensors)`` writes a FULL snapshot with every tensor's Adler-32 in the
 shard ``__metadata__`` (spec 3.3).
 
-Decode (engine replicas and the trainer's mirror)::
-
-    new = apply_delta(base, index, shards, base_version="run-v000001")
-    full = load_full(index, shards)
-    weights = replay_chain(full, [(index1, shards1), (index2, shards2)])
-
-``index`` is the parsed index dict, ``shards`` maps shard names to their bytes. Every
-frame and every Adler-32 is checked before anything is returned; errors are
-:class:`~cwtrain.errors.SnapshotError` (checksums: ``SnapshotChecksumError``) naming
-the shard and the tensor. The base is never modified. ``apply_delta_dir`` and
-``load_full_dir`` do the same from snapshot directories. The decoding side lives in
-:mod:`cwtrain.hotload.decode` and is re-exported here.
+Decoding (apply, verify, replay) lives in :mod:`cwtrain.hotload.decode`.
 """
 
 from __future__ import annotations
@@ -57,20 +46,9 @@ import zstandard
 from cwtrain.config import env_int
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.decode import (
-    SnapshotDir,
     U8Array,
-    apply_delta,
-    apply_delta_dir,
-    apply_payload,
     as_uint8,
-    decode_frame,
     default_workers,
-    load_full,
-    load_full_dir,
-    read_snapshot_dir,
-    replay_chain,
-    verify_delta,
-    zstd_frame_size,
 )
 from cwtrain.hotload.format import (
     CHECKSUM_FORMAT,
@@ -79,18 +57,16 @@ from cwtrain.hotload.format import (
     DELTA_ENCODING,
     INDEX_NAME,
     SINGLE_FILE_NAME,
-    FileRegion,
     SnapshotFile,
-    TensorData,
-    TensorEntry,
     adler32,
-    dtype_nbytes,
-    encode_header,
+    full_shard_name,
     local_index_bytes,
     serialize_index,
     shard_name,
     upload_index_bytes,
 )
+from cwtrain.hotload.safetensors import TensorEntry, dtype_nbytes, encode_header
+from cwtrain.hotload.tensors import FileRegion, TensorData
 
 __all__ = [
     "BIG_TENSOR_BYTES",
@@ -98,27 +74,12 @@ __all__ = [
     "DeltaEncoder",
     "EncodeStats",
     "EncodedSnapshot",
-    "FileRegion",
     "ShardSink",
-    "SnapshotDir",
-    "U8Array",
     "TensorResult",
-    "apply_delta",
-    "apply_delta_dir",
-    "apply_payload",
-    "as_uint8",
     "check_compatible",
-    "decode_frame",
-    "default_workers",
     "delta_shard_header",
-    "load_full",
-    "load_full_dir",
     "memory_budget_from_env",
-    "read_snapshot_dir",
-    "replay_chain",
     "tensor_adler32",
-    "verify_delta",
-    "zstd_frame_size",
 ]
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -767,4 +728,4 @@ def _default_layout(tensors: Mapping[str, TensorData], shard_bytes: int) -> dict
     if len(groups) == 1:
         return dict.fromkeys(tensors, SINGLE_FILE_NAME)
     count = len(groups)
-    return {name: f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i, group in enumerate(groups) for name in group}
+    return {name: full_shard_name(i, count) for i, group in enumerate(groups) for name in group}

@@ -2,7 +2,6 @@
 
 Used by the engine replicas of ``cwtrain-local`` (index dicts and shard bytes fetched
 from object storage), by the trainer's mirror and by ``cwtrain snapshot apply|verify``.
-Every name here is also importable from :mod:`cwtrain.hotload.codec`.
 
 ::
 
@@ -35,24 +34,20 @@ import numpy.typing as npt
 import zstandard
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
+from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
 from cwtrain.hotload.format import (
     CHECKSUM_FORMAT,
     INDEX_NAME,
-    MAX_CHAIN_DELTAS,
     SINGLE_FILE_NAME,
-    FileRegion,
-    SafetensorsHeader,
-    TensorData,
-    TensorEntry,
     adler32,
     check_delta_metadata,
     generated_index_bytes,
-    header_of_bytes,
     index_metadata,
     is_delta_index,
     parse_index,
-    read_header,
 )
+from cwtrain.hotload.safetensors import SafetensorsHeader, TensorEntry, header_of_bytes, read_header
+from cwtrain.hotload.tensors import FileRegion, TensorData
 
 __all__ = [
     "SnapshotDir",

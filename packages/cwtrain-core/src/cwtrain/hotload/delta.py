@@ -29,26 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.codec import DeltaEncoder, FileRegion, ShardSink, delta_shard_header
+from cwtrain.hotload.codec import DeltaEncoder, ShardSink, delta_shard_header
 from cwtrain.hotload.format import (
     CHECKSUM_FORMAT,
     DEFAULT_SHARD_BYTES,
     INDEX_NAME,
     SINGLE_FILE_NAME,
-    SafetensorsHeader,
     SnapshotFile,
-    TensorData,
-    TensorEntry,
-    encode_header,
     generated_index_bytes,
     index_metadata,
     is_delta_index,
     local_index_bytes,
     parse_index,
-    read_header,
     serialize_index,
     shard_name,
 )
+from cwtrain.hotload.safetensors import SafetensorsHeader, TensorEntry, encode_header, read_header
+from cwtrain.hotload.tensors import FileRegion, TensorData
 
 __all__ = [
     "Checkpoint",

@@ -15,13 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.format import (
-    CHECKSUM_FORMAT,
-    INDEX_NAME,
-    SnapshotFile,
-    serialize_index,
-    upload_index_bytes,
-)
+from cwtrain.hotload.format import CHECKSUM_FORMAT, INDEX_NAME, SnapshotFile, serialize_index, upload_index_bytes
 from cwtrain.hotload.upload import SnapshotUpload
 
 __all__ = ["commit_shared_index", "merge_weight_maps"]

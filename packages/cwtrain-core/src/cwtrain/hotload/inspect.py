@@ -39,14 +39,13 @@ from cwtrain.hotload.format import (
     SINGLE_FILE_NAME,
     check_delta_metadata,
     generated_index_bytes,
-    identity_for_base_version,
     index_metadata,
     is_delta_index,
     parse_index,
-    read_header,
     upload_index_bytes,
-    validate_identity,
 )
+from cwtrain.hotload.identity import identity_for_base_version, validate_identity
+from cwtrain.hotload.safetensors import read_header
 
 __all__ = ["SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"]
 

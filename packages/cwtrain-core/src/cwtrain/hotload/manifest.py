@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cwtrain.errors import SnapshotConflictError, SnapshotError
-from cwtrain.hotload.format import validate_identity
+from cwtrain.hotload.identity import validate_identity
 from cwtrain.hotload.objects import error_code, http_status, is_missing
 
 __all__ = ["manifest_bytes", "manifest_key", "read_manifest", "write_manifest"]

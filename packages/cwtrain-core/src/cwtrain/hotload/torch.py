@@ -36,8 +36,11 @@ import numpy as np
 import torch
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.codec import DeltaEncoder, EncodedSnapshot, ShardSink, TensorResult, U8Array
-from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, TensorData, adler32
+from cwtrain.hotload.codec import DeltaEncoder, EncodedSnapshot, ShardSink, TensorResult
+from cwtrain.hotload.decode import U8Array
+from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, adler32
+from cwtrain.hotload.safetensors import FRAMEWORK_DTYPES
+from cwtrain.hotload.tensors import TensorData
 
 __all__ = [
     "TORCH_DTYPES",
@@ -48,27 +51,12 @@ __all__ = [
     "tensor_data",
 ]
 
-#: torch dtype → safetensors dtype name.
+#: torch dtype → safetensors dtype name (from the one table, :data:`~cwtrain.hotload.safetensors.FRAMEWORK_DTYPES`).
 TORCH_DTYPES: dict[torch.dtype, str] = {
-    torch.bool: "BOOL",
-    torch.uint8: "U8",
-    torch.int8: "I8",
-    torch.int16: "I16",
-    torch.uint16: "U16",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int32: "I32",
-    torch.uint32: "U32",
-    torch.float32: "F32",
-    torch.complex64: "C64",
-    torch.int64: "I64",
-    torch.uint64: "U64",
-    torch.float64: "F64",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
+    getattr(torch, name): code
+    for name, code in FRAMEWORK_DTYPES.items()
+    if isinstance(getattr(torch, name, None), torch.dtype)
 }
-if hasattr(torch, "float8_e8m0fnu"):
-    TORCH_DTYPES[torch.float8_e8m0fnu] = "F8_E8M0"
 
 _MOD = 65521
 _ADLER_BLOCK = 1 << 23  # int32 products j * b stay below 2**31
@@ -297,7 +285,7 @@ def _base_bytes(value: torch.Tensor | TensorData, device: torch.device) -> torch
     if isinstance(value, torch.Tensor):
         raw = tensor_bytes(value)
         return raw if raw.device == device else raw.to(device)
-    from cwtrain.hotload.codec import as_uint8
+    from cwtrain.hotload.decode import as_uint8
 
     array = as_uint8(value.data)
     if not array.flags.writeable:

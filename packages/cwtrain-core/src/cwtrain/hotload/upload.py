@@ -63,7 +63,8 @@ from typing import Any
 from cwtrain.config import env_int
 from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, UsageError
 from cwtrain.hotload.access import check_snapshot_access
-from cwtrain.hotload.format import INDEX_NAME, snapshot_prefix, validate_identity
+from cwtrain.hotload.format import INDEX_NAME
+from cwtrain.hotload.identity import snapshot_prefix, validate_identity
 from cwtrain.hotload.objects import (
     DEFAULT_PART_SIZE,
     ObjectSource,

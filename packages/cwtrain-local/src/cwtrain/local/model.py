@@ -50,7 +50,8 @@ import torch.nn.functional as F
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from cwtrain.hotload.format import TensorData
+from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.torch import TORCH_DTYPES
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -240,7 +241,7 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[ModelConfig, dic
     return config, weights
 
 
-_TORCH_TO_ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+_TORCH_TO_ST = {dtype: TORCH_DTYPES[dtype] for dtype in (torch.bfloat16, torch.float16, torch.float32)}
 _ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.codec import apply_delta, load_full
-from cwtrain.hotload.format import TensorData
+from cwtrain.hotload.decode import apply_delta, load_full
+from cwtrain.hotload.tensors import TensorData
 from cwtrain.local.model import (
     CHECKPOINT_FILE,
     CONFIG_FILE,

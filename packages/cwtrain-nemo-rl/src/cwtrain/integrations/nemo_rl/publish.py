@@ -31,7 +31,7 @@ import torch
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.codec import ShardSink, delta_shard_header
 from cwtrain.hotload.distributed import commit_shared_index, merge_weight_maps
-from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, SnapshotFile
+from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, SnapshotFile, full_shard_name, shard_name
 from cwtrain.hotload.torch import TorchDeltaEncoder, tensor_data
 from cwtrain.hotload.upload import SnapshotUpload
 
@@ -108,11 +108,7 @@ def owned_layout(
         if used and used + nbytes > shard_bytes and slot < slots - 1:
             slot, used = slot + 1, 0
         position = rank * slots + slot
-        layout[name] = (
-            f"model-{position + 1:05d}-of-{count:05d}.safetensors"
-            if full
-            else f"model-{position:05d}-of-{count:05d}.safetensors"
-        )
+        layout[name] = full_shard_name(position, count) if full else shard_name(position, count)
         used += nbytes
     return layout
 

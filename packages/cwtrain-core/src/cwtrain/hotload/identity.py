@@ -1,0 +1,73 @@
+"""Snapshot identities and where their objects live (snapshot-format.md sections 1 and 2).
+
+::
+
+    validate_identity("run1-v000003")          # 1-128 chars, one path segment, not reserved
+    version_identity("run1", 3)                # "run1-v000003"
+    identity_for_base_version("000006")        # "weight_v000006" (a delta index's base_version)
+    snapshot_prefix("hotload", "run1-v000003") # "hotload/run1-v000003"
+"""
+
+from __future__ import annotations
+
+from cwtrain.errors import SnapshotError
+
+__all__ = [
+    "RESERVED_IDENTITIES",
+    "identity_for_base_version",
+    "snapshot_prefix",
+    "validate_identity",
+    "version_identity",
+]
+
+RESERVED_IDENTITIES = frozenset({"initial", "_manifests", "_preflight"})
+
+
+def validate_identity(identity: str, *, what: str = "identity", allow_reserved: bool = False) -> str:
+    """Check a snapshot identity (section 2) and return it.
+
+    1-128 characters, one path segment (no ``/``, not ``.`` or ``..``), and not one
+    of the reserved names (``initial``, ``_manifests``, ``_preflight``) unless
+    ``allow_reserved``.
+
+    Raises:
+        SnapshotError: the identity is invalid, with the rule it breaks.
+    """
+    if not isinstance(identity, str) or not 1 <= len(identity) <= 128:
+        raise SnapshotError(f"invalid {what} {identity!r}: must be 1-128 characters")
+    if "/" in identity or identity in (".", ".."):
+        raise SnapshotError(f"invalid {what} {identity!r}: must be one path segment (no '/', not '.' or '..')")
+    if not allow_reserved and identity in RESERVED_IDENTITIES:
+        raise SnapshotError(f"invalid {what} {identity!r}: reserved name; choose another identity")
+    return identity
+
+
+def version_identity(run_id: str, version: int) -> str:
+    """``<run_id>-v{version:06d}`` (six digits or more)."""
+    if version < 0:
+        raise ValueError(f"version must be >= 0, got {version}")
+    return f"{run_id}-v{version:06d}"
+
+
+def identity_for_base_version(base_version: str | None) -> str:
+    """Default predecessor identity of a delta from its index ``base_version`` (section 2).
+
+    All digits → ``weight_v{int:06d}``; another value is used as is.
+
+    Raises:
+        SnapshotError: ``base_version`` is absent (pass ``--previous-identity``).
+    """
+    if base_version is None or base_version == "":
+        raise SnapshotError(
+            "the delta index has no metadata.base_version; pass --previous-identity to name its predecessor"
+        )
+    text = str(base_version)
+    if text.isdigit() and text.isascii():
+        return f"weight_v{int(text):06d}"
+    return text
+
+
+def snapshot_prefix(path_prefix: str, identity: str) -> str:
+    """The object-key prefix of a snapshot: ``P/<identity>``, or ``<identity>`` when ``P`` is empty."""
+    prefix = (path_prefix or "").strip("/")
+    return f"{prefix}/{identity}" if prefix else identity
