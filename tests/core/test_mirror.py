@@ -1,4 +1,4 @@
-"""WeightMirror in host memory and on disk (crash recovery), DeltaReport, ChainCadence."""
+"""WeightMirror in host memory and on disk (crash recovery), DeltaReport."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from codec_helpers import save_checkpoint
 
-from cwtrain.errors import ConfigError, MirrorError, SnapshotChecksumError, SnapshotError
+from cwtrain.errors import MirrorError, SnapshotChecksumError, SnapshotError
 from cwtrain.hotload import mirror as mirror_module
-from cwtrain.hotload.codec import DeltaEncoder, load_full_dir
+from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.decode import load_full_dir
 from cwtrain.hotload.delta import write_delta, write_full_snapshot
-from cwtrain.hotload.format import TensorData
-from cwtrain.hotload.mirror import ChainCadence, DeltaReport, WeightMirror
+from cwtrain.hotload.mirror import DeltaReport, WeightMirror
+from cwtrain.hotload.tensors import TensorData
 
 
 def _weights(version: int) -> dict[str, np.ndarray]:
@@ -48,7 +49,7 @@ def chain(tmp_path: Path) -> dict[str, Path]:
 
 
 def _raw(tensors: object) -> dict[str, bytes]:
-    from cwtrain.hotload.codec import as_uint8
+    from cwtrain.hotload.decode import as_uint8
 
     return {n: as_uint8(t.data).tobytes() for n, t in tensors.items()}  # type: ignore[attr-defined]
 
@@ -169,25 +170,3 @@ def test_memory_mirror_from_tensors_and_encoded_delta(tmp_path: Path) -> None:
     seeded.close()
     with pytest.raises(SnapshotError, match="not a delta"):
         mirror.apply({"metadata": {}, "weight_map": {}}, {})
-
-
-def test_chain_cadence() -> None:
-    cadence = ChainCadence(full_every=3)
-    fulls = []
-    for version in range(1, 10):
-        full = cadence.is_full(version)
-        fulls.append(full)
-        cadence.published(full=full)
-    assert fulls == [False, False, True, False, False, True, False, False, True]
-    never = ChainCadence(full_every=0)
-    kinds = []
-    for version in range(1, 130):
-        full = never.is_full(version)
-        kinds.append(full)
-        never.published(full=full)
-    assert kinds.index(True) == 63 and kinds.count(True) == 2
-    assert ChainCadence.from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": "5"}).full_every == 5
-    with pytest.raises(ConfigError):
-        ChainCadence.from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": "65"})
-    with pytest.raises(ConfigError):
-        ChainCadence(full_every=-1)

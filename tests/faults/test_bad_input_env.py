@@ -100,7 +100,7 @@ HOOK_VARS: dict[str, tuple[str, Any]] = {
 }
 CORE_READERS: dict[str, tuple[Any, Any]] = {
     "CWTRAIN_HOTLOAD_FULL_EVERY": (
-        lambda env: __import__("cwtrain.hotload.format", fromlist=["x"]).full_every_from_env(env),
+        lambda env: __import__("cwtrain.hotload.chain", fromlist=["x"]).full_every_from_env(env),
         lambda v: _expect_int(v, 20, 0, 64),
     ),
     "CWTRAIN_HOTLOAD_MEMORY_BUDGET": (

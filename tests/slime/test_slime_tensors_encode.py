@@ -91,6 +91,7 @@ def test_an_encoding_failure_on_one_rank_raises_on_every_rank() -> None:
         base = {f"r{rank}.weight": torch.zeros(4)}
         publisher.served = {n: _host_copy(n, t) for n, t in base.items()}
         publisher.served_identity = "run-v000000"
+        publisher.cadence.published(full=True)  # as the baseline does
         new = {f"r{rank}.weight": torch.zeros(5 if rank == 1 else 4)}  # rank 1's shape changed: no delta
         try:
             publisher.publish(None, new.items())

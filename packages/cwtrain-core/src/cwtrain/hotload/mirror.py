@@ -23,10 +23,6 @@ atomic rename) before writing any tensor in place, then updates ``state.json`` a
 drops the journal. Opening a mirror whose apply was interrupted finishes it: each
 journalled tensor holds either its old bytes (applied now) or its new bytes (kept),
 told apart by their Adler-32s; an uncommitted journal is discarded (rolled back).
-
-Chain cadence (spec section 10): :class:`ChainCadence` says when a version must be
-FULL: every ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions (default 20, 0-64, 0 = never by
-count) and in any case before a chain would pass 63 deltas.
 """
 
 from __future__ import annotations
@@ -44,38 +40,22 @@ from typing import Any
 import numpy as np
 
 from cwtrain.errors import MirrorError, SnapshotError
-from cwtrain.hotload.codec import (
-    DeltaEncoder,
-    EncodedSnapshot,
-    FileRegion,
-    SnapshotDir,
-    apply_delta,
-    apply_payload,
-    as_uint8,
-    read_snapshot_dir,
-    tensor_adler32,
-    verify_delta,
-)
+from cwtrain.hotload.codec import DeltaEncoder, EncodedSnapshot, tensor_adler32
+from cwtrain.hotload.decode import SnapshotDir, apply_delta, apply_payload, as_uint8, read_snapshot_dir, verify_delta
 from cwtrain.hotload.delta import open_checkpoint, staged_directory
 from cwtrain.hotload.delta import write_full_snapshot as write_full_from_dir
 from cwtrain.hotload.format import (
     CHECKSUM_FORMAT,
-    DEFAULT_FULL_EVERY,
     INDEX_NAME,
-    MAX_CHAIN_DELTAS,
     SnapshotFile,
-    TensorData,
-    TensorEntry,
-    check_full_every,
-    full_every_from_env,
-    header_of_bytes,
     index_metadata,
-    is_chain_cut,
     is_delta_index,
     serialize_index,
 )
+from cwtrain.hotload.safetensors import TensorEntry, header_of_bytes
+from cwtrain.hotload.tensors import FileRegion, TensorData
 
-__all__ = ["ChainCadence", "DeltaReport", "MirrorError", "WeightMirror"]
+__all__ = ["DeltaReport", "MirrorError", "WeightMirror"]
 
 log = logging.getLogger(__name__)
 
@@ -109,41 +89,6 @@ class DeltaReport:
     def tensors_changed(self) -> int:
         """``len(changed)``."""
         return len(self.changed)
-
-
-@dataclass
-class ChainCadence:
-    """When to cut the chain with a FULL snapshot.
-
-    Attributes:
-        full_every: FULL every this many versions (0 = never by count).
-        deltas_in_chain: deltas published since the last FULL.
-    """
-
-    full_every: int = DEFAULT_FULL_EVERY
-    deltas_in_chain: int = 0
-
-    def __post_init__(self) -> None:
-        check_full_every(self.full_every)
-        if self.full_every == 0:
-            log.warning(
-                "CWTRAIN_HOTLOAD_FULL_EVERY=0: chains are never cut by count; a FULL is still published "
-                "before a chain passes %d deltas (cold-start limit; the API allows 128)",
-                MAX_CHAIN_DELTAS,
-            )
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ChainCadence:
-        """Cadence from ``CWTRAIN_HOTLOAD_FULL_EVERY``."""
-        return cls(full_every_from_env(environ))
-
-    def is_full(self, version: int) -> bool:
-        """Whether ``version`` must be published FULL."""
-        return is_chain_cut(version, self.full_every, self.deltas_in_chain)
-
-    def published(self, *, full: bool) -> None:
-        """Record a published snapshot."""
-        self.deltas_in_chain = 0 if full else self.deltas_in_chain + 1
 
 
 def _same_version(a: str | None, b: str | None) -> bool:

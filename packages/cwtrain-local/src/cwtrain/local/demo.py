@@ -43,6 +43,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
+from cwtrain.hotload.chain import MAX_FULL_EVERY, ChainCadence
+
 __all__ = ["DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
 
 log = logging.getLogger("cwtrain.local.demo")
@@ -134,8 +136,8 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
         problems.append("--steps must be >= 1")
     if config.replicas < 1:
         problems.append("--replicas must be >= 1")
-    if not 0 <= config.full_every <= 64:
-        problems.append("--full-every must be in 0..64")
+    if not 0 <= config.full_every <= MAX_FULL_EVERY:
+        problems.append(f"--full-every must be in 0..{MAX_FULL_EVERY}")
     if config.group_size < 2:
         problems.append("--group-size must be >= 2 (GRPO compares samples within a group)")
     if config.prompts_per_step < 1 or not 1 <= config.max_tokens <= 200:
@@ -196,7 +198,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     import torch
 
     from cwtrain.hotload import HotLoader
-    from cwtrain.hotload.format import snapshot_prefix
+    from cwtrain.hotload.identity import snapshot_prefix
     from cwtrain.infra import InferenceClient, lifecycle
     from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack
@@ -255,6 +257,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
         identity = "initial"
+        cadence = ChainCadence(config.full_every)
         try:
             for step in range(config.steps + 1):
                 mean_reward: float | None = None
@@ -289,7 +292,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                     gap = None if stats.logprob_gap != stats.logprob_gap else stats.logprob_gap
                 new = trainer.served_weights()
                 version = f"{run_id}-v{step:06d}"
-                full = served is None or (config.full_every > 0 and step % config.full_every == 0)
+                full = served is None or cadence.is_full(step)
                 changed = len(new)
                 if not full and served is not None:
                     changed = sum(1 for k in new if not torch.equal(new[k], served[k]))
@@ -328,6 +331,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 replicas = loader.verify_served(hot_load.id, version)
                 t2 = time.monotonic()
                 served, identity = new, version
+                cadence.published(full=full)
                 size = _snapshot_bytes(s3, stack.bucket, snapshot_prefix("demo", version) + "/")
                 rec = StepRecord(
                     step,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import CWTrainError, SnapshotError
+from cwtrain.hotload.chain import ChainCadence
 from cwtrain.hotload.loader import HotLoader
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
 from cwtrain.integrations.nemo_rl._nemo import require
@@ -94,7 +95,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         self.hf_checkpoint = Path(hf_checkpoint)
         self.version = 0
         self._stale = True
-        self._force_full = True  # nothing published yet in this process
+        self.cadence = ChainCadence(self.settings.full_every)  # FULL first: nothing published in this process
         self._served: str | None = None
         generation.weight_synchronizer = self
 
@@ -135,8 +136,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             raise NotImplementedError("kv_scales are not supported by the coreweave backend (hot-load)")
         start = time.monotonic()
         version = self.version
-        every = self.settings.full_every
-        full = self._force_full or version == 0 or (every > 0 and version % every == 0)
+        full = self.cadence.is_full(version)
         identity = self.identity_for(version)
         deployment = self.loader.deployment
         assert deployment.hot_load is not None
@@ -181,11 +181,11 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
                     self.loader.verify_served(hot_load.id, identity)
         except BaseException:
             run_on_all_workers(self.policy, "cwtrain_discard_share")
-            self._force_full = True
+            self.cadence.failed()
             raise
         run_on_all_workers(self.policy, "cwtrain_commit_share")
         self._served = identity
-        self._force_full = False
+        self.cadence.published(full=full)
         self._stale = False
         self.version += 1
         self._write_served_identity(identity)

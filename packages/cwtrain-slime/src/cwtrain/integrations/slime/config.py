@@ -39,7 +39,7 @@ from typing import Any
 
 from cwtrain.config import env_bool, env_float, env_int, env_str
 from cwtrain.errors import ConfigError
-from cwtrain.hotload.format import full_every_from_env
+from cwtrain.hotload.chain import check_full_every, full_every_from_env
 from cwtrain.infra.enums import PromptCachePolicy
 
 __all__ = [
@@ -200,8 +200,7 @@ class HookConfig:
         _validate_run_id(self.run_id, "run_id")
         if not (self.timeout > 0 and self.timeout != float("inf")):
             raise ConfigError(f"timeout={self.timeout!r} must be a finite number of seconds > 0")
-        if not 0 <= self.full_every <= 64:
-            raise ConfigError(f"full_every={self.full_every} is out of range (0..64)")
+        check_full_every(self.full_every)
         if self.mirror is False and self.full_every > 0:
             raise ConfigError(
                 f"CWTRAIN_HOTLOAD_MIRROR is off but CWTRAIN_HOTLOAD_FULL_EVERY={self.full_every}: "

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import CWTrainError, SnapshotError
+from cwtrain.hotload.chain import ChainCadence
 
 from .config import HookConfig, check_delta_args, identity_for
 
@@ -112,8 +113,7 @@ class SlimePublisher:
         self.served_identity: str | None = None
         self.served_version: int | None = None
         self._version = -1  # last version seen (published or skipped)
-        self._needs_full = False
-        self._warned_no_cut = False
+        self.cadence = ChainCadence(config.full_every)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -194,6 +194,7 @@ class SlimePublisher:
                 )
         self._served(identity, 0)
         self._version = 0
+        self.cadence.published(full=True)
 
         if self.config.use_mirror:
             started = time.perf_counter()
@@ -202,12 +203,6 @@ class SlimePublisher:
             # in host memory: one copy of the served weights, never a second model on disk
             self._mirror = WeightMirror.create(hf_dir, None, version="000000", checksums=checksums)
             metrics["mirror_seconds"] = time.perf_counter() - started
-        elif self.config.full_every == 0 and not self._warned_no_cut:
-            self._warned_no_cut = True
-            log.warning(
-                "CWTRAIN_HOTLOAD_FULL_EVERY=0: the delta chain is never cut; replicas replay at most 63 deltas "
-                "on a cold start and the API accepts at most 128, so long runs will fail to hot-load"
-            )
         return _prefixed(metrics)
 
     # ------------------------------------------------------------------ versions
@@ -249,9 +244,7 @@ class SlimePublisher:
             metrics["tensors_changed"] = float(len(weight_map))
         self._version = version
 
-        every = self.config.full_every
-        cut = (every > 0 and version % every == 0) or self._needs_full
-        if cut:
+        if self.cadence.is_full(version):
             if self._mirror is None:
                 raise CWTrainError(
                     f"{identity} must be published FULL (chain cut) but no served copy is kept: "
@@ -325,9 +318,9 @@ class SlimePublisher:
             metrics["hot_load_seconds"] = time.perf_counter() - started
         except BaseException:
             # The replicas keep what they served: cut the chain on the next version.
-            self._needs_full = True
+            self.cadence.failed()
             raise
-        self._needs_full = False
+        self.cadence.published(full=previous is None)
         self._record(hot_load, metrics)
 
     def _record(self, hot_load: Any, metrics: dict[str, float]) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cwtrain.errors import CWTrainError
+from cwtrain.hotload.chain import ChainCadence
 
 from .config import HookConfig, default_run_id, identity_for
 from .publisher import SlimePublisher
@@ -115,8 +116,7 @@ def _host_copy(name: str, tensor: Any) -> Any:
     """
     import numpy as np
 
-    from cwtrain.hotload._publish_tensors import as_tensor_data
-    from cwtrain.hotload.format import TensorData
+    from cwtrain.hotload.tensors import TensorData, as_tensor_data
 
     if _is_torch(tensor):
         from cwtrain.hotload.torch import safetensors_dtype
@@ -148,7 +148,7 @@ def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, Any]:
     import numpy as np
 
     from cwtrain.hotload.delta import open_checkpoint
-    from cwtrain.hotload.format import TensorData
+    from cwtrain.hotload.tensors import TensorData
 
     wanted = set(names)
     out: dict[str, Any] = {}
@@ -197,7 +197,7 @@ class TensorPublisher:
         self.version = start_version
         self.served: dict[str, Any] | None = None
         self.served_identity: str | None = None
-        self._needs_full = False
+        self.cadence = ChainCadence(config.full_every)
         self._target: tuple[Any, str, str] | None = None
 
     @property
@@ -220,8 +220,7 @@ class TensorPublisher:
             return self._baseline(args, tensors)
         self.version += 1
         identity = identity_for(self.config.run_id, self.version)
-        every = self.config.full_every
-        full = (every > 0 and self.version % every == 0) or self._needs_full
+        full = self.cadence.is_full(self.version)
         metrics = self._publish(identity, tensors, full=full)
         if metrics is not None:
             metrics["hotload/export_seconds"] = export_seconds
@@ -247,6 +246,7 @@ class TensorPublisher:
                 base[name] = _host_copy(name, tensor)
         self.served = base
         self.served_identity = identity_for(self.config.run_id, 0)
+        self.cadence.published(full=True)
         return metrics
 
     def _raise_everywhere(self, error: str | None) -> None:
@@ -280,7 +280,7 @@ class TensorPublisher:
             return encoder.encode({n: _host_copy(n, t) for n, t in tensors.items()}, base)
 
     def _publish(self, identity: str, tensors: Mapping[str, Any], *, full: bool) -> dict[str, float] | None:
-        from cwtrain.hotload.format import SnapshotFile, shard_name
+        from cwtrain.hotload.format import SnapshotFile, full_shard_name, shard_name
 
         metrics: dict[str, float] = {"hotload/chain_cut": float(full), "hotload/incremental": 0.0}
         started = time.perf_counter()
@@ -302,7 +302,7 @@ class TensorPublisher:
         gathered = self.collective.all_gather_object((len(files), problem))
         problems = [p for _, p in gathered if p]
         if problems:
-            self._needs_full = True
+            self.cadence.failed()
             raise CWTrainError(f"encoding {identity} failed: {problems[0]}")
         counts = [count for count, _ in gathered]
         total, offset = sum(counts), sum(counts[: self.rank])
@@ -316,7 +316,7 @@ class TensorPublisher:
         if full and self.collective.world_size == 1:
             renamed = {f.name: f.name for f in files}  # the codec's own FULL layout
         elif full:  # HF-style 1-based names, numbered across the ranks
-            renamed = {f.name: f"model-{offset + i + 1:05d}-of-{total:05d}.safetensors" for i, f in enumerate(files)}
+            renamed = {f.name: full_shard_name(offset + i, total) for i, f in enumerate(files)}
         else:
             renamed = {f.name: shard_name(offset + i, total) for i, f in enumerate(files)}
         files = [SnapshotFile(renamed[f.name], tuple(f.buffers)) for f in files]
@@ -346,9 +346,9 @@ class TensorPublisher:
                 outcome = f"{type(exc).__name__}: {exc}"
         outcome = self.collective.broadcast_object(outcome)
         if outcome is not None:
-            self._needs_full = True
+            self.cadence.failed()
             raise CWTrainError(f"publishing {identity} failed: {outcome}")
-        self._needs_full = False
+        self.cadence.published(full=full)
         self.served_identity = identity
         return metrics if self.rank == 0 else None
 
