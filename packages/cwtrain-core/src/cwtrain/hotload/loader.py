@@ -17,8 +17,8 @@ modules (service-api.md section 8, snapshot-format.md)::
 ``publish`` is inspect (or encode) → upload → readiness gate → ``trigger`` → ``wait``
 inside one time budget (``timeout``, default 1800 s). In-memory tensors (a mapping of
 name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.TensorData`) are
-encoded by :mod:`cwtrain.hotload.codec` and streamed into
-:class:`~cwtrain.hotload.upload.SnapshotUpload` without touching disk.
+encoded by :mod:`cwtrain.hotload.codec` and streamed into the deployment's
+:class:`~cwtrain.hotload.store.SnapshotStore` (``loader.store``) without touching disk.
 
 One hot-load at a time (single-flight): when the service says another is in progress,
 ``trigger`` adopts it if it is this request's earlier attempt (same ``hotLoadId``),
@@ -53,9 +53,9 @@ from cwtrain.errors import (
     HotLoadVerificationError,
     SnapshotError,
 )
-from cwtrain.hotload import chain, manifest
-from cwtrain.hotload.format import snapshot_prefix, validate_identity
-from cwtrain.hotload.objects import is_missing
+from cwtrain.hotload import chain
+from cwtrain.hotload.identity import validate_identity
+from cwtrain.hotload.store import SnapshotStore
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, SnapshotType
@@ -70,7 +70,6 @@ log = logging.getLogger(__name__)
 
 _LOG_EVERY = 60.0
 _CATCH_UP = 30.0  # seconds replicas may lag behind a COMPLETED aggregate state
-_INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -202,18 +201,15 @@ class HotLoader:
         return deployment
 
     @property
-    def _bucket(self) -> str:
-        assert self.deployment.hot_load is not None
-        return self.deployment.hot_load.bucket
-
-    @property
-    def _prefix(self) -> str:
-        assert self.deployment.hot_load is not None
-        return self.deployment.hot_load.path_prefix.strip("/")
+    def store(self) -> SnapshotStore:
+        """Where this deployment's snapshots live (its ``hotLoad`` bucket and prefix, and :attr:`s3`)."""
+        hot_load = self.deployment.hot_load
+        assert hot_load is not None  # refresh_deployment refuses a deployment without one
+        return SnapshotStore(self.s3, hot_load.bucket, hot_load.path_prefix)
 
     def snapshot_uri(self, identity: str) -> str:
         """``s3://<bucket>/<prefix>/<identity>/``."""
-        return f"s3://{self._bucket}/{snapshot_prefix(self._prefix, identity)}/"
+        return self.store.uri(identity)
 
     def wait_for_deployment_ready(self, timeout: float | None = None, poll_interval: float | None = None) -> Deployment:
         """Wait until the deployment is READY (hot-loads need it); refreshes the cache."""
@@ -230,9 +226,7 @@ class HotLoader:
 
     def check_snapshot_access(self) -> str:
         """The four-call permission check on the deployment's prefix; returns the URI."""
-        from cwtrain.hotload.upload import check_snapshot_access
-
-        return str(check_snapshot_access(self.s3, self._bucket, self._prefix))
+        return self.store.check_access()
 
     # ------------------------------------------------------------------ listings
 
@@ -493,11 +487,12 @@ class HotLoader:
                 "only identities that were served can be rolled back to (see `cwtrain hotload list`)"
             )
         chain = [ref.identity for ref in prior.snapshot_chain] or [identity]
-        missing = [ident for ident in chain if not self._index_exists(ident)]
+        store = self.store
+        missing = [ident for ident in chain if not store.index_exists(ident)]
         if missing:
             raise SnapshotError(
                 f"cannot roll back to {identity!r}: the snapshot objects of {', '.join(map(repr, missing))} are gone "
-                f"from s3://{self._bucket}/{self._prefix}; publish the weights again under a new identity"
+                f"from s3://{store.bucket}/{store.path_prefix}; publish the weights again under a new identity"
             )
         budget = _Budget(self.timeout if timeout is None else timeout)
         policy = prompt_cache_policy if prompt_cache_policy is not None else prior.prompt_cache_policy
@@ -510,18 +505,6 @@ class HotLoader:
             timeout=budget.remaining,
         )
         return self.wait(hot_load.id, timeout=budget.remaining) if wait else hot_load
-
-    def _index_exists(self, identity: str) -> bool:
-        from botocore.exceptions import ClientError
-
-        key = f"{snapshot_prefix(self._prefix, identity)}/{_INDEX}"
-        try:
-            self.s3.head_object(Bucket=self._bucket, Key=key)
-        except ClientError as exc:
-            if is_missing(exc):
-                return False
-            raise
-        return True
 
     # ------------------------------------------------------------------ publish
 
@@ -547,7 +530,6 @@ class HotLoader:
                 (a :class:`cwtrain.progress.ByteProgress` fits).
         """
         from cwtrain.hotload.inspect import SnapshotInfo, inspect_snapshot
-        from cwtrain.hotload.upload import upload_snapshot
 
         validate_identity(identity)
         if isinstance(checkpoint, SnapshotInfo):
@@ -559,15 +541,7 @@ class HotLoader:
         kind, previous = chain.resolve_type(info, None, None)
         if kind is SnapshotType.INCREMENTAL and previous:
             self._check_chain(identity, previous)
-        upload_snapshot(
-            info,
-            bucket=self._bucket,
-            identity=identity,
-            path_prefix=self._prefix,
-            s3=self.s3,
-            workers=workers,
-            on_progress=on_progress,
-        )
+        self.store.upload(info, identity, workers=workers, on_progress=on_progress)
         return info
 
     def publish(
@@ -613,10 +587,15 @@ class HotLoader:
             )
         info: SnapshotInfo | None = None
         if isinstance(checkpoint, Mapping):
-            from cwtrain.hotload import _publish_tensors
-
-            kind = _publish_tensors.upload_tensors(
-                self, checkpoint, identity, previous_identity, base, workers, extra_files
+            if previous_identity:
+                self._check_chain(identity, previous_identity)
+            kind = self.store.upload_tensors(
+                checkpoint,
+                identity,
+                previous_identity=previous_identity,
+                base=base,
+                workers=workers,
+                extra_files=extra_files,
             )
         else:
             info = self.upload(checkpoint, identity, previous_identity=previous_identity, workers=workers)
@@ -640,7 +619,7 @@ class HotLoader:
 
     def manifest_key(self, identity: str) -> str:
         """``P/_manifests/<identity>.json`` (snapshot-format.md section 8.1)."""
-        return manifest.manifest_key(self._prefix, identity)
+        return self.store.manifest_key(identity)
 
     def upload_manifest(self, identity: str, manifest_json: Mapping[str, Any]) -> str:
         """Write the manifest create-only (identical content already there is success); returns its URI.
@@ -648,8 +627,8 @@ class HotLoader:
         Raises:
             SnapshotConflictError: another manifest is stored under this identity.
         """
-        return manifest.write_manifest(self.s3, self._bucket, self._prefix, identity, manifest_json)
+        return self.store.write_manifest(identity, manifest_json)
 
     def read_manifest(self, identity: str) -> dict[str, Any] | None:
         """The manifest of ``identity``, or ``None`` when absent."""
-        return manifest.read_manifest(self.s3, self._bucket, self._prefix, identity)
+        return self.store.read_manifest(identity)
