@@ -33,9 +33,10 @@ log = logging.getLogger("cwtrain.cli")
 
 #: Core command groups, as modules with a ``register(subparsers)`` function.
 CORE_GROUPS = (
-    "cwtrain.infra.cli",  # deployment, gateway
-    "cwtrain.hotload.cli",  # hotload
-    "cwtrain.hotload.snapshot_cli",  # snapshot
+    "cwtrain.cli.deployment",
+    "cwtrain.cli.gateway",
+    "cwtrain.cli.hotload",
+    "cwtrain.cli.snapshot",
 )
 
 _QUIET_LOGGERS = ("httpx", "httpcore", "botocore", "boto3", "s3transfer", "urllib3")

@@ -23,9 +23,9 @@ import logging
 import sys
 from typing import Any
 
+from cwtrain.cli.options import client_from_args, positive_float, positive_int
 from cwtrain.cli.output import emit
 from cwtrain.errors import CWTrainError, HotLoadFailedError
-from cwtrain.infra.cli import client_from_args, positive_float, positive_int
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
 from cwtrain.infra.models import HotLoad
 

@@ -24,6 +24,7 @@ import argparse
 import time
 from typing import Any
 
+from cwtrain.cli.options import positive_int
 from cwtrain.cli.output import emit
 from cwtrain.progress import ByteProgress
 
@@ -42,7 +43,7 @@ def register(subparsers: Any) -> None:
     diff.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     diff.add_argument("--version", required=True, help="index metadata.version of the delta")
     diff.add_argument("--base-version", required=True, help="index metadata.base_version of the delta")
-    diff.add_argument("--workers", type=_positive_int, default=None, help="threads (default: CPUs)")
+    diff.add_argument("--workers", type=positive_int, default=None, help="threads (default: CPUs)")
     diff.set_defaults(func=_diff)
 
     apply = commands.add_parser("apply", help="apply a delta to a checkpoint and write the verified result")
@@ -50,24 +51,14 @@ def register(subparsers: Any) -> None:
     apply.add_argument("delta", help="the delta directory")
     apply.add_argument("--out", required=True, help="output directory for the new FULL snapshot")
     apply.add_argument("--base-version", default=None, help="refuse a delta whose base_version differs")
-    apply.add_argument("--workers", type=_positive_int, default=None, help="threads (default: CPUs)")
+    apply.add_argument("--workers", type=positive_int, default=None, help="threads (default: CPUs)")
     apply.set_defaults(func=_apply)
 
     verify = commands.add_parser("verify", help="check every checksum of a snapshot directory")
     verify.add_argument("dir", help="a FULL or delta snapshot directory")
     verify.add_argument("--base", default=None, help="for a delta: the checkpoint it applies to")
-    verify.add_argument("--workers", type=_positive_int, default=None, help="threads (default: CPUs)")
+    verify.add_argument("--workers", type=positive_int, default=None, help="threads (default: CPUs)")
     verify.set_defaults(func=_verify)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -91,7 +82,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from cwtrain.hotload.codec import read_snapshot_dir
+    from cwtrain.hotload.decode import read_snapshot_dir
     from cwtrain.hotload.format import index_metadata
     from cwtrain.hotload.mirror import WeightMirror
 
@@ -119,7 +110,7 @@ def _verify(args: argparse.Namespace) -> int:
     import zstandard
 
     from cwtrain.errors import SnapshotError
-    from cwtrain.hotload.codec import (
+    from cwtrain.hotload.decode import (
         as_uint8,
         decode_frame,
         load_full,
@@ -128,8 +119,9 @@ def _verify(args: argparse.Namespace) -> int:
         verify_delta,
         zstd_frame_size,
     )
-    from cwtrain.hotload.format import header_of_bytes, is_delta_index
+    from cwtrain.hotload.format import is_delta_index
     from cwtrain.hotload.inspect import inspect_snapshot
+    from cwtrain.hotload.safetensors import header_of_bytes
 
     snap = read_snapshot_dir(args.dir)
     if not is_delta_index(snap.index):

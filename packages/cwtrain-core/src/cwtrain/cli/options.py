@@ -1,0 +1,94 @@
+"""What the command groups share: argparse value types, the API client, command groups.
+
+::
+
+    p.add_argument("--timeout", type=positive_float, default=1800.0)   # finite > 0, else exit 2
+    p.add_argument("--workers", type=positive_int, default=8)          # integer > 0, else exit 2
+    commands = command_group(subparsers, "hotload", "publish snapshots and follow hot-loads")
+    with client_from_args(args) as api: ...                             # --base-url / --token
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from cwtrain.cli.output import emit
+from cwtrain.errors import NotFoundError
+from cwtrain.infra.client import InferenceClient
+
+__all__ = [
+    "add_delete_command",
+    "client_from_args",
+    "command_group",
+    "delete_resource",
+    "positive_float",
+    "positive_int",
+]
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (else a usage error, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (else a usage error, exit 2)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def client_from_args(args: argparse.Namespace) -> InferenceClient:
+    """An :class:`InferenceClient` from the global ``--base-url`` / ``--token`` options."""
+    return InferenceClient(getattr(args, "token", None), base_url=getattr(args, "base_url", None))
+
+
+def command_group(subparsers: Any, name: str, help_text: str, description: str | None = None) -> Any:
+    """Add the group ``name`` (``cwtrain <name> <command>``); returns its command subparsers."""
+    parser = subparsers.add_parser(name, help=help_text, description=description or help_text)
+    commands = parser.add_subparsers(dest="command", metavar="<command>", parser_class=type(parser))
+    commands.required = True
+    return commands
+
+
+def add_delete_command(commands: Any, resource: str, handler: Callable[[argparse.Namespace], int]) -> None:
+    """The ``delete ID [--wait] [--timeout S] [--poll-interval S] [--ignore-not-found]`` command."""
+    p = commands.add_parser("delete", help=f"delete a {resource}")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--wait", action="store_true", help="wait until the API answers NOT_FOUND")
+    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds to wait (600)")
+    p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    p.add_argument("--ignore-not-found", action="store_true", help="exit 0 when it does not exist")
+    p.set_defaults(func=handler)
+
+
+def delete_resource(args: argparse.Namespace, send_once: Any, delete_and_wait: Any, api: InferenceClient) -> int:
+    """Delete ``args.id`` (once, or until gone with ``--wait``) and print ``{"id", "result"}``."""
+    try:
+        if args.wait:
+            existed = delete_and_wait(api, args.id, timeout=args.timeout, poll_interval=args.poll_interval)
+            if not existed:
+                raise NotFoundError("not_found", f"{args.id} does not exist")
+            result = "deleted"
+        else:
+            send_once(args.id)
+            result = "deleting"
+    except NotFoundError:
+        if not args.ignore_not_found:
+            raise
+        result = "not_found"
+    emit({"id": args.id, "result": result})
+    return 0
