@@ -25,7 +25,7 @@ One hot-load at a time (single-flight): when the service says another is in prog
 otherwise waits for it to end and re-sends with the same id, all inside the budget.
 ``wait`` returns once the aggregate state is COMPLETED and every replica serves the
 identity; FAILED or CANCELED raise :class:`~cwtrain.errors.HotLoadFailedError`;
-transient API errors during the wait are logged and polling goes on.
+transient API errors and transport errors during the wait are logged and polling goes on.
 
 Chain accounting: a delta whose resolved chain would exceed the cold-start limit (63
 deltas after the last FULL snapshot) is refused before anything is uploaded; publish a
@@ -52,6 +52,7 @@ from cwtrain.errors import (
     HotLoadTimeoutError,
     HotLoadVerificationError,
     SnapshotError,
+    TransportError,
 )
 from cwtrain.hotload import chain
 from cwtrain.hotload.identity import validate_identity
@@ -357,7 +358,7 @@ class HotLoader:
     def _active_or_none(self) -> HotLoad | None:
         try:
             return self.active_hot_load()
-        except APIError as error:
+        except (APIError, TransportError) as error:
             if not error.transient:
                 raise
             log.warning("cannot list hot-loads (%s)", error)
@@ -369,7 +370,7 @@ class HotLoader:
             try:
                 if self.client.get_hot_load(hot_load_id).terminal:
                     return
-            except APIError as error:
+            except (APIError, TransportError) as error:
                 if not error.transient:
                     raise
                 log.warning("transient error while waiting for hot-load %s: %s", hot_load_id, error)
@@ -407,7 +408,7 @@ class HotLoader:
             try:
                 hot_load = self.client.get_hot_load(hot_load_id)
                 replicas = self.client.list_hot_load_replicas(hot_load_id)
-            except APIError as error:
+            except (APIError, TransportError) as error:
                 if not error.transient:
                     raise
                 log.warning("hot-load %s: transient error while waiting (%s); still waiting", hot_load_id, error)
