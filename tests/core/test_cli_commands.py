@@ -415,12 +415,13 @@ def test_publish_of_a_failing_hot_load_prints_it_and_exits_1(
 
 
 def _raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """Make every hotload command raise ``error`` (from where it opens its API client)."""
     import cwtrain.cli.hotload
 
-    def cancel(args: Any) -> int:
+    def client_from_args(args: Any) -> InferenceClient:
         raise error
 
-    monkeypatch.setattr(cwtrain.cli.hotload, "_cancel", cancel)
+    monkeypatch.setattr(cwtrain.cli.hotload, "client_from_args", client_from_args)
 
 
 @pytest.mark.parametrize(
