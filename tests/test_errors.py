@@ -64,6 +64,24 @@ def test_error_tree_has_the_documented_branches() -> None:
         assert required in names
     assert issubclass(errors.HotLoadInProgressError, errors.FailedPreconditionError)
     assert issubclass(errors.UsageError, ValueError) and issubclass(errors.SnapshotNotFoundError, FileNotFoundError)
+    assert issubclass(errors.ConfigError, ValueError)
+    # "the transport failed" is a branch of its own, apart from "the server said no"
+    assert errors.TransportError.__bases__ == (CWTrainError,)
+    assert not issubclass(errors.TransportError, errors.APIError)
+
+
+def test_the_docstring_draws_the_tree_as_it_is() -> None:
+    doc = errors.__doc__ or ""
+    tree = [line for line in doc.splitlines() if ("├──" in line or "└──" in line) and "Error" in line]
+    depth_of = {}
+    for line in tree:
+        marker = line.index("── ")
+        name = line[marker + 3 :].split()[0]
+        depth_of[name] = marker
+        parents = [n for n, d in depth_of.items() if d < marker]
+        cls = getattr(errors, name)
+        expected_parent = parents[-1] if parents else "CWTrainError"
+        assert getattr(errors, expected_parent) in cls.__mro__[1:], (name, expected_parent)
 
 
 @pytest.mark.parametrize("cls", sorted(_all_subclasses(CWTrainError) | {CWTrainError}, key=lambda c: c.__name__))
@@ -102,6 +120,8 @@ def test_conflict_error_shows_three_and_counts_the_rest() -> None:
 
 def test_transient_flags() -> None:
     assert errors.api_error("unavailable", "x").transient
-    assert errors.TransportError("connection refused").transient
+    transport = errors.TransportError("connection refused", http_status=200)
+    assert transport.transient and transport.http_status == 200
+    assert str(transport) == "unavailable: connection refused"
     assert not errors.api_error("unimplemented", "x", http_status=501).transient
     assert not errors.api_error("invalid_argument", "x", http_status=400).transient

@@ -7,15 +7,19 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from botocore.exceptions import NoCredentialsError
 from fakeapi import FakeAPI, error_response
 
 from cwtrain.cli import main
+from cwtrain.errors import ConfigError, TransportError, UsageError
 from cwtrain.infra import InferenceClient
+from cwtrain.infra.enums import PromptCachePolicy
 
 REQUEST = {
     "name": "dep",
@@ -329,3 +333,146 @@ def test_check_with_bucket_and_prefix(
     }
     code, _, err = run(capsys, "hotload", "check")
     assert code == 1 and "needs --deployment" in err
+
+
+# ------------------------------------------------------------ publish (the library's)
+
+
+def _checkpoint(root: Path) -> Path:
+    from cwtrain.hotload.codec import DeltaEncoder
+    from cwtrain.hotload.tensors import TensorData
+
+    root.mkdir()
+    with DeltaEncoder(workers=1) as encoder:
+        snap = encoder.encode_full({"w": TensorData("F32", (64,), bytes(range(256)))})
+    for file in [*snap.files, snap.index]:
+        file.write_to(root / file.name)
+    (root / "config.json").write_text("{}")
+    return root
+
+
+@pytest.fixture
+def publishing(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> list[dict[str, Any]]:
+    """A hot-load deployment on the test bucket; records every ``HotLoader.publish`` call."""
+    from cwtrain.hotload.loader import HotLoader
+
+    fake.add_deployment()
+    fake.deployments["dep-1"]["spec"]["hotLoad"]["bucket"] = s3_bucket[1]
+    calls: list[dict[str, Any]] = []
+    original = HotLoader.publish
+
+    def publish(self: HotLoader, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(HotLoader, "publish", publish)
+    return calls
+
+
+def test_publish_is_the_library_publish_with_upload_progress(
+    fake: FakeAPI,
+    publishing: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    argv = ["hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(ckpt), "--identity", "cli-v000000"]
+    with caplog.at_level(logging.INFO):
+        code, hot, err = run(capsys, *argv, "--poll-interval", "0.01", "--timeout", "60", "--reset-prompt-cache")
+    assert code == 0, err
+    assert hot["status"]["state"] == "COMPLETED" and hot["spec"]["identity"] == "cli-v000000"
+    assert len(publishing) == 1
+    assert publishing[0]["timeout"] == 60.0 and publishing[0]["wait"] is True
+    assert publishing[0]["prompt_cache_policy"] is PromptCachePolicy.RESET_ALL
+    body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
+    assert body["type"] == "SNAPSHOT_TYPE_FULL" and body["promptCachePolicy"] == "PROMPT_CACHE_POLICY_RESET_ALL"
+    drawn = [r.getMessage() for r in caplog.records if r.name == "cwtrain.progress"]
+    assert drawn and drawn[-1].startswith("uploading cli-v000000: ") and "(100%)" in drawn[-1]
+    assert any("of 'cli-v000000': completed after" in r.getMessage() for r in caplog.records)
+
+    code, hot, err = run(capsys, *argv[:-1], "cli-v000001", "--no-wait")
+    assert code == 0, err
+    assert hot["status"]["state"] == "PENDING" and publishing[-1]["wait"] is False
+
+
+def test_publish_of_a_failing_hot_load_prints_it_and_exits_1(
+    fake: FakeAPI, publishing: list[dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    fake.fail_identities.add("bad-v000000")
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    code, hot, err = run(
+        capsys, "hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(ckpt), "--identity", "bad-v000000",
+        "--poll-interval", "0.01",
+    )  # fmt: skip
+    assert code == 1 and hot["status"]["state"] == "FAILED"
+    assert err.strip().splitlines()[-1].startswith("error: hot-load ") and "checksum mismatch" in err
+
+
+# -------------------------------------------------------------------- error table
+
+
+def _raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """Make every hotload command raise ``error`` (from where it opens its API client)."""
+    import cwtrain.cli.hotload
+
+    def client_from_args(args: Any) -> InferenceClient:
+        raise error
+
+    monkeypatch.setattr(cwtrain.cli.hotload, "client_from_args", client_from_args)
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "line"),
+    [
+        (KeyboardInterrupt(), 130, "error: interrupted"),
+        (UsageError("give  either\n one"), 1, "error: give either one"),
+        (TransportError("cannot reach the API"), 1, "error: unavailable: cannot reach the API"),
+        (FileNotFoundError(2, "No such file", "/x"), 1, "error: [Errno 2] No such file: '/x'"),
+        (NoCredentialsError(), 1, "error: Unable to locate credentials"),
+    ],
+)
+def test_error_table_gives_one_line_and_the_exit_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], error: BaseException, code: int, line: str
+) -> None:
+    _raising(monkeypatch, error)
+    monkeypatch.delenv("CWTRAIN_DEBUG", raising=False)
+    got, out, err = run(capsys, "hotload", "cancel", "h")
+    assert (got, out, err) == (code, None, line + "\n")
+
+
+def test_other_errors_are_bugs_and_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    _raising(monkeypatch, RuntimeError("bug"))
+    with pytest.raises(RuntimeError, match="bug"):
+        main(["hotload", "cancel", "h"])
+
+
+def test_debug_variable_adds_the_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _raising(monkeypatch, UsageError("nope"))
+    monkeypatch.setenv("CWTRAIN_DEBUG", "yes")
+    with caplog.at_level(logging.DEBUG):
+        code, _, err = run(capsys, "hotload", "cancel", "h")
+    assert code == 1 and err.endswith("error: nope\n")
+    failed = [r for r in caplog.records if r.getMessage() == "command failed"]
+    assert failed and failed[0].exc_info is not None and failed[0].exc_info[0] is UsageError
+
+
+def test_a_bad_debug_variable_is_a_configuration_error(
+    fake: FakeAPI, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CWTRAIN_DEBUG", "maybe")
+    code, out, err = run(capsys, "hotload", "cancel", "h")
+    assert (code, out) == (1, None)
+    assert err == "error: CWTRAIN_DEBUG='maybe' is not a boolean (use 1/true/yes/on or 0/false/no/off)\n"
+    assert not fake.calls
+
+
+def test_the_table_is_the_one_main_uses() -> None:
+    from cwtrain.cli.errors import ERROR_EXITS, find_exit
+
+    assert [row.code for row in ERROR_EXITS] == [130, 1, 1, 1]
+    assert find_exit(ConfigError("x")) is ERROR_EXITS[1] and find_exit(RuntimeError()) is None

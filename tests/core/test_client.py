@@ -227,7 +227,7 @@ def test_non_retryable_errors_are_sent_once(response: httpx.Response) -> None:
     assert len(seen) == 1 and not sleeps
 
 
-def test_transport_errors_are_retried_then_unavailable_without_secrets() -> None:
+def test_transport_errors_are_retried_then_raised_apart_from_api_errors_without_secrets() -> None:
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -237,7 +237,9 @@ def test_transport_errors_are_retried_then_unavailable_without_secrets() -> None
     api, _ = _client(httpx.MockTransport(handler))
     with pytest.raises(TransportError) as info:
         api.get_deployment("d")
-    assert isinstance(info.value, UnavailableError)
+    # the service never answered: its own branch, not an APIError, and transient
+    assert not isinstance(info.value, APIError) and info.value.transient
+    assert str(info.value).startswith("unavailable: cannot reach the API")
     assert len(calls) == 4
     assert TOKEN not in str(info.value)
     assert "cannot reach the API" in str(info.value)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fakeapi import FakeAPI, error_response
 
-from cwtrain.errors import CWTrainError, LifecycleError, NotFoundError, PermissionDeniedError, UsageError
+from cwtrain.errors import LifecycleError, NotFoundError, PermissionDeniedError, UsageError
 from cwtrain.infra import lifecycle
 from cwtrain.infra.enums import ResourceStatus
 
@@ -66,9 +66,9 @@ def test_load_request_refuses_placeholders_listing_five(tmp_path: Path) -> None:
 def test_load_request_bad_files(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "r.json"
     path.write_text(content)
-    with pytest.raises(CWTrainError, match=message):
+    with pytest.raises(UsageError, match=message):
         lifecycle.load_request(path)
-    with pytest.raises(CWTrainError, match="cannot read request file"):
+    with pytest.raises(UsageError, match="cannot read request file"):
         lifecycle.load_request(tmp_path / "missing.json")
 
 
@@ -149,6 +149,35 @@ def test_wait_goes_through_error_and_transient_errors(caplog: pytest.LogCaptureF
     assert dep.status is ResourceStatus.READY
     assert seen == [ResourceStatus.CREATING, ResourceStatus.ERROR, ResourceStatus.READY]
     assert any("ERROR" in r.getMessage() and "recoverable" in r.getMessage() for r in caplog.records)
+
+
+def _dropped(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection reset by peer")
+
+
+def test_waits_and_deletes_go_on_through_transport_errors(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeAPI()
+    did = fake.add_deployment()
+    api = fake.client(max_retries=1)
+    fake.inject("GET", f"/deployments/{did}", _dropped)
+    with caplog.at_level(logging.WARNING):
+        assert lifecycle.wait_for_deployment(api, did, timeout=5, poll_interval=0.01).status is ResourceStatus.READY
+    assert any("transient error while waiting" in r.getMessage() for r in caplog.records)
+    fake.inject("DELETE", f"/deployments/{did}", _dropped)
+    fake.inject("GET", f"/deployments/{did}", _dropped)
+    assert lifecycle.delete_deployment(api, did, timeout=5, poll_interval=0.01) is True
+    # dropped, accepted, then re-sent after the dropped GET
+    assert len([c for c in fake.calls if c[0] == "DELETE"]) == 3
+
+
+def test_a_wait_with_no_answer_at_all_times_out_naming_the_transport_error() -> None:
+    fake = FakeAPI()
+    did = fake.add_deployment()
+    for _ in range(1000):
+        fake.inject("GET", f"/deployments/{did}", _dropped)
+    with pytest.raises(LifecycleError, match=r"not READY after 0.05s; no answer \(unavailable: cannot reach the API"):
+        lifecycle.wait_for_deployment(fake.client(max_retries=1), did, timeout=0.05, poll_interval=0.01)
+    fake.injected.clear()
 
 
 @pytest.mark.parametrize("status", ["STATUS_FAILED", "STATUS_DELETING"])
@@ -233,8 +262,10 @@ def test_endpoints_in_gateway_order_without_duplicates_and_unreadable_skipped() 
     fake.add_gateway("gw-3", endpoint="b.example.com")
     did = fake.add_deployment()
     fake.deployments[did]["spec"]["gatewayIds"] = ["gw-1", "missing", "gw-2", "gw-3"]
-    api = fake.client()
+    api = fake.client(max_retries=1)
     dep = api.get_deployment(did)
+    fake.inject("GET", "/gateways/gw-2", _dropped)  # unreachable once: skipped like a missing one
+    assert lifecycle.endpoints(api, dep) == ("a.example.com", "b.example.com")
     assert lifecycle.endpoints(api, dep) == ("a.example.com", "b.example.com")
     view = lifecycle.deployment_view(api, dep)
     assert view["endpoints"] == ["a.example.com", "b.example.com"]

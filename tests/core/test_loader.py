@@ -13,6 +13,7 @@ import pytest
 from fakeapi import FakeAPI, error_response
 
 from cwtrain.errors import (
+    ConfigError,
     CWTrainError,
     HotLoadFailedError,
     HotLoadInProgressError,
@@ -20,6 +21,7 @@ from cwtrain.errors import (
     HotLoadVerificationError,
     SnapshotConflictError,
     SnapshotError,
+    UsageError,
 )
 from cwtrain.hotload.codec import DeltaEncoder
 from cwtrain.hotload.loader import HotLoader, ProgressEvent
@@ -99,6 +101,15 @@ def test_publish_full_then_delta_directories(
     assert full.state is HotLoadState.COMPLETED and full.type is SnapshotType.FULL
     assert "hotload/run-v000000/model.safetensors.index.json" in _keys(s3, bucket, "hotload/run-v000000/")
     assert events and events[-1].ready == events[-1].total == 2
+    # one stream: the upload's events, the last with every byte stored, then the hot-load's polls
+    stages = [e.stage for e in events]
+    assert stages[0] == "upload" and "hot_load" in stages
+    assert stages == sorted(stages, key=["upload", "hot_load"].index)
+    uploads = [e for e in events if e.stage == "upload"]
+    assert uploads[-1].bytes_done == uploads[-1].bytes_total > 0
+    assert sum(e.bytes_done >= e.bytes_total for e in uploads) == 1
+    assert {e.hot_load.identity for e in events} == {"run-v000000"}
+    assert all(e.hot_load.id == full.id for e in events if e.stage == "hot_load")
     assert loader.current_identity() == "run-v000000"
 
     delta = loader.publish(_delta_dir(tmp_path / "d1", new, base), "run-v000001", previous_identity="run-v000000")
@@ -139,8 +150,10 @@ def test_publish_tensors_full_and_delta_without_disk(s3_loader: tuple[HotLoader,
 def test_publish_refuses_a_deployment_without_hot_load(fake: FakeAPI, tmp_path: Path) -> None:
     fake.add_deployment("plain", hot_load=False)
     loader = HotLoader(fake.client(), "plain")
-    with pytest.raises(CWTrainError, match="no hotLoad block"):
+    with pytest.raises(ConfigError, match="no hotLoad block"):
         loader.publish(_full_dir(tmp_path / "f", _weights(0)), "x-v000000")
+    with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_DEPLOYMENT_ID"):
+        HotLoader(fake.client(), "")
 
 
 # ----------------------------------------------------------------------- trigger
@@ -283,6 +296,30 @@ def test_wait_tolerates_transient_errors(fake: FakeAPI) -> None:
     assert loader.wait(hot.id).state is HotLoadState.COMPLETED
 
 
+def test_waits_go_on_through_transport_errors(loader: HotLoader, fake: FakeAPI) -> None:
+    def dropped(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection reset")
+
+    loader.client.max_retries = 1
+    hot = loader.trigger("x")
+    fake.inject("GET", f"/hotLoads/{hot.id}", dropped)
+    fake.inject("GET", f"/hotLoads/{hot.id}/replicas", dropped)
+    assert loader.wait(hot.id).state is HotLoadState.COMPLETED
+
+    # single-flight: the wait for another hot-load and the listing of hot-loads go on too
+    fake.add_hot_load("other", "someone-else", state="IN_PROGRESS")
+    fake.hot_loads["other"]["_steps"] = 0
+    fake.inject("GET", "/hotLoads/other", dropped)
+    assert loader.trigger("mine", hot_load_id="fixed").id == "fixed"
+
+
+def test_waits_raise_what_is_not_transient(loader: HotLoader, fake: FakeAPI) -> None:
+    hot = loader.trigger("x")
+    fake.inject("GET", f"/hotLoads/{hot.id}", error_response(403, "permission_denied", "needs Inference Viewer"))
+    with pytest.raises(CWTrainError, match="permission_denied"):
+        loader.wait(hot.id)
+
+
 def test_progress_event_summary() -> None:
     from cwtrain.infra.models import HotLoad, HotLoadReplica
 
@@ -338,7 +375,7 @@ def test_rollback_copies_the_completed_hot_load(
     back = loader.rollback("r-v000000")
     assert back.state is HotLoadState.COMPLETED and back.identity == "r-v000000" and back.type is SnapshotType.FULL
     assert loader.current_identity() == "r-v000000"
-    with pytest.raises(CWTrainError, match="no COMPLETED hot-load of 'never'"):
+    with pytest.raises(UsageError, match="no COMPLETED hot-load of 'never'"):
         loader.rollback("never")
 
 
@@ -376,7 +413,7 @@ def test_check_snapshot_access(s3_loader: tuple[HotLoader, Any, str]) -> None:
 def test_wait_lets_replicas_catch_up_after_completed(
     loader: HotLoader, fake: FakeAPI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import cwtrain.hotload.loader as loader_module
+    import cwtrain.hotload.follow as follow_module
 
     hot = loader.trigger("x")
 
@@ -392,7 +429,7 @@ def test_wait_lets_replicas_catch_up_after_completed(
     assert events[-1].ready == 2 and any(e.hot_load.terminal and e.ready == 1 for e in events)
 
     # A replica that never catches up: the aggregate state decides after the grace period.
-    monkeypatch.setattr(loader_module, "_CATCH_UP", 0.05)
+    monkeypatch.setattr(follow_module, "CATCH_UP_SECONDS", 0.05)
     hot = loader.trigger("y")
     loader.wait(hot.id)
     for _ in range(10**3):

@@ -103,7 +103,7 @@ def test_progress_renders_bytes_rate_and_eta_on_a_terminal(
 
     screen = Terminal()
     progress = ByteProgress("uploading tty", total, stream=screen, interval=0.0)
-    upload_snapshot(snap, bucket=bucket, identity="tty", s3=s3, part_size=PART, on_progress=progress)
+    upload_snapshot(snap, bucket=bucket, identity="tty", s3=s3, part_size=PART, on_progress=progress.add)
     progress.close()
     assert progress.done == total
     last = screen.getvalue().rsplit("\r", 1)[-1]

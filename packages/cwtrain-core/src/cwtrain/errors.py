@@ -4,9 +4,10 @@ Every error cwtrain raises on purpose derives from :class:`CWTrainError`. The tr
 keeps "you misused it" apart from "the remote failed", and "the transport failed"
 apart from "the server said no"::
 
-    CWTrainError                      plain instances: configuration problems
-    ├── ConfigError (ValueError)      a bad environment variable or option value
-    ├── UsageError (ValueError)       misuse of the API, refused before any I/O
+    CWTrainError                      plain instances: a failure with no branch of its own
+    ├── ConfigError (ValueError)      a bad environment variable, option or deployment setting
+    ├── UsageError (ValueError)       misuse: wrong arguments or calls in the wrong order
+    ├── TransportError                no usable answer at all (connection, timeout, non-JSON 2xx)
     ├── APIError                      the control plane answered with an error code
     │   ├── InvalidArgumentError      invalid_argument (3)
     │   ├── NotFoundError             not_found (5)
@@ -16,7 +17,6 @@ apart from "the server said no"::
     │   │   └── HotLoadInProgressError    ... "already in progress"
     │   ├── UnimplementedError        unimplemented (12)
     │   ├── UnavailableError          unavailable (14), transient
-    │   │   └── TransportError        no answer at all (connection, timeout, non-JSON 2xx)
     │   └── UnauthenticatedError      unauthenticated (16)
     ├── LifecycleError                a deployment or gateway wait or delete failed
     ├── SnapshotError                 a snapshot is malformed or cannot be published
@@ -30,6 +30,17 @@ apart from "the server said no"::
     │   ├── HotLoadVerificationError  completed, but replicas do not serve the identity
     │   └── HotLoadTimeoutError       the time budget ran out
     └── RolloutError                  sampling from the completions endpoint failed
+
+Retrying: ``error.transient`` on a :class:`TransportError` (always) or an
+:class:`APIError` (``unavailable``, ``deadline_exceeded``, ``resource_exhausted``, HTTP
+500/502/503/504) says the same call may succeed; the waits catch both branches::
+
+    try:
+        hot_load = client.get_hot_load(hot_load_id)
+    except (APIError, TransportError) as error:
+        if not error.transient:
+            raise
+        log.warning("still waiting (%s)", error)
 
 Every class pickles with its fields (Ray moves errors between processes): the base
 class rebuilds instances without calling ``__init__`` again.
@@ -86,11 +97,43 @@ class CWTrainError(Exception):
 
 
 class ConfigError(CWTrainError, ValueError):
-    """A configuration value (environment variable, option, config key) is invalid."""
+    """A configuration value is invalid: a variable, option, config key or deployment setting.
+
+    The last covers a deployment that lacks what the call needs (no ``hotLoad`` block).
+    """
 
 
 class UsageError(CWTrainError, ValueError):
-    """The API was called in a way that cannot work; refused before any I/O."""
+    """The API was called in a way that cannot work: wrong arguments, or calls in the wrong order.
+
+    Refused before any I/O wherever the arguments alone show it.
+    """
+
+
+# --------------------------------------------------------------------- transport
+
+
+class TransportError(CWTrainError):
+    """No usable answer from the control plane; always transient.
+
+    The connection was refused or dropped, the request timed out, or a 2xx body was
+    not JSON. Not an :class:`APIError`: the service never said no (it may not have seen the
+    request). The message reads ``unavailable: <what failed>``, as a proxy's answer would.
+
+    Attributes:
+        message: what failed and where (no secrets).
+        http_status: the HTTP status when a response came back (a non-JSON 2xx), else ``None``.
+    """
+
+    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+        self.message = message
+        self.http_status = http_status
+        super().__init__(f"unavailable: {message}")
+
+    @property
+    def transient(self) -> bool:
+        """Always ``True``: the same call may succeed once the network recovers."""
+        return True
 
 
 # --------------------------------------------------------------------------- API
@@ -104,7 +147,10 @@ class APIError(CWTrainError):
         message: the service's message.
         http_status: the HTTP status, when there was a response.
         details: the ``details`` array of the error body.
+        retry_after: seconds the service asked to wait (``Retry-After``), else ``None``.
     """
+
+    retry_after: float | None = None
 
     def __init__(
         self,
@@ -158,13 +204,6 @@ class UnimplementedError(APIError):
 
 class UnavailableError(APIError):
     """``unavailable``: the service is temporarily unable to answer; retry."""
-
-
-class TransportError(UnavailableError):
-    """No usable answer: connection refused or dropped, timeout, non-JSON 2xx body."""
-
-    def __init__(self, message: str, *, http_status: int | None = None) -> None:
-        super().__init__("unavailable", message, http_status=http_status)
 
 
 class UnauthenticatedError(APIError):

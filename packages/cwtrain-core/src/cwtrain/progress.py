@@ -1,8 +1,19 @@
 """Progress of long work: bytes, rate and ETA on a terminal, structured log events otherwise.
 
-Library functions take an ``on_progress`` callback; the CLI passes a
-:class:`ByteProgress` instance, which renders to stderr. Thread-safe: uploads call it
-from worker threads.
+The library reports progress through ``on_progress`` callbacks that receive
+:class:`~cwtrain.hotload.follow.ProgressEvent` objects (``HotLoader.publish``,
+``upload``, ``wait``). :class:`ByteProgress` is the terminal display the CLI passes
+there; it draws the upload events::
+
+    from cwtrain.progress import ByteProgress
+
+    progress = ByteProgress("uploading run1-v000007")
+    loader.publish("ckpt/step-7", "run1-v000007", on_progress=progress)
+    # uploading run1-v000007: 1.5 GiB/3.0 GiB (50%) 210.4 MiB/s ETA 7s
+
+Lower layers that count raw bytes (the uploader's and the codec's byte callbacks) feed
+:meth:`ByteProgress.add` instead, and :meth:`ByteProgress.close` ends the line. Both
+entry points are thread-safe: uploads report from worker threads.
 """
 
 from __future__ import annotations
@@ -11,7 +22,10 @@ import logging
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from cwtrain.hotload.follow import ProgressEvent
 
 __all__ = ["ByteProgress", "format_bytes", "format_seconds"]
 
@@ -42,15 +56,23 @@ def format_seconds(seconds: float) -> str:
 class ByteProgress:
     """Counts bytes done out of a total and reports them.
 
-    On a terminal it redraws one stderr line at most every ``interval`` seconds;
-    otherwise it logs an INFO event at most every ``log_interval`` seconds, with
+    On a terminal it redraws one stderr line at most every ``interval`` seconds, and
+    ends the line at the last upload event or :meth:`close`; otherwise it logs an INFO
+    event at most every ``log_interval`` seconds and once all is done, with
     ``extra={"progress": {...}}`` for structured handlers.
+
+    Args:
+        label: the text before the counts.
+        total: bytes expected (upload events carry their own).
+        stream: where to draw (default stderr).
+        interval: seconds between redraws on a terminal.
+        log_interval: seconds between log events otherwise.
     """
 
     def __init__(
         self,
         label: str,
-        total: int,
+        total: int = 0,
         *,
         stream: TextIO | None = None,
         interval: float = 0.2,
@@ -63,17 +85,37 @@ class ByteProgress:
         self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
         self._interval = interval if self._tty else log_interval
         self._start = time.monotonic()
-        self._last = 0.0
+        self._last = float("-inf")  # the first update is always drawn
+        self._ended = False
         self._lock = threading.Lock()
 
-    def __call__(self, nbytes: int) -> None:
-        """Add ``nbytes`` done (the signature of an ``on_progress`` byte callback)."""
+    def __call__(self, event: ProgressEvent) -> None:
+        """Draw an upload event (the ``on_progress`` of ``HotLoader.publish``/``upload``).
+
+        Events of other stages are left to the loader's log lines. The last upload
+        event (every byte stored) is always drawn and, on a terminal, ends the line.
+        """
+        if event.stage != "upload":
+            return
+        with self._lock:
+            if self._ended:
+                return
+            self.done, self.total = event.bytes_done, max(0, event.bytes_total)
+            self._update(final=self.done >= self.total)
+
+    def add(self, nbytes: int) -> None:
+        """Add ``nbytes`` done (a raw byte callback: the uploader's or the codec's ``on_progress``)."""
         with self._lock:
             self.done += nbytes
-            now = time.monotonic()
-            if now - self._last >= self._interval or self.done >= self.total:
-                self._last = now
-                self._render(now)
+            self._update(final=False)
+
+    def _update(self, *, final: bool) -> None:
+        now = time.monotonic()
+        if final or now - self._last >= self._interval or self.done >= self.total:
+            self._last = now
+            self._render(now)
+        if final:
+            self._end_line()
 
     def line(self, now: float | None = None) -> str:
         """The current progress as text: done/total, percent, rate, ETA."""
@@ -94,10 +136,16 @@ class ByteProgress:
         else:
             log.info(text, extra={"progress": {"label": self.label, "done": self.done, "total": self.total}})
 
+    def _end_line(self) -> None:
+        self._ended = True
+        if self._tty:
+            self._stream.write("\n")
+            self._stream.flush()
+
     def close(self) -> None:
-        """Finish the line on a terminal."""
+        """Draw the final state and finish the line on a terminal (nothing when already ended)."""
         with self._lock:
+            if self._ended:
+                return
             self._render(time.monotonic())
-            if self._tty:
-                self._stream.write("\n")
-                self._stream.flush()
+            self._end_line()

@@ -9,15 +9,15 @@ local stack) happen inside handlers.
 
 Output rules: stdout carries exactly one JSON document (see
 :func:`cwtrain.cli.output.emit`), stderr logs and progress. Exit codes: 0 success,
-1 any :class:`~cwtrain.errors.CWTrainError`, object-store or credential error,
-2 usage error. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
+1 any :class:`~cwtrain.errors.CWTrainError`, ``OSError``, object-store or credential
+error, 130 interrupted (the table is :data:`cwtrain.cli.errors.ERROR_EXITS`), 2 usage
+error found by argparse. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -25,7 +25,8 @@ from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 from cwtrain._version import __version__
-from cwtrain.errors import CWTrainError
+from cwtrain.cli.errors import fail
+from cwtrain.config import env_bool
 
 __all__ = ["CORE_GROUPS", "CLIParser", "build_parser", "main"]
 
@@ -97,11 +98,6 @@ def _configure_logging(verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
-def _is_store_error(exc: BaseException) -> bool:
-    """Object-store client and credential errors (botocore), which also exit 1."""
-    return type(exc).__module__.startswith(("botocore", "boto3", "s3transfer"))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting (testable in-process)."""
     parser = build_parser()
@@ -109,28 +105,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return int(exc.code) if isinstance(exc.code, int) else 2
-    debug = bool(args.verbose) or os.environ.get("CWTRAIN_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
-    _configure_logging(debug)
-    handler: Any = getattr(args, "func", None)
-    if handler is None:
-        parser.parse_args([*(argv or sys.argv[1:]), "--help"])
-        return 2
+    debug = bool(args.verbose)
     try:
+        debug = env_bool("CWTRAIN_DEBUG", False) or debug  # a bad value is a ConfigError naming it
+        _configure_logging(debug)
+        handler: Any = getattr(args, "func", None)
+        if handler is None:
+            parser.parse_args([*(argv or sys.argv[1:]), "--help"])
+            return 2
         return int(handler(args))
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except (CWTrainError, OSError) as exc:
-        return _fail(exc, debug)
-    except Exception as exc:
-        if _is_store_error(exc):
-            return _fail(exc, debug)
-        raise
-
-
-def _fail(exc: BaseException, debug: bool) -> int:
-    if debug:
-        log.exception("command failed")
-    line = " ".join((str(exc) or type(exc).__name__).split())
-    print(f"error: {line}", file=sys.stderr)
-    return 1
+    except BaseException as exc:
+        code = fail(exc, debug=debug)
+        if code is None:
+            raise
+        return code

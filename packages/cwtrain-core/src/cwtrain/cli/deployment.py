@@ -22,7 +22,7 @@ from typing import Any
 
 from cwtrain.cli.options import add_delete_command, client_from_args, command_group, delete_resource, positive_float
 from cwtrain.cli.output import emit
-from cwtrain.errors import APIError, LifecycleError
+from cwtrain.errors import APIError, LifecycleError, TransportError
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 
@@ -77,7 +77,7 @@ def _deployment_create(args: argparse.Namespace) -> int:
 def _emit_latest(api: InferenceClient, deployment_id: str) -> None:
     try:
         emit(lifecycle.deployment_view(api, api.get_deployment(deployment_id)))
-    except APIError as error:
+    except (APIError, TransportError) as error:
         log.warning("cannot read deployment %s: %s", deployment_id, error)
 
 

@@ -21,13 +21,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from cwtrain.cli.options import client_from_args, positive_float, positive_int
 from cwtrain.cli.output import emit
-from cwtrain.errors import CWTrainError, HotLoadFailedError
+from cwtrain.errors import ConfigError, HotLoadFailedError, UsageError
+from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
 from cwtrain.infra.models import HotLoad
+from cwtrain.polling import Budget
+
+if TYPE_CHECKING:
+    from cwtrain.hotload.loader import HotLoader
 
 __all__ = ["register"]
 
@@ -113,7 +119,7 @@ def _policy(args: argparse.Namespace) -> PromptCachePolicy | None:
     return PromptCachePolicy.RESET_ALL if args.reset_prompt_cache else None
 
 
-def _loader(args: argparse.Namespace, api: Any, deployment_id: str) -> Any:
+def _loader(args: argparse.Namespace, api: InferenceClient, deployment_id: str) -> HotLoader:
     from cwtrain.hotload.loader import HotLoader
 
     return HotLoader(
@@ -136,14 +142,13 @@ def _finish(hot_load: HotLoad, error: HotLoadFailedError | None = None) -> int:
     return 0
 
 
-def _wait_and_finish(loader: Any, hot_load: HotLoad, args: argparse.Namespace, timeout: float) -> int:
-    if args.no_wait:
-        return _finish(hot_load)
+def _print_outcome(run: Callable[[], HotLoad]) -> int:
+    """Run a library call that returns a hot-load (waited for or not) and print how it ended."""
     try:
-        final = loader.wait(hot_load.id, timeout=timeout)
+        hot_load = run()
     except HotLoadFailedError as error:
         return _finish(error.hot_load, error)
-    return _finish(final)
+    return _finish(hot_load)
 
 
 # --------------------------------------------------------------------- commands
@@ -158,51 +163,47 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    import time
-
-    from cwtrain.hotload.inspect import inspect_snapshot
     from cwtrain.progress import ByteProgress
 
-    start = time.monotonic()
-    info = inspect_snapshot(args.checkpoint, previous_identity=args.previous_identity)
     with client_from_args(args) as api:
         loader = _loader(args, api, args.deployment)
-        progress = ByteProgress(f"uploading {args.identity}", info.total_bytes)
-        loader.upload(info, args.identity, workers=args.workers, on_progress=progress)
-        if sys.stderr.isatty():  # finish the redrawn line (a log line was already written otherwise)
-            progress.close()
-        remaining = max(1e-3, args.timeout - (time.monotonic() - start))
-        loader.wait_for_deployment_ready(timeout=remaining)
-        remaining = max(1e-3, args.timeout - (time.monotonic() - start))
-        hot_load = loader.trigger(args.identity, info, prompt_cache_policy=_policy(args), timeout=remaining)
-        remaining = max(1e-3, args.timeout - (time.monotonic() - start))
-        return _wait_and_finish(loader, hot_load, args, remaining)
+        progress = ByteProgress(f"uploading {args.identity}")
+        return _print_outcome(
+            lambda: loader.publish(
+                args.checkpoint,
+                args.identity,
+                previous_identity=args.previous_identity,
+                prompt_cache_policy=_policy(args),
+                wait=not args.no_wait,
+                timeout=args.timeout,
+                workers=args.workers,
+                on_progress=progress,
+            )
+        )
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    import time
-
-    start = time.monotonic()
     with client_from_args(args) as api:
         loader = _loader(args, api, args.deployment)
-        hot_load = loader.trigger(
-            args.identity,
-            previous_identity=args.previous_identity,
-            prompt_cache_policy=_policy(args),
-            timeout=args.timeout,
-        )
-        return _wait_and_finish(loader, hot_load, args, max(1e-3, args.timeout - (time.monotonic() - start)))
+        budget = Budget(args.timeout)  # one budget: single-flight wait, then completion
+
+        def trigger_and_wait() -> HotLoad:
+            hot_load = loader.trigger(
+                args.identity,
+                previous_identity=args.previous_identity,
+                prompt_cache_policy=_policy(args),
+                timeout=budget.remaining,
+            )
+            return hot_load if args.no_wait else loader.wait(hot_load.id, timeout=max(budget.remaining, 1e-3))
+
+        return _print_outcome(trigger_and_wait)
 
 
 def _wait(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
         hot_load = api.get_hot_load(args.hot_load_id)
         loader = _loader(args, api, hot_load.deployment_id or "unknown")
-        try:
-            final = loader.wait(hot_load.id, timeout=args.timeout)
-        except HotLoadFailedError as error:
-            return _finish(error.hot_load, error)
-        return _finish(final)
+        return _print_outcome(lambda: loader.wait(hot_load.id, timeout=args.timeout))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -225,16 +226,16 @@ def _check(args: argparse.Namespace) -> int:
 
     if args.deployment:
         if args.bucket:
-            raise CWTrainError("give either --deployment or --bucket/--prefix, not both")
+            raise UsageError("give either --deployment or --bucket/--prefix, not both")
         with client_from_args(args) as api:
             deployment = api.get_deployment(args.deployment)
         if deployment.hot_load is None or not deployment.hot_load.bucket:
-            raise CWTrainError(f"deployment {deployment.id} has no hotLoad block: nothing to check")
+            raise ConfigError(f"deployment {deployment.id} has no hotLoad block: nothing to check")
         bucket, prefix = deployment.hot_load.bucket, deployment.hot_load.path_prefix.strip("/")
     elif args.bucket:
         bucket, prefix = args.bucket, (args.prefix or "").strip("/")
     else:
-        raise CWTrainError("hotload check needs --deployment ID, or --bucket B [--prefix P]")
+        raise UsageError("hotload check needs --deployment ID, or --bucket B [--prefix P]")
     uri = check_snapshot_access(s3_client(), bucket, prefix)
     emit({"deployment": args.deployment, "bucket": bucket, "path_prefix": prefix, "uri": str(uri), "result": "ok"})
     return 0
@@ -243,8 +244,11 @@ def _check(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
         loader = _loader(args, api, args.deployment)
-        hot_load = loader.rollback(args.identity, prompt_cache_policy=_policy(args), wait=False, timeout=args.timeout)
-        return _wait_and_finish(loader, hot_load, args, args.timeout)
+        return _print_outcome(
+            lambda: loader.rollback(
+                args.identity, prompt_cache_policy=_policy(args), wait=not args.no_wait, timeout=args.timeout
+            )
+        )
 
 
 def _cancel(args: argparse.Namespace) -> int:

@@ -74,7 +74,7 @@ def _diff(args: argparse.Namespace) -> int:
         version=args.version,
         base_version=args.base_version,
         workers=args.workers,
-        on_progress=progress,
+        on_progress=progress.add,
     )
     progress.close()
     emit(stats.to_json())

@@ -29,7 +29,7 @@ from cwtrain.hotload.errors import (
 
 _LAZY = {
     "HotLoader": "cwtrain.hotload.loader",
-    "ProgressEvent": "cwtrain.hotload.loader",
+    "ProgressEvent": "cwtrain.hotload.follow",
     "SnapshotInfo": "cwtrain.hotload.inspect",
     "inspect_snapshot": "cwtrain.hotload.inspect",
     "delta_index_for_upload": "cwtrain.hotload.inspect",

@@ -20,12 +20,23 @@ name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.TensorData
 encoded by :mod:`cwtrain.hotload.codec` and streamed into the deployment's
 :class:`~cwtrain.hotload.store.SnapshotStore` (``loader.store``) without touching disk.
 
+Progress: ``on_progress`` (of ``publish``, ``upload`` and ``wait``) receives
+:class:`~cwtrain.hotload.follow.ProgressEvent` objects, one type throughout: upload
+events (bytes stored of the total, a few a second, the last with every byte), then one
+per poll of the hot-load::
+
+    from cwtrain.progress import ByteProgress
+
+    loader.publish("ckpt/step-7", "run1-v000007", on_progress=ByteProgress("uploading"))
+    loader.publish("ckpt/step-8", "run1-v000008", on_progress=lambda e: print(e.summary()))
+
 One hot-load at a time (single-flight): when the service says another is in progress,
 ``trigger`` adopts it if it is this request's earlier attempt (same ``hotLoadId``),
 otherwise waits for it to end and re-sends with the same id, all inside the budget.
 ``wait`` returns once the aggregate state is COMPLETED and every replica serves the
 identity; FAILED or CANCELED raise :class:`~cwtrain.errors.HotLoadFailedError`;
-transient API errors during the wait are logged and polling goes on.
+transient API errors and transport errors during the wait are logged and polling goes
+on (:mod:`cwtrain.hotload.follow`).
 
 Chain accounting: a delta whose resolved chain would exceed the cold-start limit (63
 deltas after the last FULL snapshot) is refused before anything is uploaded; publish a
@@ -37,29 +48,35 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import (
     APIError,
-    CWTrainError,
+    ConfigError,
     FailedPreconditionError,
-    HotLoadFailedError,
     HotLoadInProgressError,
-    HotLoadTimeoutError,
     HotLoadVerificationError,
     SnapshotError,
+    TransportError,
+    UsageError,
 )
 from cwtrain.hotload import chain
+from cwtrain.hotload.follow import (
+    HotLoadStatus,
+    ProgressEvent,
+    UploadProgress,
+    wait_for_hot_load,
+    wait_until_terminal,
+)
 from cwtrain.hotload.identity import validate_identity
 from cwtrain.hotload.store import SnapshotStore
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
-from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, SnapshotType
+from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
 from cwtrain.infra.models import Deployment, HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
+from cwtrain.polling import Budget
 
 if TYPE_CHECKING:
     from cwtrain.hotload.inspect import SnapshotInfo
@@ -67,72 +84,6 @@ if TYPE_CHECKING:
 __all__ = ["HotLoadStatus", "HotLoader", "ProgressEvent"]
 
 log = logging.getLogger(__name__)
-
-_LOG_EVERY = 60.0
-_CATCH_UP = 30.0  # seconds replicas may lag behind a COMPLETED aggregate state
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    """One poll of a hot-load: the hot-load, its replicas, and counts.
-
-    Attributes:
-        hot_load: the hot-load as last read.
-        replicas: its replicas (all pages).
-        elapsed: seconds since the wait began.
-        ready: replicas READY on the hot-load's identity.
-        total: replicas listed.
-    """
-
-    hot_load: HotLoad
-    replicas: tuple[HotLoadReplica, ...] = ()
-    elapsed: float = 0.0
-    ready: int = 0
-    total: int = 0
-
-    @classmethod
-    def of(cls, hot_load: HotLoad, replicas: builtins.list[HotLoadReplica], elapsed: float) -> ProgressEvent:
-        """Build an event, counting the replicas caught up on the identity."""
-        ready = sum(1 for r in replicas if r.caught_up(hot_load.identity))
-        return cls(hot_load, tuple(replicas), elapsed, ready, len(replicas))
-
-    def summary(self) -> str:
-        """``in_progress after 12s (ready=1, updating=3)``."""
-        counts: dict[str, int] = {"ready": self.ready}
-        for replica in self.replicas:
-            if replica.caught_up(self.hot_load.identity):
-                continue
-            name = replica.state.name.lower() if replica.state is not ReplicaState.READY else "ready_on_other"
-            counts[name] = counts.get(name, 0) + 1
-        parts = ", ".join(f"{k}={v}" for k, v in counts.items())
-        return f"{self.hot_load.state.name.lower()} after {self.elapsed:.0f}s ({parts})"
-
-
-class HotLoadStatus(NamedTuple):
-    """A hot-load and all its replicas (``hotload status``)."""
-
-    hot_load: HotLoad
-    replicas: builtins.list[HotLoadReplica]
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"hot_load": <hot-load view>, "replicas": [<replica view>, ...]}``."""
-        return {"hot_load": self.hot_load.to_json(), "replicas": [r.to_json() for r in self.replicas]}
-
-
-@dataclass
-class _Budget:
-    """One time budget shared by the steps of a call."""
-
-    total: float
-    start: float = field(default_factory=time.monotonic)
-
-    @property
-    def remaining(self) -> float:
-        return max(0.0, self.total - (time.monotonic() - self.start))
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
 
 
 class HotLoader:
@@ -156,7 +107,7 @@ class HotLoader:
         poll_interval: float = 5.0,
     ) -> None:
         if not deployment_id:
-            raise CWTrainError("HotLoader needs a deployment id (CWTRAIN_HOTLOAD_DEPLOYMENT_ID)")
+            raise ConfigError("HotLoader needs a deployment id (CWTRAIN_HOTLOAD_DEPLOYMENT_ID)")
         self.client = client
         self.deployment_id = deployment_id
         self.timeout = float(timeout)
@@ -184,7 +135,7 @@ class HotLoader:
 
     @property
     def deployment(self) -> Deployment:
-        """The deployment (read once, cached); ``CWTrainError`` when it has no ``hotLoad``."""
+        """The deployment (read once, cached); ``ConfigError`` (a ``CWTrainError``) when it has no ``hotLoad``."""
         if self._deployment is None:
             return self.refresh_deployment()
         return self._deployment
@@ -193,7 +144,7 @@ class HotLoader:
         """Re-read the deployment and check that hot-load is enabled on it."""
         deployment = self.client.get_deployment(self.deployment_id)
         if deployment.hot_load is None or not deployment.hot_load.bucket:
-            raise CWTrainError(
+            raise ConfigError(
                 f"deployment {self.deployment_id} ({deployment.name}) has no hotLoad block, so it cannot hot-load; "
                 "hotLoad is only settable at creation: create a deployment with hotLoad {bucket, pathPrefix}"
             )
@@ -220,7 +171,7 @@ class HotLoader:
             poll_interval=self.poll_interval if poll_interval is None else poll_interval,
         )
         if deployment.hot_load is None:
-            raise CWTrainError(f"deployment {self.deployment_id} has no hotLoad block, so it cannot hot-load")
+            raise ConfigError(f"deployment {self.deployment_id} has no hotLoad block, so it cannot hot-load")
         self._deployment = deployment
         return deployment
 
@@ -316,7 +267,7 @@ class HotLoader:
             incremental = IncrementalSnapshotMetadata(previous)
         policy = PromptCachePolicy.parse(prompt_cache_policy)
         hot_load_id = hot_load_id or str(uuid.uuid4())
-        budget = _Budget(self.timeout if timeout is None else timeout)
+        budget = Budget(self.timeout if timeout is None else timeout)
         while True:
             try:
                 return self.client.create_hot_load(
@@ -334,7 +285,7 @@ class HotLoader:
                 if active is not None and active.id == hot_load_id:
                     log.info("hot-load %s is this request's earlier attempt; adopting it", hot_load_id)
                     return active
-                if not wait_for_active or budget.remaining <= 0:
+                if not wait_for_active or budget.spent:
                     raise HotLoadInProgressError(
                         "failed_precondition",
                         f"another hot-load ({active.id if active else 'unknown'}) of deployment "
@@ -350,30 +301,18 @@ class HotLoader:
                         active.identity,
                         hot_load_id,
                     )
-                    self._wait_terminal(active.id, budget)
+                    wait_until_terminal(self.client, active.id, budget, interval=self.poll_interval)
                 else:
-                    time.sleep(min(self.poll_interval, budget.remaining))
+                    budget.sleep(self.poll_interval)
 
     def _active_or_none(self) -> HotLoad | None:
         try:
             return self.active_hot_load()
-        except APIError as error:
+        except (APIError, TransportError) as error:
             if not error.transient:
                 raise
             log.warning("cannot list hot-loads (%s)", error)
             return None
-
-    def _wait_terminal(self, hot_load_id: str, budget: _Budget) -> None:
-        """Wait until another hot-load ends (its failure is not ours) or the budget is spent."""
-        while budget.remaining > 0:
-            try:
-                if self.client.get_hot_load(hot_load_id).terminal:
-                    return
-            except APIError as error:
-                if not error.transient:
-                    raise
-                log.warning("transient error while waiting for hot-load %s: %s", hot_load_id, error)
-            time.sleep(min(self.poll_interval, budget.remaining))
 
     # ------------------------------------------------------------------------ wait
 
@@ -391,55 +330,21 @@ class HotLoader:
         Returns once the state is COMPLETED and every replica is READY on the identity.
         The aggregate state decides: replicas still lagging 30 s (or ten polls) after
         COMPLETED, or when the budget is spent, are logged as a warning and the hot-load
-        is returned (:meth:`verify_served` is the strict check).
+        is returned (:meth:`verify_served` is the strict check). ``on_progress`` gets a
+        hot-load :class:`ProgressEvent` on every poll.
 
         Raises:
             HotLoadFailedError: FAILED or CANCELED (unless ``raise_on_failure=False``).
             HotLoadTimeoutError: the budget ran out before the hot-load ended.
         """
-        budget = _Budget(self.timeout if timeout is None else timeout)
-        interval = self.poll_interval if poll_interval is None else poll_interval
-        hot_load: HotLoad = HotLoad(id=hot_load_id)
-        replicas: builtins.list[HotLoadReplica] = []
-        last_summary, last_log = "", 0.0
-        completed_at: float | None = None
-        while True:
-            try:
-                hot_load = self.client.get_hot_load(hot_load_id)
-                replicas = self.client.list_hot_load_replicas(hot_load_id)
-            except APIError as error:
-                if not error.transient:
-                    raise
-                log.warning("hot-load %s: transient error while waiting (%s); still waiting", hot_load_id, error)
-            else:
-                event = ProgressEvent.of(hot_load, replicas, budget.elapsed)
-                summary = event.summary()
-                state_part = summary.split(" after ")[0] + summary[summary.find("(") :]
-                if state_part != last_summary or budget.elapsed - last_log >= _LOG_EVERY:
-                    log.info("hot-load %s of %r: %s", hot_load.id, hot_load.identity, summary)
-                    last_summary, last_log = state_part, budget.elapsed
-                if on_progress is not None:
-                    on_progress(event)
-                if hot_load.state in (HotLoadState.FAILED, HotLoadState.CANCELED):
-                    if raise_on_failure:
-                        raise HotLoadFailedError(hot_load, replicas)
-                    return hot_load
-                if hot_load.state is HotLoadState.COMPLETED:
-                    if event.ready == event.total:
-                        return hot_load
-                    completed_at = budget.elapsed if completed_at is None else completed_at
-                    if budget.remaining <= 0 or budget.elapsed - completed_at >= max(_CATCH_UP, 10 * interval):
-                        log.warning(
-                            "hot-load %s COMPLETED but %d/%d replicas serve %r",
-                            hot_load.id,
-                            event.ready,
-                            event.total,
-                            hot_load.identity,
-                        )
-                        return hot_load
-            if budget.remaining <= 0:
-                raise HotLoadTimeoutError(hot_load, replicas, budget.total)
-            time.sleep(min(interval, budget.remaining))
+        return wait_for_hot_load(
+            self.client,
+            hot_load_id,
+            Budget(self.timeout if timeout is None else timeout),
+            interval=self.poll_interval if poll_interval is None else poll_interval,
+            raise_on_failure=raise_on_failure,
+            on_progress=on_progress,
+        )
 
     def verify_served(self, hot_load_id: str, identity: str) -> builtins.list[HotLoadReplica]:
         """Every replica READY on ``identity``, else :class:`HotLoadVerificationError`."""
@@ -476,13 +381,13 @@ class HotLoader:
         unless ``wait=False``.
 
         Raises:
-            CWTrainError: no COMPLETED hot-load of ``identity`` on this deployment.
+            UsageError: (a ``CWTrainError``) no COMPLETED hot-load of ``identity`` on this deployment.
             SnapshotError: its objects (or its chain's) are gone from the bucket.
         """
         validate_identity(identity)
         prior = self.completed_hot_load(identity)
         if prior is None:
-            raise CWTrainError(
+            raise UsageError(
                 f"no COMPLETED hot-load of {identity!r} on deployment {self.deployment_id}; "
                 "only identities that were served can be rolled back to (see `cwtrain hotload list`)"
             )
@@ -494,7 +399,7 @@ class HotLoader:
                 f"cannot roll back to {identity!r}: the snapshot objects of {', '.join(map(repr, missing))} are gone "
                 f"from s3://{store.bucket}/{store.path_prefix}; publish the weights again under a new identity"
             )
-        budget = _Budget(self.timeout if timeout is None else timeout)
+        budget = Budget(self.timeout if timeout is None else timeout)
         policy = prompt_cache_policy if prompt_cache_policy is not None else prior.prompt_cache_policy
         hot_load = self.trigger(
             identity,
@@ -515,7 +420,7 @@ class HotLoader:
         *,
         previous_identity: str | None = None,
         workers: int = 8,
-        on_progress: Callable[[int], None] | None = None,
+        on_progress: Callable[[ProgressEvent], None] | None = None,
     ) -> SnapshotInfo:
         """Inspect a snapshot directory and upload it under ``identity`` (no hot-load).
 
@@ -526,8 +431,9 @@ class HotLoader:
             identity: the snapshot identity.
             previous_identity: the predecessor of a delta (default: from its index).
             workers: files uploaded in parallel.
-            on_progress: called with byte counts as the store confirms them
-                (a :class:`cwtrain.progress.ByteProgress` fits).
+            on_progress: called with upload :class:`ProgressEvent` s (bytes stored of the
+                snapshot's total) a few times a second, and once when every byte is stored
+                (a :class:`cwtrain.progress.ByteProgress` renders them).
         """
         from cwtrain.hotload.inspect import SnapshotInfo, inspect_snapshot
 
@@ -541,7 +447,10 @@ class HotLoader:
         kind, previous = chain.resolve_type(info, None, None)
         if kind is SnapshotType.INCREMENTAL and previous:
             self._check_chain(identity, previous)
-        self.store.upload(info, identity, workers=workers, on_progress=on_progress)
+        events = UploadProgress(identity, info.total_bytes, on_progress) if on_progress is not None else None
+        self.store.upload(info, identity, workers=workers, on_progress=events)
+        if events is not None:
+            events.finish()
         return info
 
     def publish(
@@ -572,14 +481,16 @@ class HotLoader:
             wait: wait until every replica serves ``identity``.
             timeout: one budget for upload, readiness, single-flight and completion.
             workers: files uploaded in parallel.
-            on_progress: called with a :class:`ProgressEvent` on every poll of the wait.
+            on_progress: called with :class:`ProgressEvent` s: while a directory uploads
+                (``stage="upload"``, see :meth:`upload`), then on every poll of the wait
+                (``stage="hot_load"``). In-memory tensors report the wait only.
             base: for tensors with ``previous_identity``: the weights replicas serve now
                 (byte-exact), which the delta is computed against.
             hot_load_id: the hot-load's permanent id (default a new UUID4).
             extra_files: for tensors: other files of the snapshot (``config.json``, ...),
                 name → bytes, uploaded beside the shards.
         """
-        budget = _Budget(self.timeout if timeout is None else timeout)
+        budget = Budget(self.timeout if timeout is None else timeout)
         validate_identity(identity)
         if previous_identity:  # before anything is listed, encoded or uploaded
             validate_identity(
@@ -598,7 +509,9 @@ class HotLoader:
                 extra_files=extra_files,
             )
         else:
-            info = self.upload(checkpoint, identity, previous_identity=previous_identity, workers=workers)
+            info = self.upload(
+                checkpoint, identity, previous_identity=previous_identity, workers=workers, on_progress=on_progress
+            )
             previous_identity = None
             kind = None
         self.wait_for_deployment_ready(timeout=max(budget.remaining, 1e-3))

@@ -20,8 +20,9 @@ Configuration (explicit argument, then environment variable, then default):
 
 Errors: the service's code (Connect string or gRPC number) picks the
 :class:`~cwtrain.errors.APIError` subclass; connection failures and non-JSON 2xx bodies
-raise :class:`~cwtrain.errors.TransportError`. Tokens and header values never appear
-in logs or errors.
+raise :class:`~cwtrain.errors.TransportError`, a branch of its own (the service never
+answered, so it is not an ``APIError``). Tokens and header values never appear in logs
+or errors.
 
 Retries (section 10): reads and the creates that carry a client-chosen id are retried
 on transport errors, 429 (honouring ``Retry-After``, capped at 30 s), ``unavailable``,
@@ -174,8 +175,8 @@ def _error_from_response(response: httpx.Response) -> APIError:
     return api_error(_code_of(body, response.status_code), message, http_status=response.status_code, details=details)
 
 
-def _retryable(error: APIError) -> bool:
-    return isinstance(error, TransportError) or error.transient or error.http_status == 429
+def _retryable(error: APIError | TransportError) -> bool:
+    return error.transient or error.http_status == 429
 
 
 def _retry_after(response: httpx.Response | None) -> float | None:
@@ -283,7 +284,7 @@ class InferenceClient:
         return text
 
     def _send(self, method: str, path: str, params: Any, body: Any) -> Any:
-        """One attempt: the parsed JSON body, or an :class:`APIError`."""
+        """One attempt: the parsed JSON body, else an :class:`APIError` or a :class:`TransportError`."""
         try:
             response = self._http.request(method, path, params=params, json=body)
         except httpx.HTTPError as exc:
@@ -296,7 +297,7 @@ class InferenceClient:
         log.debug("%s %s -> HTTP %d", method, path, response.status_code)
         if response.status_code >= 400:
             error = _error_from_response(response)
-            error.retry_after = _retry_after(response)  # type: ignore[attr-defined]
+            error.retry_after = _retry_after(response)
             raise error
         if not response.content.strip():
             return {}
@@ -322,11 +323,11 @@ class InferenceClient:
         for attempt in range(1, attempts + 1):
             try:
                 result = self._send(method, path, params, body)
-            except APIError as error:
+            except (APIError, TransportError) as error:
                 if attempt >= attempts or not _retryable(error):
                     raise
                 wait = delay * (1 + random.uniform(0, 0.25))
-                hinted = getattr(error, "retry_after", None)
+                hinted = error.retry_after if isinstance(error, APIError) else None
                 if hinted is not None:
                     wait = max(wait, hinted)
                 log.info("%s %s: %s; retry %d/%d in %.1fs", method, path, error, attempt, attempts - 1, wait)
@@ -431,7 +432,7 @@ class InferenceClient:
             owner = ""
             try:
                 owner = next((r.id for r in list_all() if r.name == name), "")
-            except APIError as exc:
+            except (APIError, TransportError) as exc:
                 log.debug("could not list %ss to name the owner of %r: %s", kind, name, exc)
             raise AlreadyExistsError(
                 "already_exists",

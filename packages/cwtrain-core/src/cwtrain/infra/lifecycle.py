@@ -12,8 +12,8 @@ sections 8 and 9)::
     base_url = lifecycle.deployment_base_url(api, dep)       # "https://…/v1" or None
     lifecycle.delete_deployment(api, dep.id)                 # waits until GET says NOT_FOUND
 
-Waits are deadline-driven: ``STATUS_ERROR`` (recoverable) and transient API errors are
-logged and waited through; ``STATUS_FAILED`` and ``STATUS_DELETING`` end a READY wait at
+Waits poll inside one budget (:mod:`cwtrain.polling`): ``STATUS_ERROR`` (recoverable),
+transient API errors and transport errors are logged and waited through; ``STATUS_FAILED`` and ``STATUS_DELETING`` end a READY wait at
 once with the conditions' messages; a timeout says how long it waited and the last
 conditions. There is no DELETED status: a resource is gone when GET answers NOT_FOUND.
 """
@@ -24,23 +24,23 @@ import json
 import logging
 import re
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import (
     APIError,
-    CWTrainError,
     FailedPreconditionError,
     LifecycleError,
     NotFoundError,
+    TransportError,
     UsageError,
     api_error,
 )
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import ResourceStatus
 from cwtrain.infra.models import Deployment, Gateway, describe_conditions
+from cwtrain.polling import Budget, poll
 
 __all__ = [
     "LifecycleError",
@@ -73,20 +73,20 @@ def load_request(source: str | Path, *, stdin: Any = None) -> dict[str, Any]:
     """Read a JSON request body from a file (``-`` = stdin) and refuse placeholders.
 
     Raises:
-        CWTrainError: the file cannot be read, is not JSON, or is not a JSON object.
-        UsageError: a string value still holds a ``<placeholder>``.
+        UsageError: the file cannot be read, is not JSON or not a JSON object, or a
+            string value still holds a ``<placeholder>``.
     """
     name = str(source)
     try:
         text = (stdin or sys.stdin).read() if name == "-" else Path(name).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise CWTrainError(f"cannot read request file {name}: {exc}") from None
+        raise UsageError(f"cannot read request file {name}: {exc}") from None
     try:
         body = json.loads(text)
     except ValueError as exc:
-        raise CWTrainError(f"request file {name} is not valid JSON: {exc}") from None
+        raise UsageError(f"request file {name} is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise CWTrainError(f"request file {name} must hold a JSON object, not {type(body).__name__}")
+        raise UsageError(f"request file {name} must hold a JSON object, not {type(body).__name__}")
     refuse_placeholders(body, name)
     return body
 
@@ -199,16 +199,14 @@ def _wait_ready[R: (Gateway, Deployment)](
     poll_interval: float,
     on_status: Callable[[R], None] | None,
 ) -> R:
-    start = time.monotonic()
-    deadline = start + timeout
     last: R | None = None
-    last_error: APIError | None = None
-    while True:
+    last_error: APIError | TransportError | None = None
+    for _ in poll(Budget(timeout), poll_interval):
         try:
             current = get()
         except NotFoundError:
             raise LifecycleError(f"{kind} {resource_id} does not exist (deleted while waiting?)") from None
-        except APIError as error:
+        except (APIError, TransportError) as error:
             if not error.transient:
                 raise
             last_error = error
@@ -235,15 +233,12 @@ def _wait_ready[R: (Gateway, Deployment)](
                     describe_conditions(current.conditions),
                     "; waiting through it (recoverable)" if current.status is ResourceStatus.ERROR else "",
                 )
-        now = time.monotonic()
-        if now >= deadline:
-            where = (
-                f"last status {last.status.name} ({describe_conditions(last.conditions)})"
-                if last is not None
-                else f"no answer ({last_error})"
-            )
-            raise LifecycleError(f"{kind} {resource_id} was not READY after {timeout:g}s; {where}")
-        time.sleep(min(poll_interval, max(0.0, deadline - now)))
+    where = (
+        f"last status {last.status.name} ({describe_conditions(last.conditions)})"
+        if last is not None
+        else f"no answer ({last_error})"
+    )
+    raise LifecycleError(f"{kind} {resource_id} was not READY after {timeout:g}s; {where}")
 
 
 def wait_for_deployment(
@@ -294,16 +289,15 @@ def _delete(
     poll_interval: float,
     retry_precondition: bool,
 ) -> bool:
-    deadline = time.monotonic() + timeout
     accepted = False
     first = True
-    while True:
+    for _ in poll(Budget(timeout), poll_interval):
         if not accepted:
             try:
                 send()
                 accepted = True
                 log.info("%s %s: delete accepted; waiting until it is gone", kind, resource_id)
-            except APIError as error:
+            except (APIError, TransportError) as error:
                 if isinstance(error, NotFoundError) or error.http_status == 405:
                     # A 404/405 on DELETE is success only if GET agrees the resource is gone.
                     try:
@@ -325,15 +319,12 @@ def _delete(
                 get()
             except NotFoundError:
                 return True
-            except APIError as error:
+            except (APIError, TransportError) as error:
                 if not error.transient:
                     raise
                 log.warning("%s %s: transient error while waiting for deletion (%s)", kind, resource_id, error)
                 accepted = False  # re-send DELETE after a transient error
-        now = time.monotonic()
-        if now >= deadline:
-            raise LifecycleError(f"{kind} {resource_id} still exists after {timeout:g}s of deleting")
-        time.sleep(min(poll_interval, max(0.0, deadline - now)))
+    raise LifecycleError(f"{kind} {resource_id} still exists after {timeout:g}s of deleting")
 
 
 def delete_deployment(
@@ -401,7 +392,7 @@ def endpoints(client: InferenceClient, deployment: Deployment) -> tuple[str, ...
     for gateway_id in deployment.gateway_ids:
         try:
             gateway = client.get_gateway(gateway_id)
-        except APIError as error:
+        except (APIError, TransportError) as error:
             log.warning("cannot read gateway %s of deployment %s: %s", gateway_id, deployment.id, error)
             continue
         for endpoint in gateway.endpoints:

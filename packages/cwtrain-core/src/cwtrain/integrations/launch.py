@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.config import VARIABLES
-from cwtrain.errors import CWTrainError
+from cwtrain.errors import CWTrainError, UsageError
 
 __all__ = [
     "FORWARDED_PREFIXES",
@@ -92,13 +92,13 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/prefix`` → ``(bucket, "prefix/")`` (the prefix empty or ending in ``/``).
 
     Raises:
-        CWTrainError: not an ``s3://`` URI with a bucket.
+        UsageError: not an ``s3://`` URI with a bucket.
     """
     if not uri.startswith("s3://"):
-        raise CWTrainError(f"{uri!r} is not an s3:// URI (expected s3://<bucket>/<prefix>)")
+        raise UsageError(f"{uri!r} is not an s3:// URI (expected s3://<bucket>/<prefix>)")
     bucket, _, prefix = uri[len("s3://") :].partition("/")
     if not bucket:
-        raise CWTrainError(f"{uri!r} names no bucket (expected s3://<bucket>/<prefix>)")
+        raise UsageError(f"{uri!r} names no bucket (expected s3://<bucket>/<prefix>)")
     prefix = prefix.strip("/")
     return bucket, (prefix + "/") if prefix else ""
 
@@ -131,6 +131,7 @@ def stage_from_s3(uri: str, dest: str | os.PathLike[str], *, workers: int = 16, 
         ``dest``.
 
     Raises:
+        UsageError: ``workers`` below 1, or ``uri`` not an ``s3://`` URI with a bucket.
         CWTrainError: no objects under the prefix, or no ``config.json`` among them.
     """
     target = Path(dest)
@@ -138,7 +139,7 @@ def stage_from_s3(uri: str, dest: str | os.PathLike[str], *, workers: int = 16, 
         log.info("%s already holds a model (%s exists); nothing to copy", target, _CONFIG)
         return target
     if workers < 1:
-        raise CWTrainError(f"--workers {workers} must be at least 1")
+        raise UsageError(f"--workers {workers} must be at least 1")
     bucket, prefix = parse_s3_uri(uri)
     if s3 is None:
         from cwtrain.infra.s3 import s3_client
@@ -177,16 +178,17 @@ def apply_patches(checkout: str | os.PathLike[str], patches: Sequence[str | os.P
     neither way raises, naming it and the checkout.
 
     Raises:
-        CWTrainError: a patch does not apply, or ``checkout`` is not a git checkout.
+        UsageError: ``checkout`` is not a git checkout, or a patch file does not exist.
+        CWTrainError: a patch does not apply.
     """
     root = Path(checkout)
     if not (root / ".git").exists():
-        raise CWTrainError(f"{root} is not a git checkout: clone the framework first")
+        raise UsageError(f"{root} is not a git checkout: clone the framework first")
     applied: list[str] = []
     for patch in patches:
         path = Path(patch).resolve()
         if not path.is_file():
-            raise CWTrainError(f"patch {path} does not exist")
+            raise UsageError(f"patch {path} does not exist")
 
         def git(*args: str, patch_path: Path = path) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
