@@ -102,7 +102,7 @@ class ActorPublishClient:
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from cwtrain.integrations.launch import forwarded_env
+        from cwtrain.integrations.envforward import forwarded_env
 
         if not ray.is_initialized():
             ray.init()
