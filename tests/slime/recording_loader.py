@@ -61,9 +61,9 @@ class RecordingLoader(PublishingLoader):
         *,
         previous_identity: str | None = None,
         prompt_cache_policy: PromptCachePolicy | str | None = None,
+        workers: int = 8,
         wait: bool = True,
         timeout: float | None = None,
-        workers: int = 8,
     ) -> HotLoad:
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None

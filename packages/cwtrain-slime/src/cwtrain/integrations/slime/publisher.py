@@ -85,9 +85,9 @@ class PublishingLoader(Protocol):
         *,
         previous_identity: str | None = None,
         prompt_cache_policy: PromptCachePolicy | str | None = None,
+        workers: int = 8,
         wait: bool = True,
         timeout: float | None = None,
-        workers: int = 8,
     ) -> HotLoad:
         """Upload a snapshot directory (or tensors) as ``identity`` and create its hot-load."""
         ...
