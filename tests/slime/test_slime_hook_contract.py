@@ -371,6 +371,7 @@ def test_one_runtime_keeps_the_process_state_and_reset_starts_it_over(
     assert state.publisher(args) is publisher  # one per run, built from the environment and args
     assert publisher.config.run_id == default_run_id(args) == "weights-20240101T000000Z"
     assert publisher.config.state_dir == str(tmp_path / "weights-hotload")
+
     class Tokenizer:
         def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
             return [ord(c) for c in text]
