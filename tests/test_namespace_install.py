@@ -21,8 +21,10 @@ import importlib.util, json, sys
 import cwtrain, cwtrain.integrations
 import cwtrain.integrations.slime as slime
 import cwtrain.hotload, cwtrain.errors
+from cwtrain.integrations import HookConfig, hook
 print(json.dumps({
     "slime": slime.__file__,
+    "declared": hook is slime.hook and HookConfig is slime.HookConfig,
     "cwtrain": cwtrain.__file__,
     "local": importlib.util.find_spec("cwtrain.local") is not None,
     "nemo_rl": importlib.util.find_spec("cwtrain.integrations.nemo_rl") is not None,
@@ -74,6 +76,7 @@ def test_core_plus_slime_from_built_wheels(tmp_path: Path) -> None:
     assert str(found["slime"]).startswith(str(tmp_path / "venv"))
     assert str(found["cwtrain"]).startswith(str(tmp_path / "venv"))
     assert found["local"] is False and found["nemo_rl"] is False
+    assert found["declared"] is True
     assert found["heavy"] == []
 
 
@@ -88,4 +91,26 @@ def test_core_plus_slime_as_editable_installs(tmp_path: Path) -> None:
     assert str(found["slime"]).startswith(str(ROOT / "packages" / "cwtrain-slime" / "src"))
     assert str(found["cwtrain"]).startswith(str(ROOT / "packages" / "cwtrain-core" / "src"))
     assert found["local"] is False and found["nemo_rl"] is False
+    assert found["declared"] is True
     assert found["heavy"] == []
+
+
+def test_core_names_no_framework_and_plugins_declare_their_names() -> None:
+    """``cwtrain.integrations`` resolves plug-in names through entry points, naming no framework itself."""
+    import ast
+    from importlib.metadata import entry_points
+
+    import cwtrain.integrations as integrations
+    import cwtrain.integrations.slime as slime
+
+    tree = ast.parse(Path(str(integrations.__file__)).read_text(encoding="utf-8"))
+    code = ast.unparse(ast.Module(body=tree.body[1:], type_ignores=[]))  # everything but the docstring
+    assert ast.get_docstring(tree) and not [name for name in ("slime", "miles", "nemo", "gym") if name in code]
+    declared = {ep.name: ep.value for ep in entry_points(group=integrations.ENTRY_POINT_GROUP)}
+    assert declared["hook"] == "cwtrain.integrations.slime:hook"
+    assert declared["HookConfig"] == "cwtrain.integrations.slime:HookConfig"
+    from cwtrain.integrations import HookConfig, hook
+
+    assert hook is slime.hook and HookConfig is slime.HookConfig
+    with pytest.raises(ImportError, match="no_such_name"):
+        from cwtrain.integrations import no_such_name  # noqa: F401

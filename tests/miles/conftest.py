@@ -29,21 +29,18 @@ def miles_stubs() -> Iterator[Path]:
     finally:
         sys.path.remove(str(STUBS))
         _drop("miles")
-        import cwtrain.integrations.miles as package
-
-        package.__dict__.pop("CoreWeaveRolloutFn", None)  # built against this stand-in
 
 
 @pytest.fixture(autouse=True)
 def clean_hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from cwtrain.integrations.miles.post_save import reset as reset_post_save
+    from cwtrain.integrations.miles import reset as reset_miles  # the post-save publisher, CoreWeaveRolloutFn
     from cwtrain.integrations.slime import reset
 
     for key in list(os.environ):
         if key.startswith("CWTRAIN_") or key == "RANK":
             monkeypatch.delenv(key)
     reset()
-    reset_post_save()
+    reset_miles()
     yield
     reset()
-    reset_post_save()
+    reset_miles()

@@ -111,8 +111,17 @@ def test_rollout_class_refuses_bypassed_flags(miles_stubs: Path, tmp_path: Path,
 def test_missing_miles_names_the_install() -> None:
     import cwtrain.integrations.miles as package
 
-    with pytest.raises(ImportError, match="miles"):
+    with pytest.raises(ImportError, match=r"pip install \./packages/cwtrain-miles"):
         package.CoreWeaveRolloutFn  # noqa: B018
+
+
+def test_the_rollout_class_is_built_once_per_run(miles_stubs: Path) -> None:
+    import cwtrain.integrations.miles as package
+
+    first = package.CoreWeaveRolloutFn
+    assert package.CoreWeaveRolloutFn is first  # kept by the runtime, not rebuilt per access
+    package.reset()
+    assert package.CoreWeaveRolloutFn is not first
 
 
 def test_post_write_hook_is_slimes_and_recognises_disk_delta(
@@ -121,8 +130,7 @@ def test_post_write_hook_is_slimes_and_recognises_disk_delta(
     from miles.utils.misc import load_function
 
     import cwtrain.integrations.slime as slime
-    from cwtrain.integrations.slime import HookConfig, SlimePublisher
-    from cwtrain.integrations.slime.post_write import use_publisher
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher, SlimeRuntime
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep")
     args = miles_args(tmp_path)
@@ -130,13 +138,17 @@ def test_post_write_hook_is_slimes_and_recognises_disk_delta(
     hook = load_function(args.custom_update_weight_post_write_path)
     assert hook is slime.hook and load_function("cwtrain.integrations.miles.actor_hook") is slime.actor_hook
     loader = RecordingLoader()
-    use_publisher(SlimePublisher(HookConfig("dep", "m", full_every=0).with_state_dir(args), loader))
+    SlimeRuntime.current().use_publisher(
+        SlimePublisher(HookConfig("dep", "m", full_every=0).with_state_dir(args), loader)
+    )
     run = SlimeRun(args, tiny_weights(), hook, world_size=2)
     run.baseline()
     run.step(nudge(tiny_weights(), ["lm_head.weight"], 0))
     assert [(p[0], p[1]) for p in loader.published] == [("m-v000000", "FULL"), ("m-v000001", "INCREMENTAL")]
     bad = argparse.Namespace(**{**vars(args), "update_weight_delta_checksum": "xxh3-128"})
-    use_publisher(SlimePublisher(HookConfig("dep", "m2", full_every=0).with_state_dir(args), loader))
+    SlimeRuntime.current().use_publisher(
+        SlimePublisher(HookConfig("dep", "m2", full_every=0).with_state_dir(args), loader)
+    )
     with pytest.raises(ConfigError, match="adler32"):
         hook(bad, args.update_weight_disk_dir, [])
 
@@ -146,7 +158,7 @@ def test_post_save_hook_publishes_each_hf_export(
 ) -> None:
     from miles.utils.misc import load_function
 
-    from cwtrain.integrations.miles import post_save
+    from cwtrain.integrations.miles import MilesRuntime, post_save
     from cwtrain.integrations.slime import HookConfig, SlimePublisher
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep")
@@ -158,7 +170,7 @@ def test_post_save_hook_publishes_each_hf_export(
         hook(args, 0, "/ckpt/iter_0000000", None)
     loader = RecordingLoader()
     config = HookConfig("dep", "ps", full_every=0, state_dir=str(tmp_path / "state"))
-    post_save._current = post_save.PostSavePublisher(SlimePublisher(config, loader))
+    MilesRuntime.current().use_post_save(post_save.PostSavePublisher(SlimePublisher(config, loader)))
     exports = {}
     weights = base
     for rollout_id in (0, 9):

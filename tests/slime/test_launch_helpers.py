@@ -10,15 +10,10 @@ from typing import Any
 import pytest
 
 from cwtrain.errors import CWTrainError
-from cwtrain.integrations.launch import (
-    apply_patches,
-    forwarded_env,
-    is_secret_env_var,
-    main,
-    parse_s3_uri,
-    redacted_env,
-    stage_from_s3,
-)
+from cwtrain.integrations.envforward import forwarded_env, is_secret_env_var, redacted_env
+from cwtrain.integrations.launch import main
+from cwtrain.integrations.patches import apply_patches
+from cwtrain.integrations.staging import parse_s3_uri, stage_from_s3
 
 
 def _put(s3: Any, bucket: str, files: dict[str, bytes]) -> None:

@@ -259,7 +259,7 @@ def test_actor_hook_failure_surfaces_at_the_next_step(
             return Remote
 
     monkeypatch.setattr(
-        "cwtrain.integrations.slime.actor._ray",
+        "cwtrain.integrations.slime.actor.ray_module",
         lambda: type("R", (), {"get": staticmethod(lambda ref, timeout=None: _unwrap(ref))}),
     )
     run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.hook")

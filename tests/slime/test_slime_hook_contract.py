@@ -27,14 +27,13 @@ def env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(tmp_path: Path, loader: Any, *, every: int = 0, mirror: bool = False, **overrides: Any) -> SlimeRun:
-    from cwtrain.integrations.slime import HookConfig, SlimePublisher
-    from cwtrain.integrations.slime.post_write import use_publisher
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher, SlimeRuntime
 
     base = tiny_weights()
     hf = write_hf_checkpoint(tmp_path / "hf", base)
     args = slime_args(tmp_path, hf, **overrides)
     config = HookConfig("dep-1", "grpo-a", full_every=every, mirror=mirror).with_state_dir(args)
-    use_publisher(SlimePublisher(config, loader=loader))
+    SlimeRuntime.current().use_publisher(SlimePublisher(config, loader=loader))
     return SlimeRun(args, base, _load(args.custom_update_weight_post_write_path))
 
 
@@ -88,7 +87,7 @@ def test_baseline_then_deltas_skips_empty_and_keeps_the_chain(
     assert metrics[3]["hotload/tensors_changed"] == 2.0
     assert all(key.startswith("hotload/") for m in metrics for key in m)
     state = Path(run.args.update_weight_disk_dir + "-hotload")
-    assert (state / "served_identity").read_text() == "grpo-a-v000003"
+    assert (state / "served_identity").read_text() == "grpo-a-v000003\n"  # nvext.write_served_identity
 
 
 def test_only_rank_zero_publishes(slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any) -> None:
@@ -338,3 +337,52 @@ def test_wait_off_returns_once_created_and_verify_counts_replicas(
     verified = SlimePublisher(HookConfig("dep-1", "verified", verify=True, full_every=0), recording_loader)
     metrics = verified(args, args.update_weight_disk_dir)
     assert len(waited) == 1 and metrics["hotload/replicas_verified"] == 2.0
+
+
+def test_manifest_bytes_are_the_ones_published_before() -> None:
+    from cwtrain.hotload.manifest import manifest_bytes, snapshot_manifest
+
+    checksums = {"b.weight": "00000002", "a.weight": "00000001"}
+    slime = snapshot_manifest("run-v000001", "dep-1", "run", checksums, "000001")
+    assert manifest_bytes(slime) == (
+        b'{\n"checksum_format": "adler32",\n"deployment_id": "dep-1",\n"identity": "run-v000001",\n'
+        b'"run_id": "run",\n"tensors": {\n"a.weight": "00000001",\n"b.weight": "00000002"\n},\n"version": "000001"\n}'
+    )
+    nemo_rl = snapshot_manifest("run-v000001", "dep-1", "run", checksums)  # no local version string
+    assert "version" not in nemo_rl and list(nemo_rl["tensors"]) == ["a.weight", "b.weight"]
+
+
+def test_one_runtime_keeps_the_process_state_and_reset_starts_it_over(
+    tmp_path: Path, env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    import cwtrain.integrations.slime.runtime as runtime_module
+    from cwtrain.integrations.slime import SlimeRuntime, default_run_id, reset
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+
+    monkeypatch.delenv("CWTRAIN_HOTLOAD_RUN_ID")
+    stamps = iter(["20240101T000000Z", "20250101T000000Z"])
+    monkeypatch.setattr(runtime_module.time, "strftime", lambda fmt, when: next(stamps))
+    args = argparse.Namespace(update_weight_disk_dir=str(tmp_path / "weights"), hf_checkpoint=None)
+    state = SlimeRuntime.current()
+    assert SlimeRuntime.current() is state
+    publisher = state.publisher(args)
+    assert state.publisher(args) is publisher  # one per run, built from the environment and args
+    assert publisher.config.run_id == default_run_id(args) == "weights-20240101T000000Z"
+    assert publisher.config.state_dir == str(tmp_path / "weights-hotload")
+
+    class Tokenizer:
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [ord(c) for c in text]
+
+        def decode(self, ids: list[int]) -> str:
+            return "".join(map(chr, ids))
+
+    tokenizer = Tokenizer()
+    set_tokenizer(tokenizer)
+    assert state.tokenizer(args) is tokenizer
+    reset()
+    assert SlimeRuntime.current() is state and state.publisher(args) is not publisher
+    assert default_run_id(args) == "weights-20250101T000000Z"  # a new run: a new stamp
+    assert state.tokenizer(args) is None  # forgotten; none loads from a missing --hf-checkpoint

@@ -51,7 +51,7 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main([]) == 2
     assert main([str(tmp_path / "missing.py")]) == 2
     assert "train.py" in capsys.readouterr().err
-    with pytest.raises(ImportError, match="slime"):
+    with pytest.raises(ImportError, match=r"pip install \./packages/cwtrain-slime"):
         main([__file__])
 
 

@@ -146,5 +146,5 @@ def test_evaluation_and_message_prompts_are_refused_with_the_fix(
 def test_missing_slime_names_the_install(tmp_path: Path) -> None:
     from cwtrain.integrations.slime.rollout import generate_rollout
 
-    with pytest.raises(ImportError, match="slime"):
+    with pytest.raises(ImportError, match=r"pip install \./packages/cwtrain-slime"):
         generate_rollout(slime_args(tmp_path, tmp_path / "hf"), 0, None)

@@ -13,7 +13,7 @@ def _publisher(served: dict[str, Any]) -> Any:
     from cwtrain.integrations.slime import HookConfig
     from cwtrain.integrations.slime.tensors import TensorPublisher, _host_copy
 
-    publisher = TensorPublisher(HookConfig("dep", "run", full_every=0), loader=object())
+    publisher = TensorPublisher(HookConfig("dep", "run", full_every=0))
     publisher.served = {name: _host_copy(name, tensor) for name, tensor in served.items()}
     return publisher
 
@@ -87,7 +87,7 @@ def test_an_encoding_failure_on_one_rank_raises_on_every_rank() -> None:
     errors: dict[int, BaseException] = {}
 
     def rank_main(rank: int) -> None:
-        publisher = TensorPublisher(HookConfig("dep", "run", full_every=0), View(rank), loader=object())
+        publisher = TensorPublisher(HookConfig("dep", "run", full_every=0), View(rank))
         base = {f"r{rank}.weight": torch.zeros(4)}
         publisher.served = {n: _host_copy(n, t) for n, t in base.items()}
         publisher.served_identity = "run-v000000"

@@ -4,9 +4,11 @@ A manifest records the Adler-32 of every tensor of the full weights at an identi
 resumed baseline or a re-activated identity can be proven to hold the trainer's exact
 weights. The API never reads it. Written create-only (``If-None-Match: *``; identical
 content already there counts as success), JSON with sorted keys, one per line, no
-indentation; ``HotLoader.upload_manifest`` / ``read_manifest`` are the usual entry points::
+indentation; ``HotLoader.upload_manifest`` / ``read_manifest`` are the usual entry points,
+and :func:`snapshot_manifest` is the one builder of a manifest's content::
 
-    write_manifest(s3, "weights", "hotload", "run1-v000012", {"identity": "run1-v000012", ...})
+    manifest = snapshot_manifest("run1-v000012", "dep-1", "run1", checksums, version="000012")
+    write_manifest(s3, "weights", "hotload", "run1-v000012", manifest)
     read_manifest(s3, "weights", "hotload", "run1-v000012")   # dict, or None when absent
 """
 
@@ -17,10 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from cwtrain.errors import SnapshotConflictError, SnapshotError
+from cwtrain.hotload.format import CHECKSUM_FORMAT
 from cwtrain.hotload.identity import validate_identity
 from cwtrain.hotload.objects import error_code, http_status, is_missing
 
-__all__ = ["manifest_bytes", "manifest_key", "read_manifest", "write_manifest"]
+__all__ = ["manifest_bytes", "manifest_key", "read_manifest", "snapshot_manifest", "write_manifest"]
 
 _EXISTS = ("PreconditionFailed", "ConditionalRequestConflict")
 _UNSUPPORTED = ("NotImplemented",)
@@ -31,6 +34,37 @@ def manifest_key(path_prefix: str, identity: str) -> str:
     validate_identity(identity)
     prefix = (path_prefix or "").strip("/")
     return f"{prefix}/_manifests/{identity}.json" if prefix else f"_manifests/{identity}.json"
+
+
+def snapshot_manifest(
+    identity: str,
+    deployment_id: str,
+    run_id: str,
+    checksums: Mapping[str, str],
+    version: str | None = None,
+) -> dict[str, Any]:
+    """The manifest of ``identity`` (section 8.1): who published it and every tensor's Adler-32.
+
+    Args:
+        identity: the snapshot identity.
+        deployment_id: the deployment it was hot-loaded on.
+        run_id: the run (identity prefix) that published it.
+        checksums: tensor name -> Adler-32 (8 lowercase hex digits) of the full weights.
+        version: the trainer's local version string (slime/miles: ``"000012"``); omitted when ``None``.
+
+    Returns:
+        the manifest, keys sorted and ``tensors`` sorted by name (what :func:`manifest_bytes` writes).
+    """
+    manifest: dict[str, Any] = {
+        "checksum_format": CHECKSUM_FORMAT,
+        "deployment_id": deployment_id,
+        "identity": identity,
+        "run_id": run_id,
+        "tensors": dict(sorted(checksums.items())),
+    }
+    if version is not None:
+        manifest["version"] = version
+    return manifest
 
 
 def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:

@@ -1,32 +1,38 @@
 """Framework integrations: the rollout sampler, preflight, and one package per framework.
 
-``cwtrain.integrations`` is shared by several distributions: ``cwtrain-slime`` adds
-``cwtrain.integrations.slime``, ``cwtrain-nemo-rl`` adds ``cwtrain.integrations.nemo_rl``,
-and so on. ``HookConfig`` and ``hook`` (the slime/miles post-write hook) are importable
-from here when ``cwtrain-slime`` is installed.
+``cwtrain.integrations`` is shared by several distributions: each plug-in package adds its
+own sub-package (``cwtrain-slime`` adds ``cwtrain.integrations.slime``, and so on). A plug-in
+may also make names importable from here by declaring them in the ``cwtrain.integrations``
+entry-point group of its ``pyproject.toml``::
+
+    [project.entry-points."cwtrain.integrations"]
+    hook = "cwtrain.integrations.slime:hook"
+
+    from cwtrain.integrations import hook   # resolved on first use, then kept
+
+Core itself names no framework: a name no installed plug-in declares is an
+``AttributeError`` (an ``ImportError`` in ``from cwtrain.integrations import ...``).
 """
 
 from __future__ import annotations
 
 import pkgutil
-from importlib import import_module
+from importlib.metadata import entry_points
 from typing import Any
 
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-_LAZY = {"HookConfig": "cwtrain.integrations.slime", "hook": "cwtrain.integrations.slime"}
+ENTRY_POINT_GROUP = "cwtrain.integrations"
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cwtrain.integrations' has no attribute {name!r}")
-    try:
-        mod = import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("cwtrain.integrations.slime",):
-            raise
-        raise ImportError(
-            f'cwtrain.integrations.{name} needs the slime integration: pip install "cwtrain[slime]"'
-        ) from exc
-    return getattr(mod, name)
+    if name.startswith("__"):  # import machinery probes (__file__, __wrapped__, ...): not plug-in names
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        value = entry_point.load()
+        globals()[name] = value
+        return value
+    raise AttributeError(
+        f"module {__name__!r} has no attribute {name!r} (no installed cwtrain plug-in declares it in the "
+        f"{ENTRY_POINT_GROUP!r} entry-point group)"
+    )

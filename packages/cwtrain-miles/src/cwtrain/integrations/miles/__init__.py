@@ -34,7 +34,13 @@ Entry points (miles loads ``module.attr``; a class is built with
 ``train.py`` (synchronous) and ``train_async.py`` (generation k+1 overlaps training k) both
 work. With ``CWTRAIN_HOTLOAD_WAIT=0`` the hook returns once the hot-load exists and the next
 publish waits for it. Variables: ``CWTRAIN_HOTLOAD_*`` and ``CWTRAIN_ROLLOUT_*`` as for slime
-(:mod:`cwtrain.integrations.slime`). Nothing here imports miles, Ray or torch until used.
+(:mod:`cwtrain.integrations.slime`). Nothing here imports miles, Ray or torch until used; a
+missing one raises ``ImportError`` naming the install.
+
+What the plug-in keeps between calls (the post-save publisher, the built
+``CoreWeaveRolloutFn``) lives in one object per process, ``MilesRuntime.current()``
+(:class:`~cwtrain.integrations.miles.runtime.MilesRuntime`); :func:`reset` starts it over.
+The post-write hook and the samplers are slime's: ``cwtrain.integrations.slime.reset()``.
 """
 
 from __future__ import annotations
@@ -44,17 +50,23 @@ from typing import Any
 from cwtrain.integrations.slime import HookConfig, actor_hook, hook
 
 from .post_save import post_save_hook
-from .rollout import generate_rollout
+from .rollout import generate_rollout, make_rollout_fn_cls
+from .runtime import MilesRuntime, reset
 
-__all__ = ["CoreWeaveRolloutFn", "HookConfig", "actor_hook", "generate_rollout", "hook", "post_save_hook"]
+__all__ = [
+    "CoreWeaveRolloutFn",
+    "HookConfig",
+    "MilesRuntime",
+    "actor_hook",
+    "generate_rollout",
+    "hook",
+    "post_save_hook",
+    "reset",
+]
 
 
 def __getattr__(name: str) -> Any:
-    # Built on first access so that importing this package never imports miles.
+    # Built on first access (and kept by the runtime) so that importing this package never imports miles.
     if name == "CoreWeaveRolloutFn":
-        from .rollout import make_rollout_fn_cls
-
-        cls = make_rollout_fn_cls()
-        globals()[name] = cls
-        return cls
+        return MilesRuntime.current().rollout_fn_cls(make_rollout_fn_cls)
     raise AttributeError(f"module 'cwtrain.integrations.miles' has no attribute {name!r}")

@@ -14,18 +14,19 @@ previous export directory must still exist at the next save (miles keeps them).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import shutil
-import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from cwtrain.errors import ConfigError
-from cwtrain.integrations.slime.config import HookConfig, default_run_id, is_rank_zero
-from cwtrain.integrations.slime.publisher import SlimePublisher
+from cwtrain.integrations.slime import SlimePublisher, default_run_id, is_rank_zero
+from cwtrain.integrations.slime.config import HookConfig, state_dir_for
 
-__all__ = ["PostSavePublisher", "post_save_hook", "reset"]
+from .runtime import MilesRuntime
+
+__all__ = ["PostSavePublisher", "post_save_hook"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,23 @@ class PostSavePublisher:
         self.publisher = publisher
         self._previous: Path | None = None
 
-    def __call__(self, args: Any, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
+    @classmethod
+    def from_env(cls, args: argparse.Namespace) -> PostSavePublisher:
+        """One for this run: the hook's settings from the environment, the state directory from ``args``.
+
+        Raises:
+            ConfigError: no state directory (``CWTRAIN_HOTLOAD_STATE_DIR``,
+                ``--update-weight-disk-dir`` or ``--save``), or a malformed variable.
+        """
+        config = HookConfig.from_env(default_run_id=default_run_id(args))
+        if not config.state_dir:
+            root = getattr(args, "update_weight_disk_dir", None) or getattr(args, "save", None)
+            if not root:
+                raise ConfigError("set CWTRAIN_HOTLOAD_STATE_DIR (no --update-weight-disk-dir or --save)")
+            config = replace(config, state_dir=state_dir_for(str(root)))
+        return cls(SlimePublisher(config))
+
+    def __call__(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
         """Publish the export of ``rollout_id`` (the baseline first, on the first call)."""
         from cwtrain.hotload.delta import write_delta
 
@@ -51,7 +68,7 @@ class PostSavePublisher:
             metrics.update(self.publisher.publish_baseline(args))
             self._previous = Path(str(args.hf_checkpoint))
         version = int(rollout_id) + 1
-        base_version = self.publisher._version
+        base_version = self.publisher.last_version
         if version <= base_version:
             raise ConfigError(f"rollout {rollout_id} was already published as version {base_version}")
         staging = self.publisher.state_dir / "post-save" / f"weight_v{version:06d}"
@@ -68,21 +85,13 @@ class PostSavePublisher:
         return metrics
 
 
-_lock = threading.Lock()
-_current: PostSavePublisher | None = None
-
-
-def reset() -> None:
-    """Forget the process's post-save publisher."""
-    global _current
-    with _lock:
-        _current = None
-
-
 def post_save_hook(
-    args: Any, rollout_id: int, checkpoint_dir: str, hf_checkpoint_dir: str | None
+    args: argparse.Namespace, rollout_id: int, checkpoint_dir: str, hf_checkpoint_dir: str | None
 ) -> dict[str, float] | None:
     """miles' ``--custom-megatron-post-save-hook-path`` hook.
+
+    The run's :class:`PostSavePublisher` is kept by the process's
+    :class:`~cwtrain.integrations.miles.runtime.MilesRuntime`.
 
     Args:
         args: miles' namespace.
@@ -100,15 +109,5 @@ def post_save_hook(
         raise ConfigError(
             "the post-save hook publishes the HF export of each save: pass --save-hf DIR_WITH_{rollout_id}"
         )
-    global _current
-    with _lock:
-        if _current is None:
-            config = HookConfig.from_env(default_run_id=default_run_id(args))
-            if not config.state_dir:
-                root = getattr(args, "update_weight_disk_dir", None) or getattr(args, "save", None)
-                if not root:
-                    raise ConfigError("set CWTRAIN_HOTLOAD_STATE_DIR (no --update-weight-disk-dir or --save)")
-                config = replace(config, state_dir=str(root).rstrip("/") + "-hotload")
-            _current = PostSavePublisher(SlimePublisher(config))
-        current = _current
-    return current(args, rollout_id, hf_checkpoint_dir)
+    publisher = MilesRuntime.current().post_save(lambda: PostSavePublisher.from_env(args))
+    return publisher(args, rollout_id, hf_checkpoint_dir)

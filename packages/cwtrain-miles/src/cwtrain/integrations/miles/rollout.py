@@ -16,17 +16,21 @@ by one of ``CWTRAIN_ROLLOUT_CONCURRENCY`` slots.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 from cwtrain.errors import ConfigError
+from cwtrain.integrations.frameworks import MILES, install_line, require
+from cwtrain.integrations.slime import SlimeRuntime
 from cwtrain.integrations.slime.rollout import (
-    process_sampler,
+    DataSource,
+    RewardHooks,
     run_sync,
     sample_groups_into,
     served_version,
-    trainer_tokenizer,
+    trainer_sampler,
 )
 
 __all__ = ["MILES_MISSING", "generate_rollout", "make_rollout_fn_cls"]
@@ -34,9 +38,10 @@ __all__ = ["MILES_MISSING", "generate_rollout", "make_rollout_fn_cls"]
 log = logging.getLogger(__name__)
 
 MILES_MISSING = (
-    "cwtrain.integrations.miles.CoreWeaveRolloutFn runs inside miles: install miles "
-    '(the radixark/miles image ships it); cwtrain itself: pip install "cwtrain[miles]"'
+    "cwtrain.integrations.miles.CoreWeaveRolloutFn runs inside miles "
+    f"({MILES.where}); install the plug-in from a cwtrain checkout: {install_line(MILES.plugin)}"
 )
+"""What is missing when miles is not importable (the message :func:`require` raises says the same)."""
 
 
 def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
@@ -46,13 +51,7 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
         ImportError: miles is not installed (naming the install).
     """
     if base is None:
-        try:
-            from miles.rollout.inference_rollout.inference_rollout_common import (  # type: ignore[import-not-found]
-                InferenceRolloutFn,
-            )
-        except ImportError as exc:
-            raise ImportError(MILES_MISSING) from exc
-        base = InferenceRolloutFn
+        base = require(MILES, "miles.rollout.inference_rollout.inference_rollout_common").InferenceRolloutFn
 
     class CoreWeaveRolloutFn(base):  # type: ignore[misc, valid-type]
         """miles rollout function sampling from the deployment's ``/v1/completions``."""
@@ -65,7 +64,7 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
             self.rollout_config = RolloutConfig.for_trainer(input.args)
             # miles sizes this from local rollout GPUs (zero here): bound work by our own budget
             self.state.generate_fn_semaphore = asyncio.Semaphore(self.rollout_config.concurrency)
-            self.sampler = process_sampler(
+            self.sampler = SlimeRuntime.current().sampler(
                 self.rollout_config, getattr(self.state, "tokenizer", None), int(input.args.n_samples_per_prompt)
             )
 
@@ -78,8 +77,8 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
             return await self._call_train(input)
 
         async def _call_train(self, input: Any) -> Any:
-            from miles.rollout import rm_hub  # type: ignore[import-not-found]
-            from miles.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
+            rm_hub = cast(RewardHooks, require(MILES, "miles.rollout.rm_hub"))
+            base_types = require(MILES, "miles.rollout.base_types")
 
             args = self.args
             groups = self.data_source.get_samples(int(args.rollout_batch_size))
@@ -88,32 +87,32 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
                 version = input.weight_version
             metrics = await sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=self.sampler)
             metrics["coreweave/rollout_id"] = float(input.rollout_id)
-            return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+            return base_types.RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
     CoreWeaveRolloutFn.__module__ = "cwtrain.integrations.miles"
     CoreWeaveRolloutFn.__qualname__ = "CoreWeaveRolloutFn"
     return CoreWeaveRolloutFn
 
 
-def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+def generate_rollout(
+    args: argparse.Namespace, rollout_id: int, data_source: DataSource, evaluation: bool = False
+) -> Any:
     """The function-style rollout for ``MILES_USE_LEGACY_ROLLOUT_V1=1`` (miles wraps it in its adapter).
 
     Same behaviour as :class:`CoreWeaveRolloutFn`:
     ``--rollout-function-path cwtrain.integrations.miles.generate_rollout``.
+
+    Raises:
+        ImportError: miles is not installed (naming the install).
+        ConfigError: a refused flag is set, or ``evaluation`` is requested.
     """
-    try:
-        from miles.rollout import rm_hub
-        from miles.rollout.base_types import RolloutFnTrainOutput
-    except ImportError as exc:
-        raise ImportError(MILES_MISSING) from exc
+    rm_hub = cast(RewardHooks, require(MILES, "miles.rollout.rm_hub"))
+    base_types = require(MILES, "miles.rollout.base_types")
     if evaluation:
         raise ConfigError("evaluation rollouts are not served by cwtrain.integrations.miles: unset --eval-interval")
-    from cwtrain.integrations.rollout import RolloutConfig
-
-    config = RolloutConfig.for_trainer(args)
-    sampler = process_sampler(config, trainer_tokenizer(args), int(args.n_samples_per_prompt))
+    sampler = trainer_sampler(args)
     groups = data_source.get_samples(int(args.rollout_batch_size))
     version = served_version(args)
     metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=sampler))
     metrics["coreweave/rollout_id"] = float(rollout_id)
-    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+    return base_types.RolloutFnTrainOutput(samples=groups, metrics=metrics)

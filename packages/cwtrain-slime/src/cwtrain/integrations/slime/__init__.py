@@ -47,21 +47,27 @@ Variables (``CWTRAIN_HOTLOAD_*`` for publishing, ``CWTRAIN_ROLLOUT_*`` for rollo
 
 Other ranks wait in slime's gloo barrier while rank 0 uploads and hot-loads, so the gloo
 timeout must exceed ``CWTRAIN_HOTLOAD_TIMEOUT`` plus upload time. Nothing here imports
-slime, Ray or torch until it is used.
+slime, Ray or torch until it is used; a missing one raises ``ImportError`` naming the
+install (:func:`cwtrain.integrations.frameworks.require`).
+
+What the plug-in keeps between calls (the run's publisher, the actor client, the tokenizer
+and samplers) lives in one object per process, ``SlimeRuntime.current()``
+(:class:`~cwtrain.integrations.slime.runtime.SlimeRuntime`); :func:`reset` starts it over.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .actor import actor_hook, drain
-from .config import HookConfig, default_run_id, is_rank_zero
-from .post_write import hook, reset
+from .config import HookConfig, is_rank_zero
+from .post_write import actor_hook, drain, hook
 from .publisher import SlimePublisher
+from .runtime import SlimeRuntime, default_run_id, reset
 
 __all__ = [
     "HookConfig",
     "SlimePublisher",
+    "SlimeRuntime",
     "actor_hook",
     "default_run_id",
     "drain",
@@ -70,8 +76,6 @@ __all__ = [
     "make_actor_cls",
     "reset",
 ]
-
-SLIME_MISSING = 'this needs slime installed (the slime image ships it); cwtrain itself: pip install "cwtrain[slime]"'
 
 
 def make_actor_cls(base: type[Any] | None = None) -> type[Any]:

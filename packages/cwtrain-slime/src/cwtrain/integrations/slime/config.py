@@ -7,7 +7,7 @@ default. :meth:`HookConfig.from_env` reads:
 variable                                default                       meaning
 ======================================= ============================= ========================================
 ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``       required                      target deployment
-``CWTRAIN_HOTLOAD_RUN_ID``              :func:`default_run_id`        identity prefix (<= 120 chars, no ``/``)
+``CWTRAIN_HOTLOAD_RUN_ID``              ``default_run_id(args)``      identity prefix (<= 120 chars, no ``/``)
 ``CWTRAIN_HOTLOAD_WAIT``                true                          wait for each hot-load to complete
 ``CWTRAIN_HOTLOAD_TIMEOUT``             1800                          seconds per publish
 ``CWTRAIN_HOTLOAD_PUBLISH_BASELINE``    true                          publish ``<run>-v000000``
@@ -23,16 +23,17 @@ variable                                default                       meaning
 ======================================= ============================= ========================================
 
 The API token (``COREWEAVE_API_TOKEN``, then ``CW_API_TOKEN``) is read by the client, never
-stored here.
+stored here. ``RANK`` (see :func:`resolve_rank`) is read through :mod:`cwtrain.config` like
+every other variable.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -46,12 +47,11 @@ __all__ = [
     "DEFAULT_API_BASE_URL",
     "HookConfig",
     "check_delta_args",
-    "default_run_id",
-    "identity_for",
     "is_rank_zero",
     "parse_prompt_cache_policy",
-    "reset_run_id",
     "resolve_rank",
+    "run_id_from",
+    "state_dir_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,39 +61,35 @@ MAX_RUN_ID = 120
 _DEFAULT_RUN_ID_LENGTH = 100
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
-# The UTC stamp of the default run id, fixed for the life of the process (reset() clears it).
-_run_stamp: str | None = None
 
-
-def reset_run_id() -> None:
-    """Forget the process's default run id stamp (tests; a new run in the same process)."""
-    global _run_stamp
-    _run_stamp = None
-
-
-def default_run_id(args: Any = None) -> str:
-    """The run id used when ``CWTRAIN_HOTLOAD_RUN_ID`` is unset.
+def run_id_from(args: argparse.Namespace | None, stamp: str) -> str:
+    """The default run id of ``args`` with the process's UTC ``stamp`` (``%Y%m%dT%H%M%SZ``).
 
     The basename of ``--update-weight-disk-dir`` (characters outside ``[A-Za-z0-9._-]`` become
-    ``-``; empty gives ``slime``), then ``-<UTC %Y%m%dT%H%M%SZ>``, cut to 100 characters. The
-    stamp is taken once per process, so every call in one run agrees; a run that resumes in a
-    new process gets a new id unless it sets ``CWTRAIN_HOTLOAD_RUN_ID``.
+    ``-``; empty gives ``slime``), then ``-<stamp>``, cut to 100 characters.
+    :func:`cwtrain.integrations.slime.default_run_id` supplies the stamp, taken once per process.
 
     Args:
         args: slime's or miles' argument namespace (``update_weight_disk_dir`` is read).
+        stamp: the UTC time the run started.
     """
-    global _run_stamp
     disk_dir = str(getattr(args, "update_weight_disk_dir", None) or "")
     base = _UNSAFE.sub("-", os.path.basename(disk_dir.rstrip("/\\"))) or "slime"
-    if _run_stamp is None:
-        _run_stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return f"{base}-{_run_stamp}"[:_DEFAULT_RUN_ID_LENGTH]
+    return f"{base}-{stamp}"[:_DEFAULT_RUN_ID_LENGTH]
 
 
-def resolve_rank(args: Any = None, environ: Mapping[str, str] | None = None) -> int:
+def state_dir_for(disk_dir: str | os.PathLike[str]) -> str:
+    """The default state directory of a run writing to ``disk_dir``: ``<disk_dir>-hotload``."""
+    return os.fspath(disk_dir).rstrip("/\\") + "-hotload"
+
+
+def resolve_rank(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> int:
     """This process's rank: ``args.rank`` if an int, else ``torch.distributed``, else ``RANK``, else 0.
 
     torch is consulted only when something already imported it (the hook never imports it).
+
+    Raises:
+        ConfigError: ``RANK`` is not an integer.
     """
     rank = getattr(args, "rank", None)
     if isinstance(rank, int) and not isinstance(rank, bool):
@@ -105,23 +101,12 @@ def resolve_rank(args: Any = None, environ: Mapping[str, str] | None = None) -> 
                 return int(dist.get_rank())
         except Exception:  # a half-initialised process group: fall through to RANK
             log.debug("torch.distributed rank unavailable", exc_info=True)
-    value = (os.environ if environ is None else environ).get("RANK", "").strip()
-    if not value:
-        return 0
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"RANK={value!r} is not an integer") from None
+    return env_int("RANK", 0, environ)
 
 
-def is_rank_zero(args: Any = None) -> bool:
+def is_rank_zero(args: argparse.Namespace | None = None) -> bool:
     """Whether this process publishes: the rank of :func:`resolve_rank` is 0."""
     return resolve_rank(args) == 0
-
-
-def identity_for(run_id: str, version: int) -> str:
-    """The snapshot identity of ``version`` in ``run_id``: ``<run>-v{N:06d}``."""
-    return f"{run_id}-v{version:06d}"
 
 
 def parse_prompt_cache_policy(value: str | PromptCachePolicy | None, what: str) -> PromptCachePolicy:
@@ -266,7 +251,7 @@ class HookConfig:
         values.update(overrides)
         return cls(**values)
 
-    def with_state_dir(self, args: Any) -> HookConfig:
+    def with_state_dir(self, args: argparse.Namespace) -> HookConfig:
         """This config with ``state_dir`` filled in from ``--update-weight-disk-dir`` when empty.
 
         Raises:
@@ -277,10 +262,10 @@ class HookConfig:
         disk_dir = getattr(args, "update_weight_disk_dir", None)
         if not disk_dir:
             raise ConfigError("no state directory: set CWTRAIN_HOTLOAD_STATE_DIR or pass --update-weight-disk-dir DIR")
-        return replace(self, state_dir=str(disk_dir).rstrip("/\\") + "-hotload")
+        return replace(self, state_dir=state_dir_for(str(disk_dir)))
 
 
-def check_delta_args(args: Any) -> None:
+def check_delta_args(args: argparse.Namespace) -> None:
     """Refuse slime/miles delta settings the engine cannot apply, naming the flag to pass.
 
     The deployment applies only XOR deltas with Adler-32 checksums, so

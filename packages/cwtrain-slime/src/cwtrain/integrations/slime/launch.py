@@ -23,6 +23,7 @@ and the rollout function's ``CWTRAIN_ROLLOUT_*``.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import runpy
@@ -30,6 +31,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from cwtrain.integrations.frameworks import SLIME, require
 
 __all__ = ["inject_actor_cls", "main"]
 
@@ -47,12 +50,7 @@ def inject_actor_cls(actor_cls: type[Any] | None = None) -> Callable[..., Any]:
     Raises:
         ImportError: slime is not installed.
     """
-    try:
-        import slime.ray.placement_group as placement  # type: ignore[import-not-found]
-    except ImportError as exc:
-        from . import SLIME_MISSING
-
-        raise ImportError(SLIME_MISSING) from exc
+    placement = require(SLIME, "slime.ray.placement_group")
     from .tensors import make_actor_cls
 
     original: Callable[..., Any] = getattr(placement.create_training_models, "__wrapped__", None) or (
@@ -61,10 +59,12 @@ def inject_actor_cls(actor_cls: type[Any] | None = None) -> Callable[..., Any]:
     cls = actor_cls if actor_cls is not None else make_actor_cls()
 
     @functools.wraps(original)
-    def create_training_models(args: Any, pgs: Any, rollout_manager: Any, actor_cls: Any = None) -> Any:
+    def create_training_models(
+        args: argparse.Namespace, pgs: Any, rollout_manager: Any, actor_cls: type[Any] | None = None
+    ) -> Any:
         return original(args, pgs, rollout_manager, actor_cls=cls if actor_cls is None else actor_cls)
 
-    placement.create_training_models = create_training_models
+    setattr(placement, "create_training_models", create_training_models)  # noqa: B010 - a module of slime's
     return original
 
 
@@ -97,7 +97,7 @@ def _drain_publishing_actor() -> None:
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return
-    from .actor import drain
+    from .post_write import drain
 
     identity = drain()
     if identity is not None:

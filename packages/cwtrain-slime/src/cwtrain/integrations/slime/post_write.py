@@ -1,4 +1,4 @@
-"""The post-write hook slime and miles call after writing each weight version.
+"""The post-write hooks slime and miles call after writing each weight version, and ``drain``.
 
 ``--custom-update-weight-post-write-path cwtrain.integrations.slime.hook`` makes slime's
 ``load_function`` import :mod:`cwtrain.integrations.slime` and take its attribute ``hook``
@@ -6,42 +6,32 @@
 rank 0 (the baseline) and with each ``weight_vNNNNNN`` directory on every rank; only rank 0
 acts, the other ranks return at once and wait in slime's barrier.
 
-One :class:`~cwtrain.integrations.slime.publisher.SlimePublisher` per process keeps the
-run's state (the served identity and the served copy of the weights); :func:`reset` drops it.
+``...slime.actor_hook`` (:func:`actor_hook`) publishes one step ahead through the publishing
+Ray actor (see :mod:`~cwtrain.integrations.slime.actor`); :func:`drain` waits for its last
+publish at the end of the run.
+
+Each hook resolves the process's :class:`~cwtrain.integrations.slime.runtime.SlimeRuntime`,
+which keeps the run's publisher (the served identity and the served copy of the weights) or
+the actor's client; ``cwtrain.integrations.slime.reset()`` starts it over.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
+import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from .config import HookConfig, default_run_id, is_rank_zero, reset_run_id
-from .publisher import SlimePublisher
+from cwtrain.config import env_str
+from cwtrain.errors import ConfigError
 
-__all__ = ["current_publisher", "hook", "reset", "use_publisher"]
+from .actor import actor_name, ray_module
+from .config import is_rank_zero
+from .runtime import SlimeRuntime
 
-log = logging.getLogger(__name__)
-
-_lock = threading.Lock()
-_publisher: SlimePublisher | None = None
-
-
-def current_publisher(args: Any = None) -> SlimePublisher:
-    """The process's publisher, built from the environment and ``args`` on first use."""
-    global _publisher
-    with _lock:
-        if _publisher is None:
-            config = HookConfig.from_env(default_run_id=default_run_id(args))
-            if args is not None:
-                config = config.with_state_dir(args)
-            log.info("publishing weight versions to deployment %s as %s-vNNNNNN", config.deployment_id, config.run_id)
-            _publisher = SlimePublisher(config)
-        return _publisher
+__all__ = ["actor_hook", "drain", "hook"]
 
 
-def hook(args: Any, version_dir: str, rollout_engines: Sequence[Any] = ()) -> dict[str, float] | None:
+def hook(args: argparse.Namespace, version_dir: str, rollout_engines: Sequence[Any] = ()) -> dict[str, float] | None:
     """slime's/miles' post-write hook: publish what was just written, on rank 0 only.
 
     Args:
@@ -58,25 +48,50 @@ def hook(args: Any, version_dir: str, rollout_engines: Sequence[Any] = ()) -> di
     del rollout_engines
     if not is_rank_zero(args):
         return None
-    return current_publisher(args)(args, str(version_dir))
+    return SlimeRuntime.current().publisher(args)(args, str(version_dir))
 
 
-def reset() -> None:
-    """Forget the process's publisher and default run id (a new run in the same process, tests)."""
-    global _publisher
-    with _lock:
-        if _publisher is not None:
-            _publisher.close()
-        _publisher = None
-    reset_run_id()
-    from . import actor, rollout
+def actor_hook(
+    args: argparse.Namespace, version_dir: str, rollout_engines: Sequence[Any] = ()
+) -> dict[str, float] | None:
+    """slime's/miles' post-write hook, publishing through the actor (one step ahead).
 
-    actor.reset_client()
-    rollout.reset_rollout()
+    Same contract as :func:`hook`; returns the previous version's metrics (a step late) on
+    rank 0 and ``None`` elsewhere.
+
+    Raises:
+        ConfigError: full mode deletes each version before the actor could read it.
+        CWTrainError: the previous publish failed.
+    """
+    del rollout_engines
+    if not is_rank_zero(args):
+        return None
+    if getattr(args, "update_weight_mode", None) == "full" and not getattr(args, "update_weight_disk_keep_files", True):
+        raise ConfigError(
+            "in --update-weight-mode full slime deletes each version directory after the hook returns, before the "
+            "publishing actor reads it: pass --update-weight-disk-keep-files, or use cwtrain.integrations.slime.hook"
+        )
+    return SlimeRuntime.current().actor_client(args).submit(args, str(version_dir))
 
 
-def use_publisher(publisher: SlimePublisher | None) -> None:
-    """Make :func:`hook` use ``publisher`` in this process (a custom loader, tests); ``None`` forgets it."""
-    global _publisher
-    with _lock:
-        _publisher = publisher
+def drain(deployment_id: str | None = None, *, timeout: float | None = None) -> str | None:
+    """Wait for the publishing actor's last publish; raise its error if nobody saw it yet.
+
+    Call it from the driver after the training loop. Returns the served identity, or ``None``
+    when no publishing actor exists.
+
+    Args:
+        deployment_id: the deployment (default ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``).
+        timeout: seconds to wait (default: forever).
+    """
+    client = SlimeRuntime.current().current_actor_client
+    if client is not None:
+        client.wait()
+    ray = ray_module()
+    deployment = deployment_id or env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID") or ""
+    try:
+        handle = client.actor if client is not None else ray.get_actor(actor_name(deployment))
+    except ValueError:
+        return None
+    identity: str | None = ray.get(handle.drain.remote(), timeout=timeout)
+    return identity

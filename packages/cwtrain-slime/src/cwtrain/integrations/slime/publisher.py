@@ -27,31 +27,38 @@ manifest (snapshot-format.md section 8.1) when the full tensor checksums are kno
 
 from __future__ import annotations
 
-import json
+import argparse
 import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cwtrain.errors import CWTrainError, SnapshotError
+from cwtrain.errors import CWTrainError, SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.chain import ChainCadence
+from cwtrain.hotload.format import INDEX_NAME, read_index_file
+from cwtrain.hotload.identity import version_identity
+from cwtrain.hotload.manifest import snapshot_manifest
+from cwtrain.infra.enums import HotLoadState
+from cwtrain.integrations.nvext import write_served_identity
 
-from .config import HookConfig, check_delta_args, identity_for
+from .config import HookConfig, check_delta_args
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.loader import HotLoader
+    from cwtrain.hotload.loader import HotLoader, ProgressEvent
+    from cwtrain.hotload.mirror import DeltaReport, WeightMirror
+    from cwtrain.hotload.tensors import TensorData
+    from cwtrain.infra.enums import PromptCachePolicy
+    from cwtrain.infra.models import HotLoad, HotLoadReplica
 
-__all__ = ["METRIC_PREFIX", "VERSION_DIR", "SlimePublisher", "build_loader", "version_of"]
+__all__ = ["METRIC_PREFIX", "VERSION_DIR", "PublishingLoader", "SlimePublisher", "build_loader", "version_of"]
 
 log = logging.getLogger(__name__)
 
 METRIC_PREFIX = "hotload/"
 VERSION_DIR = re.compile(r"^weight_v(\d{6,})$")
-INDEX_NAME = "model.safetensors.index.json"
-SERVED_IDENTITY_FILE = "served_identity"
 
 
 def version_of(version_dir: str | os.PathLike[str]) -> int | None:
@@ -62,6 +69,62 @@ def version_of(version_dir: str | os.PathLike[str]) -> int | None:
 
 POLL_INTERVAL = 1.0
 """Seconds between hot-load polls of the hook's loader (a hot-load takes seconds to minutes)."""
+
+
+class PublishingLoader(Protocol):
+    """What :class:`SlimePublisher` uses of a :class:`~cwtrain.hotload.loader.HotLoader`.
+
+    ``HotLoader`` has these methods with these signatures; a stand-in (tests, a custom
+    publishing path) needs nothing more.
+    """
+
+    def publish(
+        self,
+        checkpoint: Path | Mapping[str, TensorData],
+        identity: str,
+        *,
+        previous_identity: str | None = None,
+        prompt_cache_policy: PromptCachePolicy | str | None = None,
+        workers: int = 8,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> HotLoad:
+        """Upload a snapshot directory (or tensors) as ``identity`` and create its hot-load."""
+        ...
+
+    def wait(
+        self,
+        hot_load_id: str,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[ProgressEvent], None] | None = None,
+    ) -> HotLoad:
+        """Poll until the hot-load ends and every replica serves its identity."""
+        ...
+
+    def verify_served(self, hot_load_id: str, identity: str) -> list[HotLoadReplica]:
+        """Every replica READY on ``identity``."""
+        ...
+
+    def completed_hot_load(self, identity: str) -> HotLoad | None:
+        """The newest COMPLETED hot-load of ``identity``, if any."""
+        ...
+
+    def current_identity(self) -> str:
+        """The identity of the newest COMPLETED hot-load, else ``"initial"``."""
+        ...
+
+    def rollback(self, identity: str, *, wait: bool = True, timeout: float | None = None) -> HotLoad:
+        """Re-activate ``identity`` (a new hot-load copying its newest COMPLETED one)."""
+        ...
+
+    def upload_manifest(self, identity: str, manifest_json: Mapping[str, Any]) -> str:
+        """Write the manifest of ``identity`` create-only; returns its URI."""
+        ...
+
+    def read_manifest(self, identity: str) -> dict[str, Any] | None:
+        """The manifest of ``identity``, or ``None`` when absent."""
+        ...
 
 
 def build_loader(config: HookConfig) -> HotLoader:
@@ -78,18 +141,12 @@ def build_loader(config: HookConfig) -> HotLoader:
 
 
 def _read_index(directory: Path) -> dict[str, Any]:
-    path = directory / INDEX_NAME
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        return read_index_file(directory / INDEX_NAME)
+    except SnapshotNotFoundError:
         raise SnapshotError(
             f"{directory} has no {INDEX_NAME}: slime writes it last; was the hook called early?"
         ) from None
-    except ValueError as exc:
-        raise SnapshotError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise SnapshotError(f"{path} is not a JSON object")
-    return data
 
 
 class SlimePublisher:
@@ -97,8 +154,8 @@ class SlimePublisher:
 
     Args:
         config: the hook's settings.
-        loader: the :class:`~cwtrain.hotload.loader.HotLoader` to use; built from ``config`` on
-            first use when ``None``.
+        loader: the :class:`~cwtrain.hotload.loader.HotLoader` (or any
+            :class:`PublishingLoader`) to use; built from ``config`` on first use when ``None``.
 
     Attributes:
         served_identity: the identity the replicas serve (or will, once the last hot-load
@@ -106,10 +163,10 @@ class SlimePublisher:
         served_version: its version number.
     """
 
-    def __init__(self, config: HookConfig, loader: HotLoader | None = None) -> None:
+    def __init__(self, config: HookConfig, loader: PublishingLoader | None = None) -> None:
         self.config = config
         self._loader = loader
-        self._mirror: Any = None
+        self._mirror: WeightMirror | None = None
         self.served_identity: str | None = None
         self.served_version: int | None = None
         self._version = -1  # last version seen (published or skipped)
@@ -118,7 +175,7 @@ class SlimePublisher:
     # ------------------------------------------------------------------ plumbing
 
     @property
-    def loader(self) -> HotLoader:
+    def loader(self) -> PublishingLoader:
         """The hot-loader (built on first use)."""
         if self._loader is None:
             self._loader = build_loader(self.config)
@@ -131,16 +188,21 @@ class SlimePublisher:
             raise CWTrainError("SlimePublisher needs config.state_dir (HookConfig.with_state_dir(args) fills it)")
         return Path(self.config.state_dir)
 
+    @property
+    def last_version(self) -> int:
+        """The last version seen, published or skipped (``-1`` before the baseline)."""
+        return self._version
+
     def identity(self, version: int) -> str:
         """``<run>-v{version:06d}``."""
-        return identity_for(self.config.run_id, version)
+        return version_identity(self.config.run_id, version)
 
     def close(self) -> None:
         """Drop the mirror and the loader (the publisher cannot be used afterwards)."""
         self._mirror = None
         self._loader = None
 
-    def __call__(self, args: Any, version_dir: str) -> dict[str, float]:
+    def __call__(self, args: argparse.Namespace, version_dir: str) -> dict[str, float]:
         """Publish what slime just wrote: the baseline for the root, else the version directory."""
         version = version_of(version_dir)
         if version is None:
@@ -149,7 +211,7 @@ class SlimePublisher:
 
     # ------------------------------------------------------------------ baseline
 
-    def publish_baseline(self, args: Any) -> dict[str, float]:
+    def publish_baseline(self, args: argparse.Namespace) -> dict[str, float]:
         """Publish ``--hf-checkpoint`` as ``<run>-v000000`` (FULL) and seed the served copy.
 
         Skipped when a COMPLETED hot-load of that identity exists and its manifest holds the
@@ -179,7 +241,7 @@ class SlimePublisher:
         existing = self.loader.completed_hot_load(identity)
         if self.config.publish_baseline and (existing is None or not self._manifest_matches(identity, checksums)):
             self._publish(hf_dir, identity, previous=None, metrics=metrics)
-            self._write_manifest(identity, "000000", checksums)
+            self.write_manifest(identity, 0, checksums)
         else:
             if existing is None:
                 raise CWTrainError(
@@ -192,7 +254,7 @@ class SlimePublisher:
                 self._record(
                     self.loader.rollback(identity, wait=self.config.wait, timeout=self.config.timeout), metrics
                 )
-        self._served(identity, 0)
+        self.record_served(identity, 0)
         self._version = 0
         self.cadence.published(full=True)
 
@@ -207,7 +269,9 @@ class SlimePublisher:
 
     # ------------------------------------------------------------------ versions
 
-    def publish_version(self, args: Any, version_dir: str | os.PathLike[str], version: int) -> dict[str, float]:
+    def publish_version(
+        self, args: argparse.Namespace, version_dir: str | os.PathLike[str], version: int
+    ) -> dict[str, float]:
         """Publish ``weight_v{version:06d}`` (FULL cut, delta, or nothing for an empty delta).
 
         Raises:
@@ -224,20 +288,20 @@ class SlimePublisher:
                 "(slime calls it on rank 0 at the first update_weights)"
             )
         index = _read_index(directory)
-        metadata = index.get("metadata") or {}
-        base = str(metadata.get("base_version", ""))
+        base = str(index["metadata"].get("base_version", ""))
         if not base.isdigit() or int(base) != self._version or version <= self._version:
             raise SnapshotError(
                 f"{directory} is version {version} over base_version {base!r}, but the last version seen is "
                 f"{self._version:06d}: versions must arrive in order, each over the previous one"
             )
-        weight_map = index.get("weight_map") or {}
+        weight_map: dict[str, str] = index["weight_map"]
         identity = self.identity(version)
         metrics: dict[str, float] = {"chain_cut": 0.0, "incremental": 0.0, "skipped_empty": 0.0}
 
-        if self._mirror is not None:
+        mirror = self._mirror
+        if mirror is not None:
             started = time.perf_counter()
-            report = self._mirror.apply_delta(directory)
+            report = mirror.apply_delta(directory)
             metrics["mirror_seconds"] = time.perf_counter() - started
             metrics.update(_report_metrics(report))
         else:
@@ -245,47 +309,54 @@ class SlimePublisher:
         self._version = version
 
         if self.cadence.is_full(version):
-            if self._mirror is None:
+            if mirror is None:
                 raise CWTrainError(
                     f"{identity} must be published FULL (chain cut) but no served copy is kept: "
                     "turn CWTRAIN_HOTLOAD_MIRROR on"
                 )
-            self._publish_from_mirror(identity, version, metrics)
+            self._publish_from_mirror(mirror, identity, version, metrics)
             return _prefixed(metrics)
         if not weight_map:
             metrics["skipped_empty"] = 1.0
             log.info("%s is an empty delta: nothing to publish; replicas keep %s", identity, self.served_identity)
-            if self._mirror is not None:
-                self._mirror.advance(f"{version:06d}")
+            if mirror is not None:
+                mirror.advance(f"{version:06d}")
             return _prefixed(metrics)
         previous = self.served_identity
         self._publish(directory, identity, previous=previous, metrics=metrics)
         metrics["incremental"] = 1.0
-        self._served(identity, version)
-        if self._mirror is not None:
-            self._write_manifest(identity, f"{version:06d}", self._mirror_checksums())
+        self.record_served(identity, version)
+        if mirror is not None:
+            self.write_manifest(identity, version, mirror.checksums)
         return _prefixed(metrics)
 
-    def _publish_from_mirror(self, identity: str, version: int, metrics: dict[str, float]) -> None:
+    def _publish_from_mirror(
+        self, mirror: WeightMirror, identity: str, version: int, metrics: dict[str, float]
+    ) -> None:
         """A FULL snapshot (chain cut) straight from the served copy in memory; nothing staged on disk."""
-        self._publish(self._mirror.tensors, identity, previous=None, metrics=metrics)
+        self._publish(mirror.tensors, identity, previous=None, metrics=metrics)
         metrics["chain_cut"] = 1.0
-        self._served(identity, version)
-        self._write_manifest(identity, f"{version:06d}", self._mirror_checksums())
+        self.record_served(identity, version)
+        self.write_manifest(identity, version, mirror.checksums)
 
     def _publish_full_dir(self, directory: Path, version: int) -> dict[str, float]:
         """Full mode: each version directory is a complete HF checkpoint."""
         identity = self.identity(version)
         metrics: dict[str, float] = {"chain_cut": 1.0, "incremental": 0.0}
         self._publish(directory, identity, previous=None, metrics=metrics)
-        self._served(identity, version)
+        self.record_served(identity, version)
         self._version = version
         return _prefixed(metrics)
 
     # ------------------------------------------------------------------ hot-load
 
     def _publish(
-        self, source: Path | Mapping[str, Any], identity: str, *, previous: str | None, metrics: dict[str, float]
+        self,
+        source: Path | Mapping[str, TensorData],
+        identity: str,
+        *,
+        previous: str | None,
+        metrics: dict[str, float],
     ) -> None:
         """Upload ``source`` (a directory, or tensors for a FULL) as ``identity``; hot-load; wait when configured."""
         config = self.config
@@ -306,7 +377,7 @@ class SlimePublisher:
             metrics["snapshot_bytes"] = float(_source_bytes(source))
             started = time.perf_counter()
             if config.wait:
-                progress: list[Any] = []
+                progress: list[ProgressEvent] = []
                 hot_load = loader.wait(
                     hot_load.id, timeout=max(1.0, deadline - time.monotonic()), on_progress=progress.append
                 )
@@ -323,46 +394,38 @@ class SlimePublisher:
         self.cadence.published(full=previous is None)
         self._record(hot_load, metrics)
 
-    def _record(self, hot_load: Any, metrics: dict[str, float]) -> None:
-        state = getattr(getattr(hot_load, "state", None), "name", None)
-        metrics["completed"] = 1.0 if state == "COMPLETED" else 0.0
+    @staticmethod
+    def _record(hot_load: HotLoad, metrics: dict[str, float]) -> None:
+        metrics["completed"] = 1.0 if hot_load.state is HotLoadState.COMPLETED else 0.0
 
-    def _served(self, identity: str, version: int) -> None:
+    def record_served(self, identity: str, version: int) -> None:
+        """Remember that the replicas serve ``identity`` (version ``version``) from now on.
+
+        Also written to ``<state_dir>/served_identity`` (identity + newline, replaced
+        atomically: :func:`cwtrain.integrations.nvext.write_served_identity`), where the
+        rollout function and the prompt-cache salt read it; a failed write only warns.
+        """
         self.served_identity = identity
         self.served_version = version
         try:
-            path = self.state_dir / SERVED_IDENTITY_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(identity, encoding="utf-8")
-            os.replace(tmp, path)
+            write_served_identity(self.state_dir, identity)
         except OSError as exc:  # informational only
             log.warning("could not record the served identity in %s: %s", self.config.state_dir, exc)
 
     # ------------------------------------------------------------------ manifests
 
-    def _mirror_checksums(self) -> Mapping[str, str] | None:
-        checksums = getattr(self._mirror, "checksums", None)
-        if callable(checksums):
-            checksums = checksums()
-        return checksums if isinstance(checksums, Mapping) else None
+    def write_manifest(self, identity: str, version: int, checksums: Mapping[str, str]) -> None:
+        """Write the manifest of ``identity`` (snapshot-format.md section 8.1); a failure only warns.
 
-    def manifest(self, identity: str, version: str, checksums: Mapping[str, str]) -> dict[str, Any]:
-        """The manifest of ``identity`` (snapshot-format.md section 8.1)."""
-        return {
-            "checksum_format": "adler32",
-            "deployment_id": self.config.deployment_id,
-            "identity": identity,
-            "run_id": self.config.run_id,
-            "tensors": dict(sorted(checksums.items())),
-            "version": version,
-        }
-
-    def _write_manifest(self, identity: str, version: str, checksums: Mapping[str, str] | None) -> None:
-        if checksums is None:
-            return
+        Args:
+            identity: the published identity.
+            version: its version (recorded as six digits, ``"000012"``).
+            checksums: the Adler-32 of every tensor of the full weights at ``identity``.
+        """
+        config = self.config
+        manifest = snapshot_manifest(identity, config.deployment_id, config.run_id, checksums, f"{version:06d}")
         try:
-            self.loader.upload_manifest(identity, self.manifest(identity, version, checksums))
+            self.loader.upload_manifest(identity, manifest)
         except Exception as exc:  # manifests only help resumes: warn, never fail the step
             log.warning("could not write the manifest of %s: %s", identity, exc)
 
@@ -378,13 +441,13 @@ class SlimePublisher:
 def _is_delta_dir(directory: Path) -> bool:
     """Whether ``directory`` holds a delta (its index metadata names a delta encoding)."""
     try:
-        metadata = _read_index(directory).get("metadata") or {}
+        metadata = _read_index(directory)["metadata"]
     except SnapshotError:
         return False  # a lone model.safetensors, or no index: a full checkpoint
-    return isinstance(metadata, dict) and "delta_encoding" in metadata
+    return "delta_encoding" in metadata
 
 
-def _delta_mode(args: Any) -> bool:
+def _delta_mode(args: argparse.Namespace) -> bool:
     """slime ``--update-weight-mode delta`` or miles ``--update-weight-transfer-mode disk-delta``."""
     return (
         getattr(args, "update_weight_mode", None) == "delta"
@@ -392,25 +455,18 @@ def _delta_mode(args: Any) -> bool:
     )
 
 
-def _source_bytes(source: Path | Mapping[str, Any]) -> int:
+def _source_bytes(source: Path | Mapping[str, TensorData]) -> int:
     if isinstance(source, Path):
         return sum(p.stat().st_size for p in source.iterdir() if p.is_file())
-    return sum(int(getattr(t, "nbytes", 0) or 0) for t in source.values())
+    return sum(tensor.nbytes for tensor in source.values())
 
 
-def _report_metrics(report: Any) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, names in (
-        ("tensors_changed", ("tensors_changed", "changed")),
-        ("tensors_verified", ("tensors_verified", "verified")),
-        ("bytes_changed", ("bytes_changed", "changed_bytes")),
-    ):
-        for name in names:
-            value = getattr(report, name, None)
-            if value is not None:
-                out[key] = float(len(value) if isinstance(value, list | tuple | set | frozenset | dict) else value)
-                break
-    return out
+def _report_metrics(report: DeltaReport) -> dict[str, float]:
+    return {
+        "tensors_changed": float(report.tensors_changed),
+        "tensors_verified": float(report.tensors_verified),
+        "bytes_changed": float(report.bytes_changed),
+    }
 
 
 def _prefixed(metrics: Mapping[str, float]) -> dict[str, float]:

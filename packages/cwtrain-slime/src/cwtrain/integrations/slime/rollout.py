@@ -33,105 +33,74 @@ Variables: ``CWTRAIN_ROLLOUT_BASE_URL``, ``CWTRAIN_ROLLOUT_MODEL`` (required) an
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from cwtrain.config import env_str
 from cwtrain.errors import ConfigError
+from cwtrain.integrations.frameworks import SLIME, require
+from cwtrain.integrations.nvext import read_served_identity
 
-from .config import HookConfig
+from .config import HookConfig, state_dir_for
+from .runtime import PromptTokenizer, SlimeRuntime
 
 if TYPE_CHECKING:
-    from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig
+    from cwtrain.integrations.rollout import CompletionSampler, Prompt, SamplingParams
 
 __all__ = [
+    "DataSource",
+    "RewardHooks",
     "generate_rollout",
-    "process_sampler",
-    "reset_rollout",
-    "run_sync",
     "prompt_of",
+    "run_sync",
     "sample_groups_into",
+    "sampling_params",
     "served_version",
     "set_tokenizer",
-    "trainer_tokenizer",
+    "trainer_sampler",
     "version_of_identity",
 ]
 
 log = logging.getLogger(__name__)
 
-SLIME_MISSING = (
-    'cwtrain.integrations.slime.rollout runs inside slime: install slime (pip install "cwtrain[slime]" adds cwtrain)'
-)
 _IDENTITY_VERSION = re.compile(r"-v(\d{6,})$")
 
-_lock = threading.Lock()
-_tokenizer: Any = None
-_tokenizer_loaded = False
-_samplers: dict[Any, CompletionSampler] = {}
+
+class DataSource(Protocol):
+    """slime's/miles' data source as the rollout function uses it."""
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        """``num_samples`` groups of ``Sample`` objects (one prompt each)."""
+        ...
 
 
-def set_tokenizer(tokenizer: Any) -> None:
+class RewardHooks(Protocol):
+    """slime's/miles' ``rm_hub`` module: the reward hooks (``--custom-rm-path``, ``--rm-type``)."""
+
+    async def async_rm(self, args: argparse.Namespace, sample: Any) -> Any:
+        """The reward of one sample."""
+        ...
+
+    async def batched_async_rm(self, args: argparse.Namespace, samples: list[Any]) -> list[Any]:
+        """The rewards of one group (``--group-rm``)."""
+        ...
+
+
+def set_tokenizer(tokenizer: PromptTokenizer | None) -> None:
     """Use ``tokenizer`` (``encode(text, add_special_tokens=False)``, ``decode``) for prompts.
 
     By default the trainer's tokenizer is loaded from ``--hf-checkpoint`` with transformers;
-    without one, prompts are sent as text and the endpoint's prompt token ids are used.
+    without one (or with ``None``), prompts are sent as text and the endpoint's prompt token
+    ids are used. Kept by the process's runtime until ``cwtrain.integrations.slime.reset()``.
     """
-    global _tokenizer, _tokenizer_loaded
-    with _lock:
-        _tokenizer, _tokenizer_loaded = tokenizer, True
-        _samplers.clear()
-
-
-def reset_rollout() -> None:
-    """Close the process's samplers and forget the tokenizer (tests; a new run in the same process)."""
-    global _tokenizer, _tokenizer_loaded
-    with _lock:
-        samplers = list(_samplers.values())
-        _samplers.clear()
-        _tokenizer, _tokenizer_loaded = None, False
-    for sampler in samplers:
-        try:
-            sampler.close()
-        except Exception:  # closing is best effort
-            log.debug("closing a sampler failed", exc_info=True)
-
-
-def trainer_tokenizer(args: Any) -> Any:
-    """The tokenizer for prompts: the one given to :func:`set_tokenizer`, else ``--hf-checkpoint``'s, else ``None``."""
-    global _tokenizer, _tokenizer_loaded
-    with _lock:
-        if not _tokenizer_loaded:
-            _tokenizer_loaded = True
-            try:
-                from transformers import AutoTokenizer  # type: ignore[import-not-found]
-
-                _tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint, trust_remote_code=True)
-            except Exception as exc:
-                log.warning(
-                    "no tokenizer from --hf-checkpoint %s (%s): prompts are sent as text and the endpoint's "
-                    "prompt token ids are trained on",
-                    getattr(args, "hf_checkpoint", None),
-                    exc,
-                )
-        return _tokenizer
-
-
-def process_sampler(config: RolloutConfig, tokenizer: Any, group_size: int) -> CompletionSampler:
-    """One sampler per configuration for the process (its connection pool outlives a step)."""
-    from cwtrain.integrations.rollout import CompletionSampler
-
-    key = (config, id(tokenizer), group_size)
-    with _lock:
-        sampler = _samplers.get(key)
-        if sampler is None:
-            sampler = _samplers[key] = CompletionSampler(config, tokenizer=tokenizer, group_size=group_size)
-        return sampler
+    SlimeRuntime.current().set_tokenizer(tokenizer)
 
 
 def version_of_identity(identity: str | None, run_id: str | None = None) -> int | None:
@@ -144,15 +113,15 @@ def version_of_identity(identity: str | None, run_id: str | None = None) -> int 
     return int(match.group(1))
 
 
-def served_version(args: Any, environ: dict[str, str] | None = None) -> int | None:
+def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int | None:
     """The weight version the deployment serves now, or ``None`` when it cannot be told.
 
     Asks the control plane for the current identity when ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` is
     set, else reads the ``served_identity`` file the hook keeps in its state directory.
     """
     env = dict(os.environ if environ is None else environ)
-    run_id = env.get("CWTRAIN_HOTLOAD_RUN_ID") or None
-    if env.get("CWTRAIN_HOTLOAD_DEPLOYMENT_ID"):
+    run_id = env_str("CWTRAIN_HOTLOAD_RUN_ID", env)
+    if env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", env):
         try:
             from .publisher import build_loader
 
@@ -161,22 +130,19 @@ def served_version(args: Any, environ: dict[str, str] | None = None) -> int | No
             try:
                 return version_of_identity(loader.current_identity(), run_id)
             finally:
-                close = getattr(loader.client, "close", None)
-                if callable(close):
-                    close()
+                loader.client.close()
         except Exception as exc:
             log.warning("could not ask the deployment which identity it serves: %s", exc)
-    state_dir = env.get("CWTRAIN_HOTLOAD_STATE_DIR") or (
-        str(getattr(args, "update_weight_disk_dir", "") or "").rstrip("/") + "-hotload"
+    state_dir = env_str("CWTRAIN_HOTLOAD_STATE_DIR", env) or state_dir_for(
+        str(getattr(args, "update_weight_disk_dir", "") or "")
     )
-    path = Path(state_dir) / "served_identity"
     try:
-        return version_of_identity(path.read_text(encoding="utf-8").strip(), run_id)
+        return version_of_identity(read_served_identity(state_dir), run_id)
     except OSError:
         return None
 
 
-def prompt_of(sample: Any, tokenizer: Any) -> Any:
+def prompt_of(sample: Any, tokenizer: PromptTokenizer | None) -> Prompt:
     """The prompt to send for ``sample``: its token ids when it has them or a tokenizer can make them."""
     from cwtrain.integrations.rollout import Prompt
 
@@ -193,7 +159,7 @@ def prompt_of(sample: Any, tokenizer: Any) -> Any:
     return Prompt(text=prompt)
 
 
-def sampling_params(args: Any) -> Any:
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The sampler's settings from slime's/miles' rollout flags."""
     from cwtrain.integrations.rollout import SamplingParams
 
@@ -210,11 +176,24 @@ def sampling_params(args: Any) -> Any:
     )
 
 
+def trainer_sampler(args: argparse.Namespace) -> CompletionSampler:
+    """The process's sampler for this run's flags and tokenizer (kept by the runtime across steps).
+
+    Raises:
+        ConfigError: a flag cannot work with remote rollouts.
+    """
+    from cwtrain.integrations.rollout import RolloutConfig
+
+    state = SlimeRuntime.current()
+    config = RolloutConfig.for_trainer(args)
+    return state.sampler(config, state.tokenizer(args), int(args.n_samples_per_prompt))
+
+
 async def sample_groups_into(
-    args: Any,
+    args: argparse.Namespace,
     groups: Sequence[Sequence[Any]],
     *,
-    rm: Any,
+    rm: RewardHooks,
     version: int | None,
     sampler: CompletionSampler | None = None,
 ) -> dict[str, float]:
@@ -225,17 +204,16 @@ async def sample_groups_into(
         groups: lists of ``Sample`` sharing one prompt each; filled in place.
         rm: the framework's reward module (``async_rm``, ``batched_async_rm``).
         version: the served version when the endpoint does not report one.
-        sampler: the sampler to use (default: the process's, from the environment).
+        sampler: the sampler to use (default: the process's, :func:`trainer_sampler`).
 
     Returns:
         the ``coreweave/*`` metrics of the batch.
     """
-    from cwtrain.integrations.rollout import RolloutConfig, fill_group
+    from cwtrain.integrations.rollout import fill_group
 
     if sampler is None:
-        config = RolloutConfig.for_trainer(args)
-        sampler = process_sampler(config, trainer_tokenizer(args), int(args.n_samples_per_prompt))
-    tokenizer = sampler.tokenizer
+        sampler = trainer_sampler(args)
+    tokenizer: PromptTokenizer | None = sampler.tokenizer
     prompts = [prompt_of(group[0], tokenizer) for group in groups]
     params = sampling_params(args)
     started = time.perf_counter()
@@ -252,7 +230,7 @@ async def sample_groups_into(
     return metrics
 
 
-async def _score(args: Any, groups: Sequence[Sequence[Any]], rm: Any) -> None:
+async def _score(args: argparse.Namespace, groups: Sequence[Sequence[Any]], rm: RewardHooks) -> None:
     """Rewards through the framework's own hooks (``--custom-rm-path``, ``--group-rm``)."""
     if getattr(args, "group_rm", False):
         for group in groups:
@@ -266,13 +244,13 @@ async def _score(args: Any, groups: Sequence[Sequence[Any]], rm: Any) -> None:
         sample.reward = reward
 
 
-def run_sync(coro: Any) -> Any:
+def run_sync[T](coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion from synchronous code, inside or outside a running loop."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    result: list[Any] = []
+    result: list[T] = []
     error: list[BaseException] = []
 
     def target() -> None:
@@ -289,7 +267,9 @@ def run_sync(coro: Any) -> Any:
     return result[0]
 
 
-def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+def generate_rollout(
+    args: argparse.Namespace, rollout_id: int, data_source: DataSource, evaluation: bool = False
+) -> Any:
     """slime's rollout function: one completions request per group, rewards by slime's hooks.
 
     Args:
@@ -302,14 +282,12 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         ``RolloutFnTrainOutput(samples, metrics)`` with ``--rollout-batch-size`` groups.
 
     Raises:
+        ImportError: slime is not installed (naming the install).
         ConfigError: a refused flag is set, or ``evaluation`` is requested.
         RolloutError: sampling failed.
     """
-    try:
-        from slime.rollout import rm_hub  # type: ignore[import-not-found]
-        from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise ImportError(SLIME_MISSING) from exc
+    rm_hub = cast(RewardHooks, require(SLIME, "slime.rollout.rm_hub"))
+    base_types = require(SLIME, "slime.rollout.base_types")
     if evaluation:
         raise ConfigError(
             "evaluation rollouts are not served by cwtrain.integrations.slime.rollout: unset --eval-interval "
@@ -321,4 +299,4 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     metrics["coreweave/rollout_id"] = float(rollout_id)
     if version is not None:
         metrics["coreweave/served_version"] = float(version)
-    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+    return base_types.RolloutFnTrainOutput(samples=groups, metrics=metrics)

@@ -24,19 +24,30 @@ or set ``CWTRAIN_HOTLOAD_STATE_DIR``).
 
 from __future__ import annotations
 
+import argparse
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cwtrain.errors import CWTrainError
+from cwtrain.errors import CWTrainError, SnapshotError, UsageError
 from cwtrain.hotload.chain import ChainCadence
+from cwtrain.hotload.identity import version_identity
+from cwtrain.infra.enums import HotLoadState
+from cwtrain.integrations.frameworks import SLIME, require
 
-from .config import HookConfig, default_run_id, identity_for
-from .publisher import SlimePublisher
+from .config import HookConfig
+from .publisher import SlimePublisher, build_loader
+from .runtime import SlimeRuntime
+
+if TYPE_CHECKING:
+    from cwtrain.hotload.codec import EncodedSnapshot
+    from cwtrain.hotload.format import SnapshotFile
+    from cwtrain.hotload.loader import HotLoader, ProgressEvent
+    from cwtrain.hotload.store import SnapshotStore
+    from cwtrain.hotload.tensors import TensorData
 
 __all__ = ["Collective", "SingleProcess", "TensorPublisher", "TorchCollective", "make_actor_cls"]
 
@@ -108,15 +119,15 @@ def _is_torch(tensor: Any) -> bool:
     return type(tensor).__module__.startswith("torch") and hasattr(tensor, "detach")
 
 
-def _host_copy(name: str, tensor: Any) -> Any:
-    """A host-memory :class:`~cwtrain.hotload.format.TensorData` *copy* of ``tensor``.
+def _host_copy(name: str, tensor: Any) -> TensorData:
+    """A host-memory :class:`~cwtrain.hotload.tensors.TensorData` *copy* of ``tensor``.
 
     A copy, never a view: the trainer updates its parameters in place, and the served copy
     must keep the bytes the replicas hold.
     """
     import numpy as np
 
-    from cwtrain.hotload.tensors import TensorData, as_tensor_data
+    from cwtrain.hotload.tensors import FileRegion, TensorData, as_tensor_data
 
     if _is_torch(tensor):
         from cwtrain.hotload.torch import safetensors_dtype
@@ -126,7 +137,7 @@ def _host_copy(name: str, tensor: Any) -> Any:
             safetensors_dtype(host.dtype), tuple(host.shape), host.reshape(-1).view(torch_uint8()).numpy()
         )
     data = as_tensor_data(name, tensor)
-    raw: Any = data.data
+    raw = data.data.read() if isinstance(data.data, FileRegion) else data.data
     return TensorData(data.dtype, tuple(data.shape), np.array(np.frombuffer(raw, dtype=np.uint8), copy=True))
 
 
@@ -143,27 +154,26 @@ def _nbytes(tensor: Any) -> int:
     return int(tensor.nbytes)
 
 
-def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, Any]:
+def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, TensorData]:
     """This rank's tensors as served at the baseline: read from ``--hf-checkpoint`` into host memory."""
     import numpy as np
 
     from cwtrain.hotload.delta import open_checkpoint
-    from cwtrain.hotload.tensors import TensorData
+    from cwtrain.hotload.tensors import FileRegion, TensorData
 
     wanted = set(names)
-    out: dict[str, Any] = {}
+    out: dict[str, TensorData] = {}
     with open_checkpoint(hf_checkpoint) as checkpoint:
         for name, tensor in checkpoint.tensors.items():
             if name in wanted:
-                region: Any = tensor.data  # a FileRegion: (fd, offset, nbytes)
-                data = np.empty(tensor.nbytes, dtype=np.uint8)
-                view, done = memoryview(data), 0
-                while done < tensor.nbytes:
-                    got = os.preadv(region.fd, [view[done:]], region.offset + done)
-                    if got <= 0:
-                        raise CWTrainError(f"{hf_checkpoint}: file ended early while reading tensor {name!r}")
-                    done += got
-                out[name] = TensorData(tensor.dtype, tuple(tensor.shape), data)
+                region = tensor.data
+                if not isinstance(region, FileRegion):  # open_checkpoint maps every tensor to its file
+                    raise CWTrainError(f"{hf_checkpoint}: tensor {name!r} is not backed by a file")
+                try:
+                    raw = region.read()
+                except SnapshotError:
+                    raise CWTrainError(f"{hf_checkpoint}: file ended early while reading tensor {name!r}") from None
+                out[name] = TensorData(tensor.dtype, tuple(tensor.shape), np.frombuffer(raw, dtype=np.uint8))
     return out
 
 
@@ -189,23 +199,45 @@ class TensorPublisher:
     """
 
     def __init__(
-        self, config: HookConfig, collective: Collective | None = None, *, loader: Any = None, start_version: int = 0
+        self,
+        config: HookConfig,
+        collective: Collective | None = None,
+        *,
+        loader: HotLoader | None = None,
+        start_version: int = 0,
     ) -> None:
         self.config = config
         self.collective: Collective = collective if collective is not None else SingleProcess()
-        self.publisher = SlimePublisher(config, loader=loader)
+        self._loader = loader
+        self._publisher: SlimePublisher | None = None
         self.version = start_version
-        self.served: dict[str, Any] | None = None
+        self.served: dict[str, TensorData] | None = None
         self.served_identity: str | None = None
         self.cadence = ChainCadence(config.full_every)
-        self._target: tuple[Any, str, str] | None = None
+        self._store: SnapshotStore | None = None
 
     @property
     def rank(self) -> int:
         """This process's rank."""
         return self.collective.rank
 
-    def publish(self, args: Any, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, float] | None:
+    @property
+    def loader(self) -> HotLoader:
+        """Rank 0's hot-loader (built from the config on first use)."""
+        if self._loader is None:
+            self._loader = build_loader(self.config)
+        return self._loader
+
+    @property
+    def publisher(self) -> SlimePublisher:
+        """Rank 0's :class:`SlimePublisher` on the same loader: the baseline, manifests, the served identity."""
+        if self._publisher is None:
+            self._publisher = SlimePublisher(self.config, loader=self.loader)
+        return self._publisher
+
+    def publish(
+        self, args: argparse.Namespace | None, named_tensors: Iterable[tuple[str, Any]]
+    ) -> dict[str, float] | None:
         """Publish this version from ``named_tensors`` (the HF-named tensors this rank holds).
 
         Every rank must call it, in step. Returns ``hotload/*`` metrics on rank 0.
@@ -217,9 +249,11 @@ class TensorPublisher:
         tensors = dict(named_tensors)  # live tensors: on the device for the torch path
         export_seconds = time.perf_counter() - started
         if self.served is None:
+            if args is None:
+                raise UsageError("the first publish is the baseline: pass slime's args (--hf-checkpoint)")
             return self._baseline(args, tensors)
         self.version += 1
-        identity = identity_for(self.config.run_id, self.version)
+        identity = version_identity(self.config.run_id, self.version)
         full = self.cadence.is_full(self.version)
         metrics = self._publish(identity, tensors, full=full)
         if metrics is not None:
@@ -228,7 +262,7 @@ class TensorPublisher:
 
     # ------------------------------------------------------------------ baseline
 
-    def _baseline(self, args: Any, tensors: Mapping[str, Any]) -> dict[str, float] | None:
+    def _baseline(self, args: argparse.Namespace, tensors: Mapping[str, Any]) -> dict[str, float] | None:
         metrics: dict[str, float] | None = None
         error: str | None = None
         if self.rank == 0:
@@ -245,7 +279,7 @@ class TensorPublisher:
                 log.warning("%s is not in --hf-checkpoint; its served copy starts from the trainer's tensor", name)
                 base[name] = _host_copy(name, tensor)
         self.served = base
-        self.served_identity = identity_for(self.config.run_id, 0)
+        self.served_identity = version_identity(self.config.run_id, 0)
         self.cadence.published(full=True)
         return metrics
 
@@ -256,7 +290,9 @@ class TensorPublisher:
 
     # ------------------------------------------------------------------ versions
 
-    def _encode(self, tensors: Mapping[str, Any], host: Mapping[str, Any], *, full: bool) -> Any:
+    def _encode(
+        self, tensors: Mapping[str, Any], host: Mapping[str, TensorData], *, full: bool
+    ) -> EncodedSnapshot | None:
         """This rank's snapshot: FULL from host copies, else the delta against the served copy.
 
         Torch tensors are XORed where they live (:class:`~cwtrain.hotload.torch.TorchDeltaEncoder`,
@@ -284,7 +320,7 @@ class TensorPublisher:
 
         metrics: dict[str, float] = {"hotload/chain_cut": float(full), "hotload/incremental": 0.0}
         started = time.perf_counter()
-        snap: Any = None
+        snap: EncodedSnapshot | None = None
         problem: str | None = None
         try:
             host = {name: _host_copy(name, tensor) for name, tensor in tensors.items()} if full else {}
@@ -320,17 +356,17 @@ class TensorPublisher:
         else:
             renamed = {f.name: shard_name(offset + i, total) for i, f in enumerate(files)}
         files = [SnapshotFile(renamed[f.name], tuple(f.buffers)) for f in files]
-        weight_map = {name: renamed[shard] for name, shard in (snap.index_json["weight_map"] if snap else {}).items()}
+        encoded_map: dict[str, str] = snap.index_json["weight_map"] if snap is not None else {}
+        weight_map = {name: renamed[shard] for name, shard in encoded_map.items()}
         checksums = dict(snap.checksums) if snap is not None else {}
         size = sum(_nbytes(t) for t in tensors.values())
 
-        loader = self.publisher.loader if self.rank == 0 else None
         error: str | None = None
         started = time.perf_counter()
         try:
-            if self._target is None:
-                self._target = self._s3_target()
-            self._upload_shards(identity, files)
+            if self._store is None:
+                self._store = self._shared_store()
+            self._upload_shards(self._store, identity, files)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         results: list[_RankResult] = self.collective.all_gather_object(
@@ -339,7 +375,6 @@ class TensorPublisher:
         failed = [r.error for r in results if r.error]
         outcome: str | None = failed[0] if failed else None
         if self.rank == 0 and outcome is None:
-            assert loader is not None
             try:
                 self._commit(identity, results, full=full, metrics=metrics, upload_started=started)
             except Exception as exc:
@@ -352,36 +387,31 @@ class TensorPublisher:
         self.served_identity = identity
         return metrics if self.rank == 0 else None
 
-    def _s3_target(self) -> tuple[Any, str, str]:
-        """(s3 client, bucket, path prefix) of the deployment, resolved on rank 0 and shared."""
+    def _shared_store(self) -> SnapshotStore:
+        """The deployment's snapshot store: resolved on rank 0, its bucket and prefix shared with every rank."""
+        from cwtrain.hotload.store import SnapshotStore
+
         target: tuple[str, str] | str | None = None
+        store: SnapshotStore | None = None
         if self.rank == 0:
             try:
-                hot = self.publisher.loader.deployment.hot_load
-                target = "the deployment has no hotLoad" if hot is None else (hot.bucket, hot.path_prefix.strip("/"))
+                store = self.loader.store
+                target = (store.bucket, store.path_prefix)
             except Exception as exc:
                 target = f"{type(exc).__name__}: {exc}"
         target = self.collective.broadcast_object(target)
         if isinstance(target, str) or target is None:
             raise CWTrainError(f"cannot resolve the snapshot bucket: {target}")
-        if self.rank == 0:
-            s3 = self.publisher.loader.s3
-        else:
-            from cwtrain.infra.s3 import s3_client
+        if store is not None:
+            return store
+        from cwtrain.infra.s3 import s3_client
 
-            s3 = s3_client()
-        return s3, target[0], target[1]
+        return SnapshotStore(s3_client(), target[0], target[1])
 
-    def _upload_shards(self, identity: str, files: list[Any]) -> None:
-        from cwtrain.hotload.upload import SnapshotUpload
-
+    def _upload_shards(self, store: SnapshotStore, identity: str, files: list[SnapshotFile]) -> None:
         if not files:
             return
-        assert self._target is not None
-        s3, bucket, prefix = self._target
-        with SnapshotUpload(
-            s3, bucket=bucket, identity=identity, path_prefix=prefix, workers=self.config.upload_workers
-        ) as upload:
+        with store.open_upload(identity, workers=self.config.upload_workers) as upload:
             for file in files:
                 upload.add(file)
             upload.finish_share()  # no index: rank 0 commits it over every rank's shards
@@ -396,14 +426,14 @@ class TensorPublisher:
         weight_map = merge_weight_maps(r.weight_map for r in results)
         previous = None if full else self.served_identity
         assert full or previous is not None
-        loader = self.publisher.loader
-        assert self._target is not None  # resolved before the shards were uploaded
-        s3, bucket, prefix = self._target
+        loader = self.loader
+        store = self._store
+        assert store is not None  # resolved before the shards were uploaded
         commit_shared_index(
-            s3,
-            bucket=bucket,
+            store.s3,
+            bucket=store.bucket,
             identity=identity,
-            path_prefix=prefix,
+            path_prefix=store.path_prefix,
             weight_map=weight_map,
             full=full,
             total_size=sum(r.total_size for r in results),
@@ -423,19 +453,18 @@ class TensorPublisher:
             timeout=config.timeout,
         )
         if config.wait:
-            events: list[Any] = []
+            events: list[ProgressEvent] = []
             hot_load = loader.wait(hot_load.id, timeout=config.timeout, on_progress=events.append)
             if events:
                 metrics["hotload/replicas_ready"] = float(events[-1].ready)
                 metrics["hotload/replicas_total"] = float(events[-1].total)
         metrics["hotload/hot_load_seconds"] = time.perf_counter() - started
         metrics["hotload/incremental"] = float(not full)
-        state = getattr(getattr(hot_load, "state", None), "name", None)
-        metrics["hotload/completed"] = 1.0 if state == "COMPLETED" else 0.0
+        metrics["hotload/completed"] = 1.0 if hot_load.state is HotLoadState.COMPLETED else 0.0
         # every rank reports the Adler-32 of all its tensors, changed or not: the full weights
         checksums = {n: c for r in results for n, c in r.checksums.items()}
-        self.publisher._write_manifest(identity, f"{self.version:06d}", checksums)
-        self.publisher._served(identity, self.version)
+        self.publisher.write_manifest(identity, self.version, checksums)
+        self.publisher.record_served(identity, self.version)
 
 
 # ---------------------------------------------------------------------- the actor
@@ -451,13 +480,7 @@ def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
         ImportError: slime is not installed.
     """
     if base is None:
-        try:
-            from slime.backends.megatron_utils.actor import MegatronTrainRayActor  # type: ignore[import-not-found]
-        except ImportError as exc:
-            from . import SLIME_MISSING
-
-            raise ImportError(SLIME_MISSING) from exc
-        base = MegatronTrainRayActor
+        base = require(SLIME, "slime.backends.megatron_utils.actor").MegatronTrainRayActor
 
     class CoreWeaveTrainRayActor(base):  # type: ignore[misc, valid-type]
         """slime's train actor publishing each weight version by hot-load from its tensors."""
@@ -471,8 +494,7 @@ def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
                 config: HookConfig | str | None = None
                 if collective.rank == 0:
                     try:
-                        config = HookConfig.from_env(default_run_id=default_run_id(self.args))
-                        config = config.with_state_dir(self.args)
+                        config = SlimeRuntime.current().hook_config(self.args)
                     except Exception as exc:  # the other ranks wait in the broadcast: tell them
                         config = f"{type(exc).__name__}: {exc}"
                 config = collective.broadcast_object(config)
