@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from cwtrain.errors import CWTrainError
 from cwtrain.hotload.chain import ChainCadence
+from cwtrain.infra.objectstore import ObjectStore
 
 from .config import HookConfig, default_run_id, identity_for
 from .publisher import SlimePublisher
@@ -198,7 +199,7 @@ class TensorPublisher:
         self.served: dict[str, Any] | None = None
         self.served_identity: str | None = None
         self.cadence = ChainCadence(config.full_every)
-        self._target: tuple[Any, str, str] | None = None
+        self._target: tuple[ObjectStore, str, str] | None = None
 
     @property
     def rank(self) -> int:
@@ -352,8 +353,8 @@ class TensorPublisher:
         self.served_identity = identity
         return metrics if self.rank == 0 else None
 
-    def _s3_target(self) -> tuple[Any, str, str]:
-        """(s3 client, bucket, path prefix) of the deployment, resolved on rank 0 and shared."""
+    def _s3_target(self) -> tuple[ObjectStore, str, str]:
+        """(object store, bucket, path prefix) of the deployment, resolved on rank 0 and shared."""
         target: tuple[str, str] | str | None = None
         if self.rank == 0:
             try:
@@ -367,9 +368,9 @@ class TensorPublisher:
         if self.rank == 0:
             s3 = self.publisher.loader.s3
         else:
-            from cwtrain.infra.s3 import s3_client
+            from cwtrain.infra.s3 import object_store
 
-            s3 = s3_client()
+            s3 = object_store()
         return s3, target[0], target[1]
 
     def _upload_shards(self, identity: str, files: list[Any]) -> None:
