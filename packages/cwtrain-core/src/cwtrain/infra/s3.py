@@ -35,8 +35,8 @@ sign payloads anyway; a ``config`` you pass is merged over these settings.
 
 **The object store.** :func:`object_store` takes the same arguments and returns a
 :class:`Boto3ObjectStore`: the :class:`~cwtrain.infra.objectstore.ObjectStore` that
-every cwtrain upload, manifest and permission check uses. It keeps every botocore detail
-here: it turns SDK exceptions into cwtrain's object-store errors (see
+every cwtrain upload, manifest and permission check uses. Every botocore detail stays in
+this module and its send path: it turns SDK exceptions into cwtrain's object-store errors (see
 :mod:`cwtrain.infra.objectstore`), follows listing pages, and sends request bodies
 without copies. :func:`as_object_store` wraps a raw boto3 client the same way, so
 ``upload_snapshot(..., s3=s3_client())`` and ``HotLoader(api, dep, s3=client)`` work::
@@ -347,6 +347,7 @@ def as_object_store(s3: ObjectStoreLike | None = None) -> ObjectStore:
 
     Raises:
         ConfigError: ``None`` and no region or a bad endpoint in the environment.
+        ObjectStoreError: ``None`` and the SDK refused to build the client.
     """
     if s3 is None:
         return object_store()

@@ -140,8 +140,13 @@ def _swap_body(request: Any, **_: Any) -> None:
 
 
 def install_zero_copy(client: S3Client) -> None:
-    """Let ``client`` send :class:`_BodyFile` bodies without copying (idempotent)."""
-    events = client.meta.events
+    """Let ``client`` send :class:`_BodyFile` bodies without copying (idempotent).
+
+    A no-op for an object without botocore's event system (it then sends bodies through ``read``).
+    """
+    events = getattr(getattr(client, "meta", None), "events", None)
+    if events is None:
+        return
     for operation in ("PutObject", "UploadPart"):
         events.register(f"before-send.s3.{operation}", _swap_body, unique_id=f"cwtrain-zero-copy-{operation}")
     install_sendfile(client)
