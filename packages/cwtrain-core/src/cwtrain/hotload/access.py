@@ -19,23 +19,26 @@ Step    Call                                         Expected                   
 
 The multipart upload is never completed, so no object remains. A refusal raises
 :class:`~cwtrain.errors.SnapshotAccessError` naming the permission, the S3 error code and
-both policy layers (and the open upload id when step 4 fails). Missing credentials and
-transport errors (an unreachable endpoint) pass through unchanged. The same check runs
-as ``cwtrain hotload check`` and ``python -m cwtrain.integrations.preflight``.
+both policy layers (and the open upload id when step 4 fails); the code is the store's
+(:attr:`~cwtrain.infra.objectstore.ObjectStoreStatusError.code`). Errors without an answer
+(missing credentials, an unreachable endpoint: the store's
+:class:`~cwtrain.infra.objectstore.ObjectStoreError` that is not a status error) pass
+through unchanged. The same check runs as ``cwtrain hotload check`` and
+``python -m cwtrain.integrations.preflight``.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from cwtrain.errors import SnapshotAccessError
-from cwtrain.hotload.objects import error_code, is_missing
+from cwtrain.infra.objectstore import ObjectStoreStatusError
+from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 __all__ = ["check_snapshot_access"]
 
 
-def check_snapshot_access(s3: Any, bucket: str, path_prefix: str = "") -> str:
+def check_snapshot_access(s3: ObjectStoreLike | None, bucket: str, path_prefix: str = "") -> str:
     """Prove the four permissions publishing needs, leaving nothing behind (spec section 9).
 
     1. ListObjectsV2(``P/``, MaxKeys=1) -> ``s3:ListBucket``; 2. HEAD of a random
@@ -43,7 +46,7 @@ def check_snapshot_access(s3: Any, bucket: str, path_prefix: str = "") -> str:
     there -> ``s3:PutObject``; 4. AbortMultipartUpload -> ``s3:AbortMultipartUpload``.
 
     Args:
-        s3: a boto3 S3 client.
+        s3: the object store, or a boto3 client (wrapped); ``None`` builds one from the environment.
         bucket: the bucket.
         path_prefix: the hot-load path prefix (may be empty).
 
@@ -54,29 +57,27 @@ def check_snapshot_access(s3: Any, bucket: str, path_prefix: str = "") -> str:
         SnapshotAccessError: a call was refused; names the permission and the S3 error code.
             Missing credentials and transport errors pass through unchanged.
     """
-    from botocore.exceptions import ClientError
-
+    store = as_object_store(s3)
     prefix = (path_prefix or "").strip("/")
     base = f"{prefix}/" if prefix else ""
     uri = f"s3://{bucket}/{base}"
     probe = f"{base}_preflight/{uuid.uuid4().hex}"
     try:
-        s3.list_objects_v2(Bucket=bucket, Prefix=base, MaxKeys=1)
-    except ClientError as exc:
-        raise SnapshotAccessError(uri, "s3:ListBucket", error_code(exc)) from exc
+        store.list_objects(bucket, base, limit=1)
+    except ObjectStoreStatusError as exc:
+        raise SnapshotAccessError(uri, "s3:ListBucket", exc.code) from exc
     try:
-        s3.head_object(Bucket=bucket, Key=probe)
-    except ClientError as exc:
-        if not is_missing(exc):
-            raise SnapshotAccessError(uri, "s3:GetObject", error_code(exc)) from exc
-    else:
+        found = store.head(bucket, probe)
+    except ObjectStoreStatusError as exc:
+        raise SnapshotAccessError(uri, "s3:GetObject", exc.code) from exc
+    if found is not None:
         raise SnapshotAccessError(uri, "s3:GetObject", "?")  # a random key that exists: not a 404
     try:
-        upload_id = str(s3.create_multipart_upload(Bucket=bucket, Key=probe)["UploadId"])
-    except ClientError as exc:
-        raise SnapshotAccessError(uri, "s3:PutObject", error_code(exc)) from exc
+        upload_id = store.create_multipart(bucket, probe)
+    except ObjectStoreStatusError as exc:
+        raise SnapshotAccessError(uri, "s3:PutObject", exc.code) from exc
     try:
-        s3.abort_multipart_upload(Bucket=bucket, Key=probe, UploadId=upload_id)
-    except ClientError as exc:
-        raise SnapshotAccessError(uri, "s3:AbortMultipartUpload", error_code(exc), upload_id=upload_id) from exc
+        store.abort_multipart(bucket, probe, upload_id)
+    except ObjectStoreStatusError as exc:
+        raise SnapshotAccessError(uri, "s3:AbortMultipartUpload", exc.code, upload_id=upload_id) from exc
     return uri

@@ -12,11 +12,11 @@ their own way and share this commit.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.format import CHECKSUM_FORMAT, INDEX_NAME, SnapshotFile, serialize_index, upload_index_bytes
 from cwtrain.hotload.upload import SnapshotUpload
+from cwtrain.infra.s3 import ObjectStoreLike
 
 __all__ = ["commit_shared_index", "merge_weight_maps"]
 
@@ -37,7 +37,7 @@ def merge_weight_maps(maps: Iterable[Mapping[str, str]]) -> dict[str, str]:
 
 
 def commit_shared_index(
-    s3: Any,
+    s3: ObjectStoreLike | None,
     *,
     bucket: str,
     identity: str,
@@ -51,7 +51,7 @@ def commit_shared_index(
     """Write the index of a snapshot whose shards other writers stored; returns its URI.
 
     Args:
-        s3: a boto3 S3 client.
+        s3: the object store (or a boto3 client, wrapped); ``None`` builds one from the environment.
         bucket: the hot-load bucket.
         identity: the snapshot identity.
         path_prefix: the hot-load path prefix.

@@ -76,6 +76,8 @@ from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
 from cwtrain.infra.models import Deployment, HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
+from cwtrain.infra.objectstore import ObjectStore
+from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 from cwtrain.polling import Budget
 
 if TYPE_CHECKING:
@@ -92,7 +94,8 @@ class HotLoader:
     Args:
         client: the API client.
         deployment_id: the target deployment (must have ``spec.hotLoad``).
-        s3: a boto3 S3 client; built with :func:`cwtrain.infra.s3.s3_client` on first use.
+        s3: the object store, or a boto3 S3 client (wrapped); built with
+            :func:`cwtrain.infra.s3.object_store` on first use.
         timeout: default seconds per call (publish: readiness + single-flight + completion).
         poll_interval: seconds between polls.
     """
@@ -102,7 +105,7 @@ class HotLoader:
         client: InferenceClient,
         deployment_id: str,
         *,
-        s3: Any = None,
+        s3: ObjectStoreLike | None = None,
         timeout: float = 1800.0,
         poll_interval: float = 5.0,
     ) -> None:
@@ -112,7 +115,7 @@ class HotLoader:
         self.deployment_id = deployment_id
         self.timeout = float(timeout)
         self.poll_interval = float(poll_interval)
-        self._s3 = s3
+        self._s3: ObjectStoreLike | None = s3
         self._deployment: Deployment | None = None
 
     def __repr__(self) -> str:
@@ -121,16 +124,14 @@ class HotLoader:
     # ------------------------------------------------------------ deployment, s3
 
     @property
-    def s3(self) -> Any:
-        """The S3 client (built on first use from the environment)."""
-        if self._s3 is None:
-            from cwtrain.infra.s3 import s3_client
-
-            self._s3 = s3_client()
-        return self._s3
+    def s3(self) -> ObjectStore:
+        """The object store (a boto3 client passed in is wrapped; built from the environment on first use)."""
+        store = as_object_store(self._s3)
+        self._s3 = store
+        return store
 
     @s3.setter
-    def s3(self, value: Any) -> None:
+    def s3(self, value: ObjectStoreLike | None) -> None:
         self._s3 = value
 
     @property

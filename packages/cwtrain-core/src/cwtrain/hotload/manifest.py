@@ -21,12 +21,15 @@ from typing import Any
 from cwtrain.errors import SnapshotConflictError, SnapshotError
 from cwtrain.hotload.format import CHECKSUM_FORMAT
 from cwtrain.hotload.identity import validate_identity
-from cwtrain.hotload.objects import error_code, http_status, is_missing
+from cwtrain.infra.objectstore import (
+    ConditionalConflictError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreNotImplementedError,
+)
+from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 __all__ = ["manifest_bytes", "manifest_key", "read_manifest", "snapshot_manifest", "write_manifest"]
-
-_EXISTS = ("PreconditionFailed", "ConditionalRequestConflict")
-_UNSUPPORTED = ("NotImplemented",)
 
 
 def manifest_key(path_prefix: str, identity: str) -> str:
@@ -72,47 +75,50 @@ def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
     return json.dumps(dict(manifest), sort_keys=True, indent=0).encode("utf-8")
 
 
-def read_manifest(s3: Any, bucket: str, path_prefix: str, identity: str) -> dict[str, Any] | None:
+def read_manifest(s3: ObjectStoreLike, bucket: str, path_prefix: str, identity: str) -> dict[str, Any] | None:
     """The manifest of ``identity``, or ``None`` when absent (other store errors raise)."""
-    from botocore.exceptions import ClientError
-
     key = manifest_key(path_prefix, identity)
     try:
-        response = s3.get_object(Bucket=bucket, Key=key)
-    except ClientError as exc:
-        if is_missing(exc):
-            return None
-        raise
-    value = json.loads(response["Body"].read())
+        body = as_object_store(s3).get(bucket, key)
+    except ObjectNotFoundError:
+        return None
+    with body:
+        value = json.loads(body.read())
     if not isinstance(value, dict):
         raise SnapshotError(f"manifest s3://{bucket}/{key} is not a JSON object")
     return value
 
 
-def write_manifest(s3: Any, bucket: str, path_prefix: str, identity: str, manifest: Mapping[str, Any]) -> str:
+def write_manifest(
+    s3: ObjectStoreLike, bucket: str, path_prefix: str, identity: str, manifest: Mapping[str, Any]
+) -> str:
     """Write the manifest create-only; returns its ``s3://`` URI.
+
+    Args:
+        s3: the object store (a boto3 client is wrapped).
+        bucket: the hot-load bucket.
+        path_prefix: the hot-load path prefix.
+        identity: the snapshot identity.
+        manifest: the manifest (see the module docstring).
 
     Raises:
         SnapshotConflictError: a different manifest is stored under this identity.
     """
-    from botocore.exceptions import ClientError
-
+    store = as_object_store(s3)
     key = manifest_key(path_prefix, identity)
     body = manifest_bytes(manifest)
     uri = f"s3://{bucket}/{key}"
     try:
-        s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*")
+        store.put(bucket, key, body, content_type="application/json", if_none_match=True)
         return uri
-    except ClientError as exc:
-        code, status = error_code(exc), http_status(exc)
-        unsupported = code in _UNSUPPORTED or status == 501
-        if unsupported and read_manifest(s3, bucket, path_prefix, identity) is None:
+    except StoreNotImplementedError:
+        if read_manifest(store, bucket, path_prefix, identity) is None:
             # A store without conditional writes: checked absent, then written.
-            s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+            store.put(bucket, key, body, content_type="application/json")
             return uri
-        if not (unsupported or code in _EXISTS or status in (409, 412)):
-            raise
-    existing = read_manifest(s3, bucket, path_prefix, identity)
+    except (PreconditionFailedError, ConditionalConflictError):
+        pass  # stored already (or being stored): compared below
+    existing = read_manifest(store, bucket, path_prefix, identity)
     if existing is not None and manifest_bytes(existing) == body:
         return uri
     raise SnapshotConflictError(identity, [f"{key} (a different manifest)"])

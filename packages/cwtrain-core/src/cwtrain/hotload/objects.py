@@ -6,8 +6,8 @@ snapshot). It follows spec ``snapshot-format.md`` section 7 for a single key:
 * **Bytes once.** An :class:`ObjectSource` is a file's bytes as flat memory views: the
   encoder's buffers, or a read-only ``mmap`` of a file on disk. The SHA-256 is one pass
   over those views (the only pass that reads every byte in Python); the request bodies
-  are slices of the same views, handed to the socket without copies (see
-  :func:`install_zero_copy`). Multipart needs the hash before the first part, because user
+  are slices of the same views, which the store sends without copies (see
+  :mod:`cwtrain.infra.s3_send`). Multipart needs the hash before the first part, because user
   metadata is fixed at CreateMultipartUpload; hashing the mapped views first costs no
   extra read or copy, unlike a hash pre-pass that reads the file and then reads it again.
 * **Create-only.** ``PutObject`` up to the part size, else a multipart upload with
@@ -24,6 +24,14 @@ snapshot). It follows spec ``snapshot-format.md`` section 7 for a single key:
   with a HEAD afterwards; a mismatch raises :class:`~cwtrain.errors.SnapshotChecksumError`.
 * **Abort.** A multipart upload that fails or is cancelled in this process is aborted.
   Nothing is ever deleted or overwritten.
+
+Every request goes through an :class:`~cwtrain.infra.objectstore.ObjectStore`; the store
+answers above arrive as its errors (``PreconditionFailedError``,
+``ConditionalConflictError``, ``StoreNotImplementedError``, ``UploadNotFoundError``)::
+
+    with ThreadPoolExecutor(8) as parts:
+        writer = ObjectWriter(store, "weights", "run1-v000007", part_size=64 << 20, part_pool=parts)
+        writer.write("hotload/run1-v000007/config.json", ObjectSource.from_path("ckpt/config.json"))
 """
 
 from __future__ import annotations
@@ -36,10 +44,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
 from cwtrain.errors import ConfigError, SnapshotChecksumError, SnapshotConflictError, SnapshotError
-from cwtrain.hotload.sources import ObjectSource, Payload, install_zero_copy
+from cwtrain.hotload.sources import ObjectSource
+from cwtrain.infra.objectstore import (
+    ConditionalConflictError,
+    ObjectStore,
+    ObjectStoreStatusError,
+    OpenUpload,
+    Payload,
+    PreconditionFailedError,
+    StoreNotImplementedError,
+    UploadNotFoundError,
+)
+from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 __all__ = [
     "DEFAULT_PART_SIZE",
@@ -50,10 +68,7 @@ __all__ = [
     "ObjectSource",
     "ObjectWriter",
     "RemoteObject",
-    "error_code",
     "head_object",
-    "install_zero_copy",
-    "is_missing",
     "part_size_for",
 ]
 
@@ -97,40 +112,6 @@ def check_part_size(part_size: int) -> int:
     return part_size
 
 
-# ------------------------------------------------------------------------ errors
-
-
-def error_code(exc: BaseException) -> str:
-    """The S3 error code of a botocore ``ClientError``, else ``"?"``."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        code = response.get("Error", {}).get("Code")
-        if code:
-            return str(code)
-    return "?"
-
-
-def http_status(exc: BaseException) -> int | None:
-    """The HTTP status of a botocore ``ClientError``, if any."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return int(status) if status else None
-    return None
-
-
-def is_missing(exc: BaseException) -> bool:
-    """Whether a ``ClientError`` means "no such key" (404, ``NoSuchKey``, ``NotFound``)."""
-    return error_code(exc) in ("NoSuchKey", "NotFound", "404") or http_status(exc) == 404
-
-
-def _client_error() -> type[Exception]:
-    from botocore.exceptions import ClientError
-
-    error: type[Exception] = ClientError
-    return error
-
-
 # ------------------------------------------------------------------------ remote
 
 
@@ -168,21 +149,12 @@ def etag_matches(source: ObjectSource, etag: str) -> bool:
     return digest.hexdigest() == hex_part
 
 
-def head_object(s3: Any, bucket: str, key: str) -> RemoteObject | None:
+def head_object(s3: ObjectStore, bucket: str, key: str) -> RemoteObject | None:
     """HEAD ``key``: a :class:`RemoteObject`, or ``None`` when it does not exist."""
-    try:
-        response = s3.head_object(Bucket=bucket, Key=key)
-    except _client_error() as exc:
-        if is_missing(exc):
-            return None
-        raise
-    metadata = {str(k).lower(): str(v) for k, v in (response.get("Metadata") or {}).items()}
-    return RemoteObject(
-        key=key,
-        size=int(response.get("ContentLength", 0)),
-        etag=str(response.get("ETag", "")),
-        sha256=metadata.get(SHA256_METADATA),
-    )
+    stored = s3.head(bucket, key)
+    if stored is None:
+        return None
+    return RemoteObject(key=key, size=stored.size, etag=stored.etag, sha256=stored.metadata.get(SHA256_METADATA))
 
 
 def _warn_unconditional() -> None:
@@ -228,20 +200,11 @@ class _Progress:
             self._report(rest)
 
 
-@dataclass(frozen=True)
-class OpenUpload:
-    """An unfinished multipart upload found under the snapshot prefix."""
-
-    key: str
-    upload_id: str
-    initiated: float
-
-
 class ObjectWriter:
     """Writes objects create-only under one snapshot identity (one key at a time per call).
 
     Args:
-        s3: a boto3 S3 client (made zero-copy by :func:`install_zero_copy`).
+        s3: the object store (a boto3 client is wrapped, see :func:`~cwtrain.infra.s3.as_object_store`).
         bucket: the bucket.
         identity: the snapshot identity (named by conflicts).
         part_size: multipart part size (see :func:`part_size_for`).
@@ -253,7 +216,7 @@ class ObjectWriter:
 
     def __init__(
         self,
-        s3: Any,
+        s3: ObjectStoreLike,
         bucket: str,
         identity: str,
         *,
@@ -263,7 +226,7 @@ class ObjectWriter:
         open_uploads: Mapping[str, Sequence[OpenUpload]] | None = None,
         cancelled: threading.Event | None = None,
     ) -> None:
-        self.s3 = s3
+        self.s3 = as_object_store(s3)
         self.bucket = bucket
         self.identity = identity
         self.part_size = part_size
@@ -271,7 +234,6 @@ class ObjectWriter:
         self._on_bytes = on_bytes or (lambda n: None)
         self._open = dict(open_uploads or {})
         self._cancelled = cancelled or threading.Event()
-        install_zero_copy(s3)
 
     # ---------------------------------------------------------------- entry point
 
@@ -310,20 +272,17 @@ class ObjectWriter:
             self.identity, [f"{source.name} (stored {recorded}, local sha256 {source.sha256()})"]
         )
 
-    def _answer(self, exc: Exception, key: str, source: ObjectSource, attempt: int) -> str:
+    def _answer(self, exc: ObjectStoreStatusError, key: str, source: ObjectSource, attempt: int) -> str:
         """The store-answer table: ``"retry"``, ``"existing"``, or raise."""
-        code, status = error_code(exc), http_status(exc)
-        if code == "ConditionalRequestConflict" or status == 409:
-            if attempt < _CONFLICT_RETRIES:
-                time.sleep(0.1 * (2**attempt) * (1 + random.random()))
-                return "retry"
-            code, status = "PreconditionFailed", 412
-        if code == "PreconditionFailed" or status == 412:
+        if isinstance(exc, ConditionalConflictError) and attempt < _CONFLICT_RETRIES:
+            time.sleep(0.1 * (2**attempt) * (1 + random.random()))
+            return "retry"
+        if isinstance(exc, (ConditionalConflictError, PreconditionFailedError)):  # 409 three times counts as 412
             found = self._existing(key, source)
             if found is None:
                 raise exc  # refused, yet absent: let the caller see the store's answer
             return found
-        if code == "NotImplemented" or status == 501:
+        if isinstance(exc, StoreNotImplementedError):
             _warn_unconditional()
             return "retry"
         raise exc
@@ -331,20 +290,19 @@ class ObjectWriter:
     # ---------------------------------------------------------------- PutObject
 
     def _put(self, key: str, source: ObjectSource, metadata: dict[str, str], progress: _Progress) -> str:
-        client_error = _client_error()
         attempt = 0
         while True:
             self._check_cancelled()
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Metadata": metadata}
-            if conditional_writes_supported():
-                kwargs["IfNoneMatch"] = "*"
-            else:
+            conditional = conditional_writes_supported()
+            if not conditional:
                 found = self._existing(key, source)
                 if found is not None:
                     return found
             try:
-                self.s3.put_object(Body=source.payload(0, source.size), **kwargs)
-            except client_error as exc:
+                self.s3.put(
+                    self.bucket, key, source.payload(0, source.size), metadata=metadata, if_none_match=conditional
+                )
+            except ObjectStoreStatusError as exc:
                 outcome = self._answer(exc, key, source, attempt)
                 attempt += 1
                 if outcome == "retry":
@@ -361,46 +319,34 @@ class ObjectWriter:
 
     def _resume(self, key: str, source: ObjectSource, plan: list[tuple[int, int, int]]) -> tuple[str, dict[int, str]]:
         """An open upload of ``key`` whose stored parts all match the local bytes, if any."""
-        client_error = _client_error()
         by_number = {number: (offset, length) for number, offset, length in plan}
         for upload in sorted(self._open.get(key, ()), key=lambda u: u.initiated, reverse=True):
             try:
-                parts = self._list_parts(key, upload.upload_id)
-            except client_error as exc:
+                parts = self.s3.list_parts(self.bucket, key, upload.upload_id)
+            except ObjectStoreStatusError as exc:
                 log.debug("cannot list parts of upload %s of %s (%s); not resuming it", upload.upload_id, key, exc)
                 continue
             done: dict[int, str] = {}
-            for number, (etag, size) in parts.items():
-                where = by_number.get(number)
-                if where is None or where[1] != size or source.md5_hex(*where) != etag.strip('"').lower():
+            for part in parts:
+                where = by_number.get(part.number)
+                if where is None or where[1] != part.size or source.md5_hex(*where) != part.etag.strip('"').lower():
                     done = {}
                     break
-                done[number] = etag
+                done[part.number] = part.etag
             if done:
                 log.info("%s: resuming multipart upload (%d of %d parts already stored)", key, len(done), len(plan))
                 return upload.upload_id, done
         return "", {}
 
-    def _list_parts(self, key: str, upload_id: str) -> dict[int, tuple[str, int]]:
-        parts: dict[int, tuple[str, int]] = {}
-        marker = 0
-        while True:
-            response = self.s3.list_parts(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker)
-            for part in response.get("Parts", []):
-                parts[int(part["PartNumber"])] = (str(part["ETag"]), int(part["Size"]))
-            if not response.get("IsTruncated"):
-                return parts
-            marker = int(response["NextPartNumberMarker"])
-
     def _send_part(self, key: str, upload_id: str, number: int, body: Payload, progress: _Progress) -> str:
         self._check_cancelled()
-        response = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)
+        etag = self.s3.upload_part(self.bucket, key, upload_id, number, body)
         progress(len(body))
-        return str(response["ETag"])
+        return etag
 
     def _abort(self, key: str, upload_id: str, *, quiet: bool = False) -> None:
         try:
-            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            self.s3.abort_multipart(self.bucket, key, upload_id)
         except Exception as exc:  # best effort: the original error matters more
             (log.debug if quiet else log.warning)("could not abort multipart upload %s of %s: %s", upload_id, key, exc)
 
@@ -415,7 +361,7 @@ class ObjectWriter:
             if found is not None:
                 return found
         if not upload_id:
-            upload_id = str(self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata=metadata)["UploadId"])
+            upload_id = self.s3.create_multipart(self.bucket, key, metadata=metadata)
         else:
             progress(sum(length for number, _, length in plan if number in done))
         try:
@@ -448,7 +394,6 @@ class ObjectWriter:
         done: dict[int, str],
         progress: _Progress,
     ) -> str:
-        client_error = _client_error()
         futures: dict[int, Future[str]] = {}
         for number, offset, length in plan:
             if number not in done:
@@ -460,33 +405,25 @@ class ObjectWriter:
                 for other in futures.values():
                     other.cancel()
                 wait(futures.values())
-                missing = future.exception()
-                if isinstance(missing, client_error) and error_code(missing) == "NoSuchUpload":
+                if isinstance(future.exception(), UploadNotFoundError):
                     return self._after_lost_upload(key, source)
                 future.result()
         etags = {**done, **{number: future.result() for number, future in futures.items()}}
-        parts = [{"PartNumber": number, "ETag": etags[number]} for number, _, _ in plan]
+        parts = [(number, etags[number]) for number, _, _ in plan]
         attempt = 0
         while True:
             self._check_cancelled()
-            kwargs: dict[str, Any] = {
-                "Bucket": self.bucket,
-                "Key": key,
-                "UploadId": upload_id,
-                "MultipartUpload": {"Parts": parts},
-            }
-            if conditional_writes_supported():
-                kwargs["IfNoneMatch"] = "*"
-            else:
+            conditional = conditional_writes_supported()
+            if not conditional:
                 found = self._existing(key, source)
                 if found is not None:
                     self._abort(key, upload_id)
                     return found
             try:
-                self.s3.complete_multipart_upload(**kwargs)
-            except client_error as exc:
-                if error_code(exc) == "NoSuchUpload":
-                    return self._after_lost_upload(key, source)
+                self.s3.complete_multipart(self.bucket, key, upload_id, parts, if_none_match=conditional)
+            except UploadNotFoundError:
+                return self._after_lost_upload(key, source)
+            except ObjectStoreStatusError as exc:
                 outcome = self._answer(exc, key, source, attempt)  # raising: the caller aborts
                 attempt += 1
                 if outcome == "retry":

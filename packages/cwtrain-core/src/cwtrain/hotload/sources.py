@@ -1,31 +1,25 @@
-"""The bytes of a snapshot object, and request bodies that send them without copies.
+"""The bytes of a snapshot object, as memory views that go to the store without copies.
 
 An :class:`ObjectSource` is one file's bytes as flat, read-only memory views: the
 encoder's buffers (``SnapshotFile.buffers``), or a read-only ``mmap`` of a file on disk,
-so that the page cache is the buffer. Its SHA-256 is one pass over those views.
+so that the page cache is the buffer::
 
-:class:`Payload` is a request body over a slice of those views. botocore sees a
-file-like object (it validates and measures it); :func:`install_zero_copy` registers a
-``before-send`` hook that hands urllib3 the views themselves, which go to ``sendall``
-as they are, instead of being copied out in 16 KiB reads. Over plain HTTP (loopback,
-the LOTA cache) a body over a mapped file goes out as a
-:class:`~cwtrain.infra.s3.FileRange` instead, which the client's connections send with
-``sendfile`` straight from the page cache (HTTPS keeps ``sendall`` of the views). Clients
-that wrap bodies (SDK checksums in an ``aws-chunked`` trailer) read the payload through
-``read`` and work unchanged, only slower.
+    source = ObjectSource.from_path("ckpt/model-00001-of-00002.safetensors")
+    source.sha256()                        # one pass over the mapped pages
+    store.upload_part(bucket, key, upload_id, 1, source.payload(0, 64 << 20))
+    source.close()
+
+Its SHA-256 is one pass over those views; :meth:`ObjectSource.payload` gives request
+bodies (:class:`~cwtrain.infra.objectstore.Payload`) over slices of the same views, which
+the store sends as they are (and, over plain HTTP, a mapped file's range with
+``sendfile``: see :mod:`cwtrain.infra.s3_send`).
 
 **Why map files instead of reading them.** Multipart metadata is fixed at
 CreateMultipartUpload, so a file's SHA-256 must be known before its first part goes out.
 Reading parts into buffers would force either a hash pre-pass that reads the file twice
 (two copies out of the page cache) or holding the whole file in memory. With a read-only
 mapping the hash pass reads each page once, the parts are sent from the same pages, and
-no part buffer exists at all. Measured with ``bench/upload.py`` (256 MiB, moto on
-loopback, 2-core VM, one run; see the commit log for the figures of each change): the
-SHA-256 pass is about 0.7 CPU-s/GB of the total (OpenSSL with SHA-NI, ~1.4 GB/s on one
-core: the floor); the loopback send is charged to the sender (the receiver's TCP work
-runs in its context), ``sendfile`` at least saves the copy out of user memory; botocore
-costs about 4 ms of CPU a request (the test server closes every connection). No request
-carries Content-MD5 or an SDK checksum, and bodies go out as ``UNSIGNED-PAYLOAD``.
+no part buffer exists at all.
 """
 
 from __future__ import annotations
@@ -34,14 +28,13 @@ import hashlib
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from cwtrain.infra.s3 import FileRange
+from cwtrain.infra.objectstore import Payload
 
-__all__ = ["ObjectSource", "Payload", "install_zero_copy"]
+__all__ = ["ObjectSource"]
 
 _HASH_CHUNK = 16 << 20
 
@@ -139,7 +132,7 @@ class ObjectSource:
         return tuple(out)
 
     def payload(self, offset: int, length: int) -> Payload:
-        """A request body for ``[offset, offset + length)`` (no copy; ``sendfile`` where it can)."""
+        """A request body for ``[offset, offset + length)`` (no copy; a file range where the bytes are mapped)."""
         return Payload(self.slice(offset, length), file=None if self.fd is None else (self.fd, offset))
 
     def md5_hex(self, offset: int, length: int) -> str:
@@ -154,85 +147,3 @@ class ObjectSource:
         closer, self._closer = self._closer, None
         if closer is not None:
             closer()
-
-
-class Payload:
-    """A request body over memory views: file-like for botocore, sent as the views themselves.
-
-    botocore validates and measures it as a file (``read``/``seek``/``tell``/``len``); the
-    ``before-send`` hook of :func:`install_zero_copy` swaps it for :class:`_Chunks` so that
-    urllib3 passes each view to ``sendall`` instead of copying 16 KiB reads.
-    """
-
-    def __init__(self, views: Sequence[memoryview], *, file: tuple[int, int] | None = None) -> None:
-        self.views = tuple(views)
-        self._size = sum(v.nbytes for v in self.views)
-        self._pos = 0
-        #: ``(fd, offset)`` when the views are that file's bytes from ``offset`` on.
-        self.file = file
-
-    def __len__(self) -> int:
-        return self._size
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = max(0, min(self._size, base + offset))
-        return self._pos
-
-    def read(self, amt: int | None = -1) -> bytes:
-        """Copy out up to ``amt`` bytes (used only by checksum or signing wrappers)."""
-        end = self._size if amt is None or amt < 0 else min(self._size, self._pos + amt)
-        pieces = []
-        position = 0
-        for view in self.views:
-            lo, hi = position, position + view.nbytes
-            position = hi
-            if hi <= self._pos or lo >= end:
-                continue
-            pieces.append(view[max(self._pos, lo) - lo : min(end, hi) - lo].tobytes())
-        self._pos = end
-        return b"".join(pieces)
-
-
-class _Chunks:
-    """What urllib3 sends: an iterable of chunks (``seek`` so botocore can rewind on retry)."""
-
-    def __init__(self, chunks: tuple[memoryview | FileRange, ...]) -> None:
-        self._chunks = chunks
-
-    def __iter__(self) -> Iterator[memoryview | FileRange]:
-        return iter(self._chunks)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return 0
-
-
-def _swap_body(request: Any, **_: Any) -> None:
-    body = getattr(request, "body", None)
-    if isinstance(body, Payload):
-        from cwtrain.infra.s3 import FileRange  # loaded already, by install_zero_copy
-
-        url = str(getattr(request, "url", ""))
-        if body.file is not None and body.views and url.startswith("http://"):
-            fd, offset = body.file
-            request.body = _Chunks((FileRange(fd, offset, body.views),))
-        else:
-            request.body = _Chunks(body.views)
-
-
-def install_zero_copy(s3: Any) -> None:
-    """Let ``s3`` send :class:`Payload` bodies without copying (idempotent).
-
-    Over plain HTTP, a body over a mapped file goes out with ``sendfile`` on the
-    connections ``s3`` opens after :func:`cwtrain.infra.s3.install_sendfile` (which
-    :func:`~cwtrain.infra.s3_client` calls before the first request).
-    """
-    from cwtrain.infra.s3 import install_sendfile
-
-    events = s3.meta.events
-    for operation in ("PutObject", "UploadPart"):
-        events.register(f"before-send.s3.{operation}", _swap_body, unique_id=f"cwtrain-zero-copy-{operation}")
-    install_sendfile(s3)

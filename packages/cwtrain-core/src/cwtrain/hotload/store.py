@@ -4,7 +4,7 @@
 builds one from the deployment's ``hotLoad`` block (``loader.store``), and the
 integrations that publish from tensors or from several ranks use the same object::
 
-    store = SnapshotStore(s3, bucket="weights", path_prefix="hotload")
+    store = SnapshotStore(object_store(), bucket="weights", path_prefix="hotload")   # or a boto3 client
     store.uri("run1-v000007")                                 # s3://weights/hotload/run1-v000007/
     store.upload(info, "run1-v000007", workers=8)             # a directory or its SnapshotInfo
     store.upload_tensors(new, "run1-v000008", previous_identity="run1-v000007", base=served)
@@ -12,8 +12,10 @@ integrations that publish from tensors or from several ranks use the same object
     store.index_exists("run1-v000007")
     store.write_manifest(identity, manifest); store.read_manifest(identity)
 
-Nothing here talks to the inference API or checks chains: the loader does that before
-it calls the store.
+Every object goes through :attr:`SnapshotStore.s3`, an
+:class:`~cwtrain.infra.objectstore.ObjectStore` (a boto3 client passed in is wrapped by
+:func:`~cwtrain.infra.s3.as_object_store`). Nothing here talks to the inference API or
+checks chains: the loader does that before it calls the store.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from cwtrain.hotload.format import INDEX_NAME, SnapshotFile
 from cwtrain.hotload.identity import snapshot_prefix
 from cwtrain.hotload.tensors import to_tensor_data
 from cwtrain.infra.enums import SnapshotType
+from cwtrain.infra.objectstore import ObjectStore
+from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 if TYPE_CHECKING:
     from cwtrain.hotload.inspect import SnapshotInfo
@@ -36,22 +40,29 @@ if TYPE_CHECKING:
 __all__ = ["SnapshotStore"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SnapshotStore:
-    """The snapshot location of one deployment: an S3 client, a bucket and a path prefix.
+    """The snapshot location of one deployment: an object store, a bucket and a path prefix.
+
+    Args:
+        s3: the object store, or a boto3 S3 client (wrapped).
+        bucket: the deployment's ``hotLoad.bucket``.
+        path_prefix: ``hotLoad.pathPrefix`` (leading and trailing ``/`` are dropped; may be empty).
 
     Attributes:
-        s3: the S3 client.
-        bucket: the deployment's ``hotLoad.bucket``.
-        path_prefix: ``hotLoad.pathPrefix`` without leading or trailing ``/`` (may be empty).
+        s3: the object store.
+        bucket: the bucket.
+        path_prefix: the prefix without leading or trailing ``/``.
     """
 
-    s3: Any
+    s3: ObjectStore
     bucket: str
-    path_prefix: str = ""
+    path_prefix: str
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path_prefix", (self.path_prefix or "").strip("/"))
+    def __init__(self, s3: ObjectStoreLike, bucket: str, path_prefix: str = "") -> None:
+        object.__setattr__(self, "s3", as_object_store(s3))
+        object.__setattr__(self, "bucket", bucket)
+        object.__setattr__(self, "path_prefix", (path_prefix or "").strip("/"))
 
     def prefix(self, identity: str) -> str:
         """The key prefix of ``identity``'s objects (``P/<identity>``)."""
@@ -142,23 +153,13 @@ class SnapshotStore:
 
     def index_exists(self, identity: str) -> bool:
         """Whether ``identity``'s index object is stored (its snapshot is complete)."""
-        from botocore.exceptions import ClientError
-
-        from cwtrain.hotload.objects import is_missing
-
-        try:
-            self.s3.head_object(Bucket=self.bucket, Key=f"{self.prefix(identity)}/{INDEX_NAME}")
-        except ClientError as exc:
-            if is_missing(exc):
-                return False
-            raise
-        return True
+        return self.s3.head(self.bucket, f"{self.prefix(identity)}/{INDEX_NAME}") is not None
 
     def check_access(self) -> str:
         """The four-call permission check on the prefix (snapshot-format.md section 9); returns the URI."""
         from cwtrain.hotload.access import check_snapshot_access
 
-        return str(check_snapshot_access(self.s3, self.bucket, self.path_prefix))
+        return check_snapshot_access(self.s3, self.bucket, self.path_prefix)
 
     # ------------------------------------------------------------------ manifests
 

@@ -69,11 +69,12 @@ from cwtrain.hotload.objects import (
     DEFAULT_PART_SIZE,
     ObjectSource,
     ObjectWriter,
-    OpenUpload,
     RemoteObject,
     check_part_size,
     head_object,
 )
+from cwtrain.infra.objectstore import ObjectStore, ObjectStoreStatusError, OpenUpload
+from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 __all__ = ["SnapshotUpload", "UploadedFile", "check_snapshot_access", "snapshot_uri", "upload_snapshot"]
 
@@ -106,12 +107,6 @@ def snapshot_uri(bucket: str, path_prefix: str, identity: str) -> str:
     return f"s3://{bucket}/{snapshot_prefix(path_prefix, identity)}/"
 
 
-def _default_s3() -> Any:
-    from cwtrain.infra.s3 import s3_client
-
-    return s3_client()
-
-
 class _Budget:
     """Bytes in flight; a request larger than the limit waits until nothing else is in flight."""
 
@@ -134,16 +129,9 @@ class _Budget:
             self._cond.notify_all()
 
 
-def _list_existing(s3: Any, bucket: str, prefix: str) -> dict[str, RemoteObject]:
+def _list_existing(s3: ObjectStore, bucket: str, prefix: str) -> dict[str, RemoteObject]:
     """Objects directly under ``prefix/`` (all pages, ``Delimiter=/``), with their metadata."""
-    names: list[str] = []
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix + "/", "Delimiter": "/"}
-    while True:
-        response = s3.list_objects_v2(**kwargs)
-        names.extend(item["Key"][len(prefix) + 1 :] for item in response.get("Contents", []))
-        if not response.get("IsTruncated"):
-            break
-        kwargs["ContinuationToken"] = response["NextContinuationToken"]
+    names = [item.key[len(prefix) + 1 :] for item in s3.list_objects(bucket, prefix + "/", delimiter="/")]
     if not names:
         return {}
     with ThreadPoolExecutor(min(8, len(names)), thread_name_prefix="cwtrain-head") as pool:
@@ -151,26 +139,17 @@ def _list_existing(s3: Any, bucket: str, prefix: str) -> dict[str, RemoteObject]
         return {name: remote for name, remote in zip(names, heads, strict=True) if remote is not None}
 
 
-def _list_open_uploads(s3: Any, bucket: str, prefix: str) -> dict[str, list[OpenUpload]]:
+def _list_open_uploads(s3: ObjectStore, bucket: str, prefix: str) -> dict[str, list[OpenUpload]]:
     """Unfinished multipart uploads under ``prefix/``, by key (empty if listing is refused)."""
-    from botocore.exceptions import ClientError
-
     found: dict[str, list[OpenUpload]] = {}
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix + "/"}
     try:
-        while True:
-            response = s3.list_multipart_uploads(**kwargs)
-            for item in response.get("Uploads", []):
-                initiated = item.get("Initiated")
-                stamp = initiated.timestamp() if hasattr(initiated, "timestamp") else 0.0
-                found.setdefault(item["Key"], []).append(OpenUpload(item["Key"], item["UploadId"], stamp))
-            if not response.get("IsTruncated"):
-                return found
-            kwargs["KeyMarker"] = response.get("NextKeyMarker", "")
-            kwargs["UploadIdMarker"] = response.get("NextUploadIdMarker", "")
-    except ClientError as exc:
+        uploads = s3.list_multipart_uploads(bucket, prefix + "/")
+    except ObjectStoreStatusError as exc:
         log.debug("cannot list unfinished multipart uploads under %s (%s); no part-level resume", prefix, exc)
         return found
+    for upload in uploads:
+        found.setdefault(upload.key, []).append(upload)
+    return found
 
 
 def _file_name(name: str) -> str:
@@ -183,7 +162,7 @@ class SnapshotUpload:
     """Streaming upload of one snapshot: files as they are produced, the index last.
 
     Args:
-        s3: a boto3 S3 client (default: :func:`cwtrain.infra.s3_client`).
+        s3: the object store, or a boto3 client (wrapped); default :func:`cwtrain.infra.s3.object_store`.
         bucket: the bucket (deployment ``spec.hotLoad.bucket``).
         identity: the snapshot identity.
         path_prefix: deployment ``spec.hotLoad.pathPrefix`` (may be empty).
@@ -200,7 +179,7 @@ class SnapshotUpload:
 
     def __init__(
         self,
-        s3: Any = None,
+        s3: ObjectStoreLike | None = None,
         *,
         bucket: str,
         identity: str,
@@ -215,7 +194,7 @@ class SnapshotUpload:
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers={workers} must be at least 1")
-        self.s3 = s3 if s3 is not None else _default_s3()
+        self.s3 = as_object_store(s3)
         self.bucket = bucket
         self.identity = validate_identity(identity)
         self.path_prefix = (path_prefix or "").strip("/")
@@ -481,7 +460,7 @@ def upload_snapshot(
     bucket: str,
     identity: str,
     path_prefix: str = "",
-    s3: Any = None,
+    s3: ObjectStoreLike | None = None,
     workers: int = 8,
     on_file: Callable[[UploadedFile], None] | None = None,
     on_progress: Callable[[int], None] | None = None,
@@ -495,7 +474,7 @@ def upload_snapshot(
         bucket: the bucket.
         identity: the snapshot identity.
         path_prefix: the deployment's hot-load path prefix.
-        s3: a boto3 S3 client (default :func:`cwtrain.infra.s3_client`).
+        s3: the object store, or a boto3 client (wrapped); default :func:`cwtrain.infra.s3.object_store`.
         workers: objects in parallel (and parts in flight), at least 1.
         on_file: called with an :class:`UploadedFile` per object.
         on_progress: called with byte counts (see :class:`cwtrain.progress.ByteProgress`).
@@ -510,15 +489,15 @@ def upload_snapshot(
         raise UsageError(f"workers={workers} must be at least 1")
     if part_size is not None:
         check_part_size(part_size)
-    s3 = s3 if s3 is not None else _default_s3()
+    store = as_object_store(s3)
     files, index = _snapshot_sources(snapshot, identity)
     everything = [*files, index]
     try:
         prefix = snapshot_prefix(path_prefix, identity)
-        existing = _list_existing(s3, bucket, prefix)
+        existing = _list_existing(store, bucket, prefix)
         _check_conflicts(identity, existing, everything)
         with SnapshotUpload(
-            s3,
+            store,
             bucket=bucket,
             identity=identity,
             path_prefix=path_prefix,

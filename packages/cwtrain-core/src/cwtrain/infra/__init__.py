@@ -4,8 +4,10 @@ Layers, bottom up: :mod:`~cwtrain.infra.client` (:class:`InferenceClient`, one m
 per endpoint of the Dedicated Inference API v1alpha1, safe retries, client-chosen
 ids), :mod:`~cwtrain.infra.models` and :mod:`~cwtrain.infra.enums` (frozen, leniently
 parsed views of the API's JSON), :mod:`~cwtrain.infra.lifecycle` (wait until READY,
-rollout base URL, delete and wait until gone) and :mod:`~cwtrain.infra.s3`
-(``s3_client`` for CoreWeave AI Object Storage)::
+rollout base URL, delete and wait until gone), :mod:`~cwtrain.infra.objectstore` (the
+``ObjectStore`` protocol: the one seam under every object read and write) and
+:mod:`~cwtrain.infra.s3` (``s3_client`` and ``object_store`` for CoreWeave AI Object
+Storage, boto3 underneath)::
 
     from cwtrain.infra import InferenceClient, lifecycle
 
@@ -13,8 +15,8 @@ rollout base URL, delete and wait until gone) and :mod:`~cwtrain.infra.s3`
     dep = lifecycle.wait_for_deployment(api, "3b1d2c54-...")
     print(lifecycle.deployment_base_url(api, dep), dep.model_name)
 
-``s3_client`` and ``DEFAULT_S3_ENDPOINT`` are resolved on first use, so importing this
-package does not import boto3.
+``s3_client``, ``object_store`` and ``DEFAULT_S3_ENDPOINT`` are resolved on first use, so
+importing this package does not import boto3.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ from cwtrain.infra.models import (
     IncrementalSnapshotMetadata,
     SnapshotRef,
 )
+from cwtrain.infra.objectstore import ObjectStore
 
 if TYPE_CHECKING:
-    from cwtrain.infra.s3 import DEFAULT_S3_ENDPOINT, s3_client
+    from cwtrain.infra.s3 import DEFAULT_S3_ENDPOINT, object_store, s3_client
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -82,6 +85,7 @@ __all__ = [
     "IncrementalSnapshotMetadata",
     "InferenceClient",
     "LifecycleError",
+    "ObjectStore",
     "PromptCachePolicy",
     "ReplicaState",
     "ResourceStatus",
@@ -92,6 +96,7 @@ __all__ = [
     "delete_gateway",
     "endpoints",
     "lifecycle",
+    "object_store",
     "rollout_base_url",
     "s3_client",
     "token_from_env",
@@ -99,7 +104,7 @@ __all__ = [
     "wait_for_gateway",
 ]
 
-_LAZY = {"s3_client": "cwtrain.infra.s3", "DEFAULT_S3_ENDPOINT": "cwtrain.infra.s3"}
+_LAZY = {"s3_client": "cwtrain.infra.s3", "object_store": "cwtrain.infra.s3", "DEFAULT_S3_ENDPOINT": "cwtrain.infra.s3"}
 
 
 def __getattr__(name: str) -> Any:

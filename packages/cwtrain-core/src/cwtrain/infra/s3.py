@@ -1,4 +1,4 @@
-"""The S3 client factory for CoreWeave AI Object Storage (and any S3-compatible store).
+"""boto3 for CoreWeave AI Object Storage: the client factory and the :class:`ObjectStore` over it.
 
 :func:`s3_client` builds a boto3 S3 client configured the way the hot-load protocol
 needs it (spec ``service-api.md`` section 11)::
@@ -33,12 +33,24 @@ cost a second SHA-256 pass over every published byte, while TLS, cwtrain's own
 bytes. Pass ``config=botocore.config.Config(s3={"payload_signing_enabled": True})`` to
 sign payloads anyway; a ``config`` you pass is merged over these settings.
 
-**Sending files.** Over plain HTTP (a loopback store, the LOTA cache) the client's
-connections send a request-body chunk that is a :class:`FileRange` with ``sendfile``:
-the kernel sends straight from the page cache instead of copying the bytes from user
-memory (about 0.05 CPU-s/GB less on loopback). Any other chunk, and HTTPS, go through the
-SDK's own send path; a connection that predates :func:`install_sendfile` iterates the
-range's memory views instead.
+**The object store.** :func:`object_store` takes the same arguments and returns a
+:class:`Boto3ObjectStore`: the :class:`~cwtrain.infra.objectstore.ObjectStore` that
+every cwtrain upload, manifest and permission check uses. Every botocore detail stays in
+this module and its send path: it turns SDK exceptions into cwtrain's object-store errors (see
+:mod:`cwtrain.infra.objectstore`), follows listing pages, and sends request bodies
+without copies. :func:`as_object_store` wraps a raw boto3 client the same way, so
+``upload_snapshot(..., s3=s3_client())`` and ``HotLoader(api, dep, s3=client)`` work::
+
+    from cwtrain.infra.s3 import object_store
+
+    store = object_store()                           # same resolution as s3_client()
+    store.head("my-weights", "hotload/run1-v000007/model.safetensors.index.json")
+
+**Sending bodies without copies** (:mod:`cwtrain.infra.s3_send`): a store's
+:class:`~cwtrain.infra.objectstore.Payload` bodies go out as the caller's memory views,
+and over plain HTTP (a loopback store, the LOTA cache) a mapped file's bytes go out with
+``sendfile`` from the page cache; the clients :func:`s3_client` builds are prepared for
+that before their first request.
 
 **TLS** verification is on. ``verify=False`` turns it off (with a warning; for
 development stores with self-signed certificates only); ``verify="/path/ca.pem"`` names
@@ -55,18 +67,36 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
 from cwtrain.config import env_str, parse_bool
 from cwtrain.errors import ConfigError
+from cwtrain.infra.objectstore import (
+    Body,
+    ListedObject,
+    ObjectNotFoundError,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectStoreTransportError,
+    ObjectStream,
+    OpenUpload,
+    StoredObject,
+    UploadedPart,
+    status_error,
+)
+from cwtrain.infra.s3_send import S3Client, install_sendfile, install_zero_copy, request_body
 
 __all__ = [
     "DEFAULT_S3_ENDPOINT",
-    "FileRange",
+    "Boto3ObjectStore",
+    "ObjectStoreLike",
+    "S3Client",
     "addressing_style",
-    "install_sendfile",
+    "as_object_store",
+    "object_store",
     "resolve_endpoint",
     "resolve_region",
     "s3_client",
@@ -238,87 +268,6 @@ def _pool_size(environ: Mapping[str, str]) -> int:
     return max(_MIN_POOL, value)
 
 
-class FileRange:
-    """A request-body chunk that is ``views`` = the bytes of file ``fd`` from ``offset`` on.
-
-    Plain-HTTP connections of a client prepared by :func:`install_sendfile` send it with
-    ``sendfile``; any other connection iterates it and sends the views.
-    """
-
-    def __init__(self, fd: int, offset: int, views: tuple[memoryview, ...]) -> None:
-        self.fd = fd
-        self.offset = offset
-        self.views = views
-        self.count = sum(v.nbytes for v in views)
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[memoryview]:
-        return iter(self.views)
-
-
-class _RangeFile:
-    """A file object for ``socket.sendfile`` over a shared descriptor (``pread``: no shared offset)."""
-
-    mode = "rb"
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._pos = 0
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self._pos = pos
-        return pos
-
-    def read(self, amt: int) -> bytes:
-        """Used by ``socket.sendfile`` only where ``os.sendfile`` cannot be."""
-        data = os.pread(self._fd, amt, self._pos)
-        self._pos += len(data)
-        return data
-
-
-_sendfile_pool: Any = None
-
-
-def _sendfile_pool_class() -> Any:
-    """botocore's plain-HTTP connection pool, with connections that ``sendfile`` a :class:`FileRange`."""
-    global _sendfile_pool
-    if _sendfile_pool is None:
-        from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool
-
-        class SendfileConnection(AWSHTTPConnection):  # type: ignore[misc]
-            def send(self, data: Any) -> Any:
-                if not isinstance(data, FileRange) or self.sock is None:
-                    return super().send(data)
-                if self._response_received:  # the store answered before the body (Expect: 100-continue)
-                    return None
-                self.sock.sendfile(_RangeFile(data.fd), data.offset, data.count)
-                return None
-
-        class SendfilePool(AWSHTTPConnectionPool):  # type: ignore[misc]
-            ConnectionCls = SendfileConnection
-
-        _sendfile_pool = SendfilePool
-    return _sendfile_pool
-
-
-def install_sendfile(s3: Any) -> None:
-    """Let the plain-HTTP connections ``s3`` opens from now on send :class:`FileRange` chunks with ``sendfile``.
-
-    Idempotent; a no-op for a client whose HTTP session is not botocore's urllib3 one.
-    """
-    from botocore.awsrequest import AWSHTTPConnectionPool
-
-    session = getattr(getattr(s3, "_endpoint", None), "http_session", None)
-    classes = getattr(session, "_pool_classes_by_scheme", None)
-    if isinstance(classes, dict) and classes.get("http") is AWSHTTPConnectionPool:
-        classes["http"] = _sendfile_pool_class()
-
-
 def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None, **boto3_kwargs: Any) -> Any:
     """A boto3 S3 client for CoreWeave AI Object Storage or another S3-compatible store.
 
@@ -366,3 +315,244 @@ def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None
     _shared_loader()  # drop the data path boto3 just appended again
     install_sendfile(client)
     return client
+
+
+# ------------------------------------------------------------------------ the object store
+
+
+#: What ``s3=`` parameters accept: an :class:`ObjectStore`, or a boto3 client to wrap.
+type ObjectStoreLike = ObjectStore | S3Client
+
+
+def object_store(
+    endpoint_url: str | None = None, *, region_name: str | None = None, **boto3_kwargs: Any
+) -> Boto3ObjectStore:
+    """The object store over a client from :func:`s3_client` (same arguments, same resolution).
+
+    Raises:
+        ConfigError: no region, or an endpoint that is not an http(s) URL.
+        ObjectStoreError: the SDK refused to build the client (e.g. an unknown ``profile_name``).
+    """
+    with _translated("CreateClient"):
+        client = s3_client(endpoint_url, region_name=region_name, **boto3_kwargs)
+    return Boto3ObjectStore(client)
+
+
+def as_object_store(s3: ObjectStoreLike | None = None) -> ObjectStore:
+    """``s3`` as an :class:`ObjectStore`: a store as it is, a boto3 client wrapped, ``None`` built.
+
+    Args:
+        s3: an :class:`ObjectStore`, a boto3 S3 client, or ``None`` for :func:`object_store`
+            configured from the environment.
+
+    Raises:
+        ConfigError: ``None`` and no region or a bad endpoint in the environment.
+        ObjectStoreError: ``None`` and the SDK refused to build the client.
+    """
+    if s3 is None:
+        return object_store()
+    if isinstance(s3, ObjectStore):
+        return s3
+    return Boto3ObjectStore(s3)
+
+
+@contextmanager
+def _translated(operation: str, key: str = "") -> Iterator[None]:
+    """Raise the SDK's exceptions as cwtrain's object-store errors (the original as ``__cause__``)."""
+    from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
+    from botocore.exceptions import ConnectionError as SDKConnectionError
+
+    try:
+        yield
+    except ClientError as exc:
+        response: Mapping[str, Any] = getattr(exc, "response", None) or {}
+        code = str(response.get("Error", {}).get("Code") or "?")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        raise status_error(
+            str(exc), code=code, http_status=int(status) if status else None, operation=operation, key=key
+        ) from exc
+    except (SDKConnectionError, HTTPClientError, IncompleteReadError) as exc:
+        raise ObjectStoreTransportError(str(exc), operation=operation, key=key) from exc
+    except BotoCoreError as exc:  # credentials, configuration: no request went out
+        raise ObjectStoreError(str(exc), operation=operation, key=key) from exc
+
+
+def _stored(key: str, response: Mapping[str, Any]) -> StoredObject:
+    metadata = {str(k).lower(): str(v) for k, v in (response.get("Metadata") or {}).items()}
+    return StoredObject(
+        key=key, size=int(response.get("ContentLength", 0)), etag=str(response.get("ETag", "")), metadata=metadata
+    )
+
+
+class _StreamBody:
+    """botocore's streaming body, reading with cwtrain's errors."""
+
+    def __init__(self, body: Any, key: str) -> None:
+        self._body = body
+        self._key = key
+
+    def read(self, size: int = -1, /) -> bytes:
+        with _translated("GetObject", self._key):
+            return bytes(self._body.read(None if size < 0 else size))
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class Boto3ObjectStore:
+    """The :class:`~cwtrain.infra.objectstore.ObjectStore` over a boto3 S3 client.
+
+    Build it with :func:`object_store` (or wrap a client with :func:`as_object_store`).
+    Wrapping prepares the client to send :class:`~cwtrain.infra.objectstore.Payload`
+    bodies without copies (see the module docstring); nothing else about the client
+    changes, so it stays usable on its own.
+
+    Args:
+        client: a boto3 S3 client (best from :func:`s3_client`).
+
+    Attributes:
+        client: the wrapped boto3 client.
+    """
+
+    def __init__(self, client: S3Client) -> None:
+        self.client: Any = client
+        install_zero_copy(client)
+
+    def __repr__(self) -> str:
+        endpoint = getattr(getattr(self.client, "meta", None), "endpoint_url", "?")
+        return f"Boto3ObjectStore({endpoint})"
+
+    def head(self, bucket: str, key: str) -> StoredObject | None:
+        """HeadObject; ``None`` for a missing key."""
+        try:
+            with _translated("HeadObject", key):
+                response = self.client.head_object(Bucket=bucket, Key=key)
+        except ObjectNotFoundError:
+            return None
+        return _stored(key, response)
+
+    def get(self, bucket: str, key: str) -> ObjectStream:
+        """GetObject, as a stream (``ObjectNotFoundError`` for a missing key)."""
+        with _translated("GetObject", key):
+            response = self.client.get_object(Bucket=bucket, Key=key)
+        return ObjectStream(_stored(key, response), _StreamBody(response["Body"], key))
+
+    def put(
+        self,
+        bucket: str,
+        key: str,
+        body: Body,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        if_none_match: bool = False,
+    ) -> None:
+        """PutObject (create-only with ``If-None-Match: *`` when ``if_none_match``)."""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Body": request_body(body)}
+        if metadata is not None:
+            kwargs["Metadata"] = dict(metadata)
+        if content_type is not None:
+            kwargs["ContentType"] = content_type
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        with _translated("PutObject", key):
+            self.client.put_object(**kwargs)
+
+    def list_objects(
+        self, bucket: str, prefix: str, *, delimiter: str | None = None, limit: int | None = None
+    ) -> list[ListedObject]:
+        """ListObjectsV2 over every page (one page when ``limit`` is reached)."""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        if delimiter is not None:
+            kwargs["Delimiter"] = delimiter
+        if limit is not None:
+            kwargs["MaxKeys"] = limit
+        found: list[ListedObject] = []
+        while True:
+            with _translated("ListObjectsV2"):
+                page = self.client.list_objects_v2(**kwargs)
+            found.extend(
+                ListedObject(str(item["Key"]), int(item.get("Size", 0)), str(item.get("ETag", "")))
+                for item in page.get("Contents", [])
+            )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token or (limit is not None and len(found) >= limit):
+                return found[:limit] if limit is not None else found
+            kwargs["ContinuationToken"] = token
+
+    def create_multipart(self, bucket: str, key: str, *, metadata: Mapping[str, str] | None = None) -> str:
+        """CreateMultipartUpload; returns the upload id."""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if metadata is not None:
+            kwargs["Metadata"] = dict(metadata)
+        with _translated("CreateMultipartUpload", key):
+            return str(self.client.create_multipart_upload(**kwargs)["UploadId"])
+
+    def upload_part(self, bucket: str, key: str, upload_id: str, number: int, body: Body) -> str:
+        """UploadPart; returns the part's ETag."""
+        with _translated("UploadPart", key):
+            response = self.client.upload_part(
+                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=request_body(body)
+            )
+        return str(response["ETag"])
+
+    def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]], *, if_none_match: bool = False
+    ) -> None:
+        """CompleteMultipartUpload (create-only with ``If-None-Match: *`` when ``if_none_match``)."""
+        kwargs: dict[str, Any] = {
+            "Bucket": bucket,
+            "Key": key,
+            "UploadId": upload_id,
+            "MultipartUpload": {"Parts": [{"PartNumber": number, "ETag": etag} for number, etag in parts]},
+        }
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        with _translated("CompleteMultipartUpload", key):
+            self.client.complete_multipart_upload(**kwargs)
+
+    def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        """AbortMultipartUpload."""
+        with _translated("AbortMultipartUpload", key):
+            self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+
+    def list_parts(self, bucket: str, key: str, upload_id: str) -> list[UploadedPart]:
+        """ListParts over every page."""
+        parts: list[UploadedPart] = []
+        marker = 0
+        while True:
+            with _translated("ListParts", key):
+                page = self.client.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker)
+            parts.extend(
+                UploadedPart(int(part["PartNumber"]), str(part["ETag"]), int(part["Size"]))
+                for part in page.get("Parts", [])
+            )
+            if not page.get("IsTruncated"):
+                return parts
+            marker = int(page["NextPartNumberMarker"])
+
+    def list_multipart_uploads(self, bucket: str, prefix: str) -> list[OpenUpload]:
+        """ListMultipartUploads over every page."""
+        found: list[OpenUpload] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        while True:
+            with _translated("ListMultipartUploads"):
+                page = self.client.list_multipart_uploads(**kwargs)
+            for item in page.get("Uploads", []):
+                initiated = item.get("Initiated")
+                stamp = initiated.timestamp() if hasattr(initiated, "timestamp") else 0.0
+                found.append(OpenUpload(str(item["Key"]), str(item["UploadId"]), stamp))
+            if not page.get("IsTruncated"):
+                return found
+            kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
+
+    def download(self, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
+        """The SDK's managed download (parallel ranged GETs for large objects)."""
+        from boto3.exceptions import RetriesExceededError
+
+        try:
+            with _translated("GetObject", key):
+                self.client.download_file(bucket, key, os.fspath(path))
+        except RetriesExceededError as exc:
+            raise ObjectStoreTransportError(str(exc), operation="GetObject", key=key) from exc

@@ -10,7 +10,7 @@ It copies the objects directly under the prefix (not deeper) into ``DEST`` throu
 When ``DEST/config.json`` exists nothing is copied. On success it prints ``DEST`` on
 stdout (exit 0); no objects under the prefix, or no ``config.json`` among them, is an
 error (stderr ``error: <reason>``, exit 1); a bad command line exits 2. The object-store
-client comes from :func:`cwtrain.infra.s3.s3_client` (``CW_S3_ENDPOINT``, ``AWS_*``).
+store comes from :func:`cwtrain.infra.s3.object_store` (``CW_S3_ENDPOINT``, ``AWS_*``).
 
 The launchers' Python helpers live beside this module, each in the module that owns it:
 :func:`cwtrain.integrations.staging.stage_from_s3` (the copy above),

@@ -23,23 +23,32 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cwtrain.config import env_str
 from cwtrain.errors import ConfigError, CWTrainError, describe
+
+if TYPE_CHECKING:
+    from cwtrain.infra.client import InferenceClient
+    from cwtrain.infra.s3 import ObjectStoreLike
 
 __all__ = ["check_from_env", "main"]
 
 log = logging.getLogger(__name__)
 
 
-def check_from_env(environ: Mapping[str, str] | None = None, *, client: Any = None, s3: Any = None) -> str:
+def check_from_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    client: InferenceClient | None = None,
+    s3: ObjectStoreLike | None = None,
+) -> str:
     """Run the permission check for the deployment named by the environment.
 
     Args:
         environ: environment to read (default ``os.environ``).
         client: an :class:`~cwtrain.infra.InferenceClient` (default: built from the environment).
-        s3: a boto3 S3 client (default :func:`cwtrain.infra.s3_client`).
+        s3: the object store, or a boto3 client (default :func:`cwtrain.infra.s3.object_store`).
 
     Returns:
         The checked ``s3://<bucket>/<prefix>/``.
@@ -53,7 +62,6 @@ def check_from_env(environ: Mapping[str, str] | None = None, *, client: Any = No
         raise ConfigError("CWTRAIN_HOTLOAD_DEPLOYMENT_ID is not set: export the id of the hot-load deployment")
     from cwtrain.hotload.upload import check_snapshot_access
     from cwtrain.infra.client import InferenceClient
-    from cwtrain.infra.s3 import s3_client
 
     if client is None:
         with InferenceClient() as own:
@@ -65,11 +73,7 @@ def check_from_env(environ: Mapping[str, str] | None = None, *, client: Any = No
         raise ConfigError(
             f"deployment {deployment_id} has no spec.hotLoad bucket: hot-load must be enabled when it is created"
         )
-    return str(check_snapshot_access(s3 if s3 is not None else s3_client(), settings.bucket, settings.path_prefix))
-
-
-def _is_store_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith(("botocore", "boto3"))
+    return check_snapshot_access(s3, settings.bucket, settings.path_prefix)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         uri = check_from_env()
     except Exception as exc:
-        if not isinstance(exc, (CWTrainError, OSError)) and not _is_store_error(exc):
+        if not isinstance(exc, (CWTrainError, OSError)):
             raise
         log.debug("preflight failed", exc_info=True)
         print(f"snapshot access check failed: {describe(exc)}", file=sys.stderr)

@@ -13,7 +13,7 @@ It copies the objects directly under the prefix (not deeper) into ``DEST`` throu
 ``DEST.partial``, renamed when complete, so an interrupted copy never looks finished.
 When ``DEST/config.json`` exists nothing is copied. No objects under the prefix, or no
 ``config.json`` among them, is an error. The object-store client comes from
-:func:`cwtrain.infra.s3.s3_client` (``CW_S3_ENDPOINT``, ``AWS_*``) unless one is passed.
+:func:`cwtrain.infra.s3.object_store` (``CW_S3_ENDPOINT``, ``AWS_*``) unless one is passed.
 """
 
 from __future__ import annotations
@@ -23,9 +23,13 @@ import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cwtrain.errors import CWTrainError, UsageError
+
+if TYPE_CHECKING:
+    from cwtrain.infra.objectstore import ObjectStore
+    from cwtrain.infra.s3 import ObjectStoreLike
 
 __all__ = ["parse_s3_uri", "stage_from_s3"]
 
@@ -49,29 +53,20 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, (prefix + "/") if prefix else ""
 
 
-def _list_direct(s3: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
-    """Objects directly under ``prefix`` (not in deeper "folders"): ``(key, size)``."""
-    out: list[tuple[str, int]] = []
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
-        if token:
-            kwargs["ContinuationToken"] = token
-        page = s3.list_objects_v2(**kwargs)
-        out.extend((o["Key"], int(o.get("Size", 0))) for o in page.get("Contents", []) if o["Key"] != prefix)
-        token = page.get("NextContinuationToken")
-        if not page.get("IsTruncated") or not token:
-            return out
+def _list_direct(s3: ObjectStore, bucket: str, prefix: str) -> list[tuple[str, int]]:
+    return [(o.key, o.size) for o in s3.list_objects(bucket, prefix, delimiter="/") if o.key != prefix]
 
 
-def stage_from_s3(uri: str, dest: str | os.PathLike[str], *, workers: int = 16, s3: Any = None) -> Path:
+def stage_from_s3(
+    uri: str, dest: str | os.PathLike[str], *, workers: int = 16, s3: ObjectStoreLike | None = None
+) -> Path:
     """Copy the objects directly under ``uri`` into ``dest`` (see the module docstring).
 
     Args:
         uri: ``s3://<bucket>/<prefix>``.
         dest: the local directory; left alone when ``dest/config.json`` exists.
         workers: objects downloaded in parallel.
-        s3: a boto3 S3 client (default :func:`cwtrain.infra.s3.s3_client`).
+        s3: the object store, or a boto3 client (default :func:`cwtrain.infra.s3.object_store`).
 
     Returns:
         ``dest``.
@@ -87,11 +82,10 @@ def stage_from_s3(uri: str, dest: str | os.PathLike[str], *, workers: int = 16, 
     if workers < 1:
         raise UsageError(f"--workers {workers} must be at least 1")
     bucket, prefix = parse_s3_uri(uri)
-    if s3 is None:
-        from cwtrain.infra.s3 import s3_client
+    from cwtrain.infra.s3 import as_object_store
 
-        s3 = s3_client()
-    objects = _list_direct(s3, bucket, prefix)
+    store = as_object_store(s3)
+    objects = _list_direct(store, bucket, prefix)
     if not objects:
         raise CWTrainError(f"no objects directly under s3://{bucket}/{prefix}: check the URI and the credentials")
     names = {key[len(prefix) :]: key for key, _ in objects}
@@ -106,7 +100,7 @@ def stage_from_s3(uri: str, dest: str | os.PathLike[str], *, workers: int = 16, 
         name, key = item
         path = partial / name
         tmp = path.with_name(path.name + ".tmp")
-        s3.download_file(bucket, key, str(tmp))
+        store.download(bucket, key, tmp)
         os.replace(tmp, path)
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cwtrain-stage") as pool:

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from cwtrain.hotload.chain import MAX_FULL_EVERY, ChainCadence
+from cwtrain.infra.objectstore import ObjectStore
 
 __all__ = ["DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
 
@@ -179,18 +180,8 @@ class _Display:
         )
 
 
-def _snapshot_bytes(s3: Any, bucket: str, prefix: str) -> int:
-    total = 0
-    token = None
-    while True:
-        kwargs = {"Bucket": bucket, "Prefix": prefix}
-        if token:
-            kwargs["ContinuationToken"] = token
-        page = s3.list_objects_v2(**kwargs)
-        total += sum(int(obj["Size"]) for obj in page.get("Contents", []))
-        token = page.get("NextContinuationToken")
-        if not token:
-            return total
+def _snapshot_bytes(s3: ObjectStore, bucket: str, prefix: str) -> int:
+    return sum(obj.size for obj in s3.list_objects(bucket, prefix))
 
 
 def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, Any]:
@@ -251,8 +242,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         display.say(
             f"deployment {deployment.id} READY ({config.replicas} replicas, base {base_uri}); rollouts at {base_url}"
         )
-        s3 = stack.s3_client()
-        loader = HotLoader(client, deployment.id, s3=s3, timeout=config.timeout, poll_interval=0.05)
+        loader = HotLoader(client, deployment.id, s3=stack.s3_client(), timeout=config.timeout, poll_interval=0.05)
         rollout_config = RolloutConfig(base_url=base_url, model="cwtrain-tiny", api_key=stack.token, concurrency=16)
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
@@ -332,7 +322,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 t2 = time.monotonic()
                 served, identity = new, version
                 cadence.published(full=full)
-                size = _snapshot_bytes(s3, stack.bucket, snapshot_prefix("demo", version) + "/")
+                size = _snapshot_bytes(loader.s3, stack.bucket, snapshot_prefix("demo", version) + "/")
                 rec = StepRecord(
                     step,
                     version,

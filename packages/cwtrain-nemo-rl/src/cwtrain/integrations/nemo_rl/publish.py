@@ -34,6 +34,7 @@ from cwtrain.hotload.distributed import commit_shared_index, merge_weight_maps
 from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, SnapshotFile, full_shard_name, shard_name
 from cwtrain.hotload.torch import TorchDeltaEncoder, tensor_data
 from cwtrain.hotload.upload import SnapshotUpload
+from cwtrain.infra.s3 import ObjectStoreLike
 
 __all__ = ["PublishPlan", "RankPublisher", "ShareResult", "commit_index", "owned_layout"]
 
@@ -153,7 +154,9 @@ class RankPublisher:
     served: dict[str, torch.Tensor] = field(default_factory=dict)
     _pending: dict[str, torch.Tensor] | None = None
 
-    def publish(self, params: Iterable[tuple[str, torch.Tensor]], plan: PublishPlan, s3: Any = None) -> ShareResult:
+    def publish(
+        self, params: Iterable[tuple[str, torch.Tensor]], plan: PublishPlan, s3: ObjectStoreLike | None = None
+    ) -> ShareResult:
         """Encode and upload this rank's share of ``params`` (every rank must call it).
 
         ``params`` is the full ``(name, tensor)`` sequence every rank sees (NeMo-RL's
@@ -171,7 +174,11 @@ class RankPublisher:
         return self.publish_share(sizes, owned, plan, s3)
 
     def publish_share(
-        self, sizes: Sequence[tuple[str, int]], owned: Mapping[str, torch.Tensor], plan: PublishPlan, s3: Any = None
+        self,
+        sizes: Sequence[tuple[str, int]],
+        owned: Mapping[str, torch.Tensor],
+        plan: PublishPlan,
+        s3: ObjectStoreLike | None = None,
     ) -> ShareResult:
         """Like :meth:`publish` when the rank already holds only its share.
 
@@ -181,7 +188,7 @@ class RankPublisher:
                 ``rank + world_size``, ...).
             owned: this rank's tensors.
             plan: the publish.
-            s3: a boto3 client (default from the environment).
+            s3: the object store, or a boto3 client (default: built from the environment).
         """
         expected = {name for i, (name, _) in enumerate(sizes) if i % self.world_size == self.rank}
         if set(owned) != expected:
@@ -240,7 +247,7 @@ def commit_index(
     results: Sequence[ShareResult],
     plan: PublishPlan,
     *,
-    s3: Any = None,
+    s3: ObjectStoreLike | None = None,
     extra_files: Mapping[str, bytes] | None = None,
 ) -> str | None:
     """Write the snapshot's index over every rank's shards (and, for FULL, the side files) last.

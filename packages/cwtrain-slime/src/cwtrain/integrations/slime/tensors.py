@@ -404,9 +404,9 @@ class TensorPublisher:
             raise CWTrainError(f"cannot resolve the snapshot bucket: {target}")
         if store is not None:
             return store
-        from cwtrain.infra.s3 import s3_client
+        from cwtrain.infra.s3 import object_store
 
-        return SnapshotStore(s3_client(), target[0], target[1])
+        return SnapshotStore(object_store(), target[0], target[1])
 
     def _upload_shards(self, store: SnapshotStore, identity: str, files: list[SnapshotFile]) -> None:
         if not files:

@@ -1,0 +1,364 @@
+"""The object-store seam: the operations cwtrain performs on S3-compatible storage.
+
+Everything in cwtrain that reads or writes objects (uploads, manifests, the permission
+check, model staging) talks to an :class:`ObjectStore`, never to an SDK. The one
+implementation that ships is :class:`~cwtrain.infra.s3.Boto3ObjectStore` (a boto3 client
+underneath, configured like :func:`~cwtrain.infra.s3.s3_client`); every botocore detail
+(request checksums, the zero-copy send path, error parsing) stays inside it::
+
+    from cwtrain.infra.s3 import object_store
+
+    store = object_store()                                    # endpoint and region from the environment
+    store.put("weights", "p/a.bin", b"...", metadata={"cwtrain-sha256": digest}, if_none_match=True)
+    store.head("weights", "p/a.bin")                          # StoredObject(key, size, etag, metadata) or None
+    with store.get("weights", "p/a.bin") as body:
+        data = body.read()
+    [o.key for o in store.list_objects("weights", "p/", delimiter="/")]   # every page
+
+Functions that take ``s3=`` (``upload_snapshot``, ``HotLoader``, ``SnapshotStore``,
+``check_snapshot_access``, ...) accept an ``ObjectStore`` or a raw boto3 client, which
+they wrap with :func:`~cwtrain.infra.s3.as_object_store`.
+
+**Errors.** A store raises cwtrain's own errors, so callers never inspect SDK
+exceptions; the original exception is the ``__cause__``, and the message is the
+store's own (for boto3: ``An error occurred (AccessDenied) when calling the PutObject
+operation: Access Denied``)::
+
+    ObjectStoreError (CWTrainError)       any failed call; .operation, .key
+    ├── ObjectStoreTransportError         no answer: connection refused or cut, timeout, TLS
+    └── ObjectStoreStatusError            the store answered with an error; .code, .http_status
+        ├── ObjectNotFoundError           404, NoSuchKey, NotFound
+        │   └── UploadNotFoundError       NoSuchUpload (a multipart upload completed or aborted)
+        ├── PreconditionFailedError       412: a create-only write found the key taken
+        ├── ConditionalConflictError      409 ConditionalRequestConflict: a concurrent conditional write
+        ├── AccessDeniedError             403
+        └── StoreNotImplementedError      501 NotImplemented (e.g. no If-None-Match support)
+
+``.code`` is the S3 error code (``"?"`` when the answer had none; a HEAD answer has no
+body, so its code is the status, e.g. ``"403"``). :func:`status_error` picks the class
+for a code and status; implementations use it so that every store maps alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from cwtrain.errors import CWTrainError
+
+__all__ = [
+    "AccessDeniedError",
+    "Body",
+    "ConditionalConflictError",
+    "ListedObject",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "ObjectStoreError",
+    "ObjectStoreStatusError",
+    "ObjectStoreTransportError",
+    "ObjectStream",
+    "OpenUpload",
+    "Payload",
+    "PreconditionFailedError",
+    "StoreNotImplementedError",
+    "StoredObject",
+    "UploadNotFoundError",
+    "UploadedPart",
+    "status_error",
+]
+
+
+# ------------------------------------------------------------------------ errors
+
+
+class ObjectStoreError(CWTrainError):
+    """An object-store call failed.
+
+    Attributes:
+        operation: the S3 operation (``"PutObject"``, ``"HeadObject"``, ...).
+        key: the object key, ``""`` for calls on a bucket or prefix.
+    """
+
+    def __init__(self, message: str, *, operation: str = "", key: str = "") -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.key = key
+
+
+class ObjectStoreTransportError(ObjectStoreError):
+    """No answer from the store (refused or cut connection, timeout, TLS), after the client's retries."""
+
+
+class ObjectStoreStatusError(ObjectStoreError):
+    """The store answered with an error.
+
+    Attributes:
+        code: the S3 error code (``"?"`` when the answer had none).
+        http_status: the HTTP status, when known.
+    """
+
+    def __init__(
+        self, message: str, *, code: str = "?", http_status: int | None = None, operation: str = "", key: str = ""
+    ) -> None:
+        super().__init__(message, operation=operation, key=key)
+        self.code = code
+        self.http_status = http_status
+
+
+class ObjectNotFoundError(ObjectStoreStatusError):
+    """No such key (404, ``NoSuchKey``, ``NotFound``)."""
+
+
+class UploadNotFoundError(ObjectNotFoundError):
+    """No such multipart upload (``NoSuchUpload``): it was completed or aborted."""
+
+
+class PreconditionFailedError(ObjectStoreStatusError):
+    """412: a create-only write (``If-None-Match: *``) found the key taken."""
+
+
+class ConditionalConflictError(ObjectStoreStatusError):
+    """409 ``ConditionalRequestConflict``: another conditional write to the key is in progress; retry."""
+
+
+class AccessDeniedError(ObjectStoreStatusError):
+    """403: the credentials may not make this call."""
+
+
+class StoreNotImplementedError(ObjectStoreStatusError):
+    """501 ``NotImplemented``: the store does not support the request (e.g. ``If-None-Match``)."""
+
+
+def status_error(
+    message: str, *, code: str = "?", http_status: int | None = None, operation: str = "", key: str = ""
+) -> ObjectStoreStatusError:
+    """The error for a store's answer: the class is chosen by ``code``, else by ``http_status``.
+
+    The order settles answers that fit two rows: ``NoSuchUpload``; 409 (retried) before 412;
+    501; 404; 403.
+    """
+    cls: type[ObjectStoreStatusError] = ObjectStoreStatusError
+    if code == "NoSuchUpload":
+        cls = UploadNotFoundError
+    elif code == "ConditionalRequestConflict" or http_status == 409:
+        cls = ConditionalConflictError
+    elif code == "PreconditionFailed" or http_status == 412:
+        cls = PreconditionFailedError
+    elif code == "NotImplemented" or http_status == 501:
+        cls = StoreNotImplementedError
+    elif code in ("NoSuchKey", "NotFound", "404") or http_status == 404:
+        cls = ObjectNotFoundError
+    elif code == "AccessDenied" or http_status == 403:
+        cls = AccessDeniedError
+    return cls(message, code=code or "?", http_status=http_status, operation=operation, key=key)
+
+
+# ------------------------------------------------------------------------ values
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What the store says about one object (HEAD, or the headers of a GET).
+
+    Attributes:
+        key: the object key.
+        size: bytes.
+        etag: the ETag as sent (with its quotes).
+        metadata: user metadata, names lowercased and without ``x-amz-meta-``.
+    """
+
+    key: str
+    size: int
+    etag: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """One entry of a listing: key, size and ETag (listings carry no user metadata)."""
+
+    key: str
+    size: int
+    etag: str = ""
+
+
+@dataclass(frozen=True)
+class UploadedPart:
+    """One stored part of an unfinished multipart upload."""
+
+    number: int
+    etag: str
+    size: int
+
+
+@dataclass(frozen=True)
+class OpenUpload:
+    """An unfinished multipart upload: key, upload id and when it began (POSIX seconds, 0 if unknown)."""
+
+    key: str
+    upload_id: str
+    initiated: float
+
+
+class Payload:
+    """A request body over memory views, sent as they are (no copy into a buffer).
+
+    Args:
+        views: the bytes, in order (flat ``"B"`` memory views).
+        file: ``(fd, offset)`` when the views are the bytes of open file ``fd`` from
+            ``offset`` on (a read-only mapping); a store may then send from the file
+            (``sendfile``) instead of from memory.
+    """
+
+    __slots__ = ("file", "size", "views")
+
+    def __init__(self, views: Sequence[memoryview], *, file: tuple[int, int] | None = None) -> None:
+        self.views = tuple(views)
+        self.size = sum(v.nbytes for v in self.views)
+        self.file = file
+
+    def __len__(self) -> int:
+        return self.size
+
+
+#: A request body: bytes, or a :class:`Payload` over memory the caller keeps alive.
+type Body = bytes | Payload
+
+
+class _Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class ObjectStream:
+    """The body of a GET, read as it arrives; close it when done (or use ``with``).
+
+    Attributes:
+        info: the object's key, size, ETag and metadata.
+    """
+
+    def __init__(self, info: StoredObject, raw: _Readable) -> None:
+        self.info = info
+        self._raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left when ``size`` is negative)."""
+        return self._raw.read(size)
+
+    def close(self) -> None:
+        """Release the connection."""
+        self._raw.close()
+
+    def __enter__(self) -> ObjectStream:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------ the protocol
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """The object-store operations cwtrain uses (S3 semantics: buckets, keys, multipart uploads).
+
+    Every method raises :class:`ObjectStoreError` subclasses only (see the module
+    docstring); ``head`` answers ``None`` for a missing key instead of raising.
+    """
+
+    def head(self, bucket: str, key: str) -> StoredObject | None:
+        """The object's size, ETag and metadata (HeadObject), or ``None`` when there is no such key."""
+        ...
+
+    def get(self, bucket: str, key: str) -> ObjectStream:
+        """The object's bytes as a stream (GetObject).
+
+        Raises:
+            ObjectNotFoundError: no such key.
+        """
+        ...
+
+    def put(
+        self,
+        bucket: str,
+        key: str,
+        body: Body,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        if_none_match: bool = False,
+    ) -> None:
+        """Write one object (PutObject); ``if_none_match`` makes it create-only (``If-None-Match: *``).
+
+        Raises:
+            PreconditionFailedError: create-only, and the key exists.
+            ConditionalConflictError: create-only, and another conditional write is in progress.
+            StoreNotImplementedError: the store refuses ``If-None-Match``.
+        """
+        ...
+
+    def list_objects(
+        self, bucket: str, prefix: str, *, delimiter: str | None = None, limit: int | None = None
+    ) -> list[ListedObject]:
+        """Objects whose keys start with ``prefix`` (ListObjectsV2), every page.
+
+        Args:
+            bucket: the bucket.
+            prefix: the key prefix (``""`` for the whole bucket).
+            delimiter: ``"/"`` lists only the keys directly under ``prefix``.
+            limit: at most this many (one request, ``MaxKeys=limit``, when it is enough).
+        """
+        ...
+
+    def create_multipart(self, bucket: str, key: str, *, metadata: Mapping[str, str] | None = None) -> str:
+        """Start a multipart upload (CreateMultipartUpload); returns its upload id.
+
+        User metadata is fixed here, before any part is sent.
+        """
+        ...
+
+    def upload_part(self, bucket: str, key: str, upload_id: str, number: int, body: Body) -> str:
+        """Send part ``number`` (1-based) of an upload (UploadPart); returns its ETag.
+
+        Raises:
+            UploadNotFoundError: the upload is gone (completed or aborted elsewhere).
+        """
+        ...
+
+    def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]], *, if_none_match: bool = False
+    ) -> None:
+        """Complete an upload from ``(part number, ETag)`` pairs (CompleteMultipartUpload).
+
+        ``if_none_match`` makes it create-only; the condition is evaluated at completion.
+
+        Raises:
+            UploadNotFoundError: the upload is gone.
+            PreconditionFailedError: create-only, and the key exists.
+            ConditionalConflictError: create-only, and another conditional write is in progress.
+            StoreNotImplementedError: the store refuses ``If-None-Match``.
+        """
+        ...
+
+    def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        """Abort an upload and drop its parts (AbortMultipartUpload)."""
+        ...
+
+    def list_parts(self, bucket: str, key: str, upload_id: str) -> list[UploadedPart]:
+        """The stored parts of an unfinished upload (ListParts), every page."""
+        ...
+
+    def list_multipart_uploads(self, bucket: str, prefix: str) -> list[OpenUpload]:
+        """Unfinished multipart uploads under ``prefix`` (ListMultipartUploads), every page."""
+        ...
+
+    def download(self, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
+        """Copy one object into a local file (parallel ranged GETs for large objects)."""
+        ...
