@@ -49,6 +49,7 @@ from typing import Any
 from cwtrain.integrations.gym.collect import GymNotInstalledError
 
 _LAZY = {
+    "CheckedCollector": "cwtrain.integrations.gym.collect",
     "CollectionJob": "cwtrain.integrations.gym.collect",
     "CollectionResult": "cwtrain.integrations.gym.collect",
     "Collector": "cwtrain.integrations.gym.collect",
@@ -66,6 +67,7 @@ _LAZY = {
 
 __all__ = [
     "AgentScore",
+    "CheckedCollector",
     "CollectionJob",
     "CollectionResult",
     "Collector",
