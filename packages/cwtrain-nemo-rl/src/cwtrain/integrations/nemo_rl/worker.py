@@ -22,11 +22,11 @@ from typing import Any
 
 import ray
 
-from cwtrain.integrations.nemo_rl._nemo import require
+from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
 
-_utils = require("nemo_rl.models.policy.utils")
-_dtensor = require("nemo_rl.models.policy.workers.dtensor_policy_worker_v2")
+_utils = require(NEMO_RL, "nemo_rl.models.policy.utils")
+_dtensor = require(NEMO_RL, "nemo_rl.models.policy.workers.dtensor_policy_worker_v2")
 
 __all__ = ["CoreWeaveDTensorPolicyWorker", "CoreWeaveMegatronPolicyWorker"]
 
@@ -43,7 +43,7 @@ CoreWeaveDTensorPolicyWorker = ray.remote(
 
 def _megatron() -> Any:
     try:
-        module = require("nemo_rl.models.policy.workers.megatron_policy_worker")
+        module = require(NEMO_RL, "nemo_rl.models.policy.workers.megatron_policy_worker")
     except ImportError:
         return None
 
