@@ -60,9 +60,9 @@ _LAZY = {
     "AgentScore": "cwtrain.integrations.gym.scores",
     "GymScores": "cwtrain.integrations.gym.scores",
     "read_scores": "cwtrain.integrations.gym.scores",
-    "GymEvalResult": "cwtrain.integrations.gym.evaluate",
-    "evaluate": "cwtrain.integrations.gym.evaluate",
-    "load_request": "cwtrain.integrations.gym.evaluate",
+    "GymEvalResult": "cwtrain.integrations.gym.evaluation",
+    "evaluate": "cwtrain.integrations.gym.evaluation",
+    "load_request": "cwtrain.integrations.gym.evaluation",
 }
 
 __all__ = [

@@ -81,7 +81,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def _eval(args: argparse.Namespace) -> int:
     # Imported here: registration stays cheap (no httpx, no YAML) for every other command.
     from cwtrain.cli.output import emit
-    from cwtrain.integrations.gym.evaluate import load_request
+    from cwtrain.integrations.gym.evaluation import load_request
 
     request = load_request(args.request)
     previous: Any = None
@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace, request: dict[str, Any]) -> Any:
     from cwtrain.config import env_str
     from cwtrain.infra import token_from_env
     from cwtrain.integrations.gym.collect import GymCLICollector
-    from cwtrain.integrations.gym.evaluate import evaluate
+    from cwtrain.integrations.gym.evaluation import evaluate
 
     api_key = env_str("CWTRAIN_ROLLOUT_API_KEY") or args.token or token_from_env()
     with client_from_args(args) as client:
