@@ -99,6 +99,11 @@ class Tokenizer:
         return 0
 
     @property
+    def pad_token_id(self) -> int | None:
+        """No padding token (``None``, as a HuggingFace tokenizer without one): pad with ``<eos>``."""
+        return None
+
+    @property
     def bos_token_id(self) -> int:
         """Id of ``<bos>``, prepended by ``encode(..., add_special_tokens=True)``."""
         return 1
