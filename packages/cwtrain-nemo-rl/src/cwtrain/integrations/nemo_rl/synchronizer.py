@@ -215,6 +215,8 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         checksums: dict[str, str] = {}
         for result in results:
             checksums.update(result.checksums)
+        # TODO(issue 15): build it with cwtrain.hotload.manifest.snapshot_manifest(identity,
+        # deployment_id, run_id, checksums) once that one builder is on main (the same keys).
         manifest = {
             "checksum_format": "adler32",
             "deployment_id": self.loader.deployment_id,
