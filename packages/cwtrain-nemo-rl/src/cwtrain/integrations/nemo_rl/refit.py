@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
 
 __all__ = ["GrpoHooks", "grpo_hooks", "install", "install_setup", "uninstall"]
 
@@ -80,12 +81,12 @@ class GrpoHooks:
 
         @functools.wraps(original)
         def refit_policy_generation(
-            policy: Any,
-            policy_generation: Any,
+            policy: WorkerGroup,
+            policy_generation: object,
             colocated_inference: bool,
-            _refit_buffer_size_gb: Any = None,
-            timer: Any = None,
-            kv_scales: Any = None,
+            _refit_buffer_size_gb: float | None = None,
+            timer: object | None = None,
+            kv_scales: Mapping[str, float] | None = None,
         ) -> Any:
             sync = policy_generation.weight_synchronizer if isinstance(policy_generation, CoreWeaveGeneration) else None
             if sync is not None:

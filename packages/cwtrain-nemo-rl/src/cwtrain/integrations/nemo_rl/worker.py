@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
+import torch
 
 from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
@@ -32,7 +33,7 @@ __all__ = ["CoreWeaveDTensorPolicyWorker", "CoreWeaveMegatronPolicyWorker"]
 
 
 class _DTensorImpl(HotLoadWorkerMixin, _dtensor.DTensorPolicyWorkerV2Impl):  # type: ignore[misc,name-defined]
-    def cwtrain_params(self) -> Iterator[tuple[str, Any]]:
+    def cwtrain_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         return _dtensor.dtensor_params_generator(self.model, self.dtype)  # type: ignore[no-any-return]
 
 
@@ -48,7 +49,7 @@ def _megatron() -> Any:
         return None
 
     class _MegatronImpl(HotLoadWorkerMixin, module.MegatronPolicyWorkerImpl):  # type: ignore[misc,name-defined]
-        def cwtrain_params(self) -> Iterator[tuple[str, Any]]:
+        def cwtrain_params(self) -> Iterator[tuple[str, torch.Tensor]]:
             return self._iter_params_with_optional_kv_scales()  # type: ignore[no-any-return]
 
     return ray.remote(runtime_env=_utils.get_runtime_env_for_policy_worker("megatron_policy_worker"))(_MegatronImpl)
