@@ -341,10 +341,15 @@ def main(args: argparse.Namespace) -> int:
     from cwtrain.cli.output import emit
 
     config = _config_from_args(args)
-    if not getattr(args, "verbose", False):
-        for name in _QUIET:
-            logging.getLogger(name).setLevel(logging.WARNING)
-    summary = run_demo(config)
+    quiet = [] if getattr(args, "verbose", False) else [logging.getLogger(name) for name in _QUIET]
+    levels = [(logger, logger.level) for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.WARNING)
+    try:
+        summary = run_demo(config)
+    finally:  # the run's quiet is its own: callers in the same process keep their log levels
+        for logger, level in levels:
+            logger.setLevel(level)
     print_summary(summary, sys.stderr)
     emit(summary)
     return 0 if summary["reward_goal_met"] or not config.check else 1
