@@ -26,6 +26,7 @@ from cwtrain.errors import ConfigError, SnapshotError
 from cwtrain.hotload.chain import ChainCadence
 from cwtrain.hotload.identity import version_identity
 from cwtrain.hotload.loader import HotLoader
+from cwtrain.hotload.manifest import snapshot_manifest
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
 from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.config import HotLoadSettings
@@ -215,15 +216,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         checksums: dict[str, str] = {}
         for result in results:
             checksums.update(result.checksums)
-        # TODO(issue 15): build it with cwtrain.hotload.manifest.snapshot_manifest(identity,
-        # deployment_id, run_id, checksums) once that one builder is on main (the same keys).
-        manifest = {
-            "checksum_format": "adler32",
-            "deployment_id": self.loader.deployment_id,
-            "identity": identity,
-            "run_id": self.settings.run_id,
-            "tensors": dict(sorted(checksums.items())),
-        }
+        manifest = snapshot_manifest(identity, self.loader.deployment_id, self.settings.run_id, checksums)
         try:
             self.loader.upload_manifest(identity, manifest)
         except Exception as exc:  # a manifest only helps resume; never fail the step for it
