@@ -262,3 +262,46 @@ def test_install_wraps_setup_for_coreweave_only(monkeypatch: pytest.MonkeyPatch,
     finally:
         uninstall()
     assert grpo.setup is original_setup
+
+
+def test_setup_wrapper_reads_nemo_rls_master_config_object(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """v0.7.0 hands setup a MasterConfig model (attributes, not keys); inherited vLLM settings that make
+    grpo_train parse the generation's metrics as vLLM's are turned off for coreweave."""
+    import nemo_rl.algorithms.grpo as grpo
+
+    from cwtrain.integrations.nemo_rl.metrics import RunLogger
+    from cwtrain.integrations.nemo_rl.refit import grpo_hooks
+
+    for key, value in {**ENV, "COREWEAVE_API_TOKEN": "t0ken"}.items():
+        monkeypatch.setenv(key, value)
+
+    class MasterConfig:  # attribute access only, as NeMo-RL's
+        def __init__(self, **sections: Any) -> None:
+            self.__dict__.update(sections)
+
+        def __getitem__(self, key: str) -> Any:
+            raise TypeError("'MasterConfig' object is not subscriptable")
+
+    generation = {
+        "backend": "coreweave",
+        "max_new_tokens": 4,
+        "vllm_cfg": {"async_engine": True, "enable_vllm_metrics_logger": True, "max_model_len": 16},
+    }
+    config = MasterConfig(policy={"model_name": str(tmp_path), "generation": generation}, env={})
+    standin = grpo.setup
+
+    def setup_taking_a_master_config(master_config: Any, tokenizer: Any, *args: Any, **kwargs: Any) -> Any:
+        return standin({"policy": master_config.policy}, tokenizer, *args, **kwargs)
+
+    monkeypatch.setattr(grpo, "setup", setup_taking_a_master_config)
+    wrapper = grpo_hooks().install_setup("cwtrain.integrations.nemo_rl.worker.CoreWeaveDTensorPolicyWorker")
+    try:
+        result = wrapper(config, _Tok(), None, None)
+        assert isinstance(result[7], RunLogger)
+        assert generation["vllm_cfg"]["enable_vllm_metrics_logger"] is False
+        assert generation["vllm_cfg"]["async_engine"] is True  # everything else as it was
+        gym = MasterConfig(policy=config.policy, env={"should_use_nemo_gym": True})
+        with pytest.raises(ConfigError, match="max_model_len"):
+            wrapper(gym, _Tok(), None, None)
+    finally:
+        grpo_hooks().uninstall()

@@ -23,9 +23,11 @@
   ``policy.model_name`` (a local HF checkpoint), and the logger ``setup`` returns is wrapped
   in a :class:`~cwtrain.integrations.nemo_rl.metrics.RunLogger` that writes the sync's
   ``hotload/*`` metrics and flattens the generation's ``coreweave/*`` metrics (``grpo_train``
-  logs whatever logger ``setup`` returned). With ``env.should_use_nemo_gym`` it first
-  checks that ``coreweave_cfg.max_model_len`` is set (NeMo-RL's Gym rollouts read the
-  engine's context length). Other backends are untouched.
+  logs whatever logger ``setup`` returned). Before ``setup`` it turns
+  ``vllm_cfg.enable_vllm_metrics_logger`` off (an inherited vLLM setting that makes
+  ``grpo_train`` parse the generation's metrics as vLLM's) and, with ``env.should_use_nemo_gym``,
+  checks that ``coreweave_cfg.max_model_len`` is set (NeMo-RL's Gym rollouts read the engine's
+  context length). Other backends are untouched.
 
 :class:`GrpoHooks` is the plug-in's only process state: the wrappers it put into
 ``nemo_rl.algorithms.grpo`` and NeMo-RL's functions they replaced. It lives on the
@@ -117,18 +119,19 @@ class GrpoHooks:
 
         @functools.wraps(original)
         def setup(
-            master_config: Mapping[str, Any],
+            master_config: Any,
             tokenizer: Any,
             dataset: Any,
             val_dataset: Any,
             processor: Any = None,
             policy_factory: Any = None,
         ) -> Any:
-            policy_config = master_config["policy"]
+            policy_config = _section(master_config, "policy")
             generation = policy_config["generation"] or {}
             coreweave = generation.get("backend") == "coreweave"
             if coreweave:
                 _check_nemo_gym(master_config, generation)
+                _no_vllm_metrics_logger(generation)
             if coreweave and policy_factory is None:
                 policy_factory = functools.partial(policy_cls, worker_extension_cls_fqn=worker_fqn)
             result = original(
@@ -148,8 +151,15 @@ class GrpoHooks:
             del self.originals[name]
 
 
-def _check_nemo_gym(master_config: Mapping[str, Any], generation: Mapping[str, Any]) -> None:
-    env = master_config.get("env") or {}
+def _section(master_config: Any, name: str) -> Any:
+    """A section of NeMo-RL's config: an attribute of its ``MasterConfig`` model, or a key of a plain dict."""
+    if isinstance(master_config, Mapping):
+        return master_config.get(name)
+    return getattr(master_config, name, None)
+
+
+def _check_nemo_gym(master_config: Any, generation: Mapping[str, Any]) -> None:
+    env = _section(master_config, "env") or {}
     if not env.get("should_use_nemo_gym"):
         return
     if not (generation.get("coreweave_cfg") or {}).get("max_model_len"):
@@ -158,6 +168,17 @@ def _check_nemo_gym(master_config: Mapping[str, Any], generation: Mapping[str, A
             "(the deployment's context length: NeMo-RL's Gym rollouts read it, and cwtrain's gym_model caps each "
             "turn's max_tokens with it)"
         )
+
+
+def _no_vllm_metrics_logger(generation: Any) -> None:
+    """Turn ``vllm_cfg.enable_vllm_metrics_logger`` off: there is no vLLM engine to report.
+
+    With it on and ``vllm_cfg.async_engine`` (which NeMo-RL's Gym setup forces), ``grpo_train``
+    reads the generation's logger metrics as vLLM's per-worker series and fails on cwtrain's.
+    """
+    vllm_cfg = generation.get("vllm_cfg") if isinstance(generation, Mapping) else None
+    if isinstance(vllm_cfg, dict) and vllm_cfg.get("enable_vllm_metrics_logger"):
+        vllm_cfg["enable_vllm_metrics_logger"] = False
 
 
 def _attach(result: Any, generation: Mapping[str, Any], model_name: str) -> Any:
