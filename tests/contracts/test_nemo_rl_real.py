@@ -34,7 +34,6 @@ import pytest
 from nemo_support import (
     GYM_ENV_ROOT,
     HERE,
-    ROOT,
     UPSTREAM_DTENSOR,
     UPSTREAM_NEMO_GYM,
     gym_server_venvs,
@@ -404,7 +403,9 @@ def test_grpo_with_a_nemo_gym_environment_trains_against_the_local_stack(
         with log.open("w") as out:
             done = subprocess.run(
                 [sys.executable, str(HERE / "nemo_grpo_driver.py"), "--config", str(config_file)],
-                env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT, timeout=2400, check=False,
+                # Gym 0.4 (NeMo-RL's own) finds server directories only under the working directory
+                # and its install root: run where the contract's resources server is
+                env=env, cwd=str(GYM_ENV_ROOT), stdout=out, stderr=subprocess.STDOUT, timeout=2400, check=False,
             )  # fmt: skip
         output = log.read_text(errors="replace")
         assert done.returncode == 0, output[-8000:]

@@ -27,8 +27,12 @@ Pieces: :class:`CoreWeaveGeneration` (the ``GenerationInterface``),
 :class:`HotLoadWeightSynchronizer` (refit by hot-load: FULL at step 0 and every
 ``full_every``, XOR deltas otherwise, published by every worker from its GPU tensors),
 ``CoreWeaveDTensorPolicyWorker`` / ``CoreWeaveMegatronPolicyWorker`` (in
-:mod:`~cwtrain.integrations.nemo_rl.worker`), :func:`install_refit`, :func:`register_workers`,
-:func:`worker_env` (ship cwtrain to NeMo-RL's per-role worker environments). Variables:
+:mod:`~cwtrain.integrations.nemo_rl.worker`), :func:`install_refit`, :func:`register_workers`
+(cwtrain's workers get the prebuilt environments of the NeMo-RL workers they extend,
+:func:`worker_executable`), :func:`worker_env` (ship cwtrain to those environments),
+:mod:`~cwtrain.integrations.nemo_rl.metrics` (the run logger that writes ``hotload/*`` and
+``coreweave/*``), :mod:`~cwtrain.integrations.nemo_rl.gym_model` (the OpenAI endpoint NeMo
+Gym's model server samples the deployment through). Variables:
 ``CWTRAIN_ROLLOUT_*`` and ``CWTRAIN_HOTLOAD_*`` (config keys win; see
 :mod:`~cwtrain.integrations.nemo_rl.config`). NeMo-RL itself is not a dependency:
 importing a piece that needs it without it raises ``ImportError`` naming the install
