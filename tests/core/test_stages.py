@@ -52,6 +52,10 @@ def test_figures_sum_time_and_union_busy_intervals() -> None:
     assert f.seconds == pytest.approx(5.0) and f.busy_seconds == pytest.approx(4.0)
     assert f.cpu_seconds == pytest.approx(0.75) and (f.first, f.last) == (1.0, 7.0)
     assert stats.as_dict()["link"]["busy_seconds"] == pytest.approx(4.0)
+    assert stats.intervals("link") == [(1.0, 3.0), (2.0, 4.0), (6.0, 7.0)]
+    assert stats.busy_between("link", 2.5, 6.5) == pytest.approx(2.0)  # 2.5..4 and 6..6.5
+    assert stats.busy_between("link", 0.0, 10.0) == pytest.approx(4.0)
+    assert stats.busy_between("none", 0.0, 10.0) == 0.0
 
 
 def test_measure_records_also_on_error_and_lap_chains() -> None:

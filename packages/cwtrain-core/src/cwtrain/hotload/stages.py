@@ -107,6 +107,23 @@ class StageStats:
         finally:
             self.record(stage, nbytes, start, self.clock())
 
+    def intervals(self, stage: str) -> list[tuple[float, float]]:
+        """``(start, end)`` of every measurement of ``stage`` (``perf_counter()`` values), by start."""
+        with self._lock:
+            entries = list(self._records.get(stage, ()))
+        return sorted((start, end) for _, start, end, _ in entries)
+
+    def busy_between(self, stage: str, start: float, end: float) -> float:
+        """Wall time within ``[start, end]`` with at least one thread inside ``stage``."""
+        busy = 0.0
+        edge = start
+        for lo, hi in self.intervals(stage):
+            lo, hi = max(lo, edge), min(hi, end)
+            if hi > lo:
+                busy += hi - lo
+                edge = hi
+        return busy
+
     def figures(self) -> dict[str, StageFigures]:
         """Every stage's figures, in the order stages were first recorded."""
         with self._lock:
