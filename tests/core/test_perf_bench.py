@@ -83,8 +83,12 @@ def test_performance_doc_from_a_pipeline_run(pipeline_run: dict[str, Any], tmp_p
         assert f"| {model} | 64 |" in text
     assert "No GPU was available" not in text  # no gpu run given: says so instead
     assert "No `bench/gpu.py` run was given." in text
-    checked = script.checks(pipeline_run["runs"], script.rates_of(pipeline_run["runs"][-1]))
-    assert code == (1 if any(abs(e) > script.TOLERANCE for _, _, e in checked) else 0)
+    checked = script.checks(pipeline_run["runs"])
+    outside = any(
+        abs(c["own_error"]) > script.TOLERANCE or abs(c["projected_error"]) > script.TOLERANCE for c in checked
+    )
+    assert code == (1 if outside else 0)  # small runs on a busy machine may miss; the exit code says so
+    assert all(c["own"] > 0 and c["projected"] > 0 for c in checked)
 
 
 def test_cost_model_terms_scale_as_the_formula_says() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -143,9 +143,11 @@ class SnapshotStore:
                 f"publishing {identity!r} as a delta on {previous_identity!r} needs base= (the weights "
                 "replicas serve now); without it, publish FULL (no previous_identity)"
             )
-        with stats.measure("gather") if stats is not None else nullcontext():
-            new = to_tensor_data(tensors)
-            served = to_tensor_data(base) if previous_identity and base is not None else None
+        mark = stats.clock() if stats is not None else None
+        new = to_tensor_data(tensors)
+        served = to_tensor_data(base) if previous_identity and base is not None else None
+        if stats is not None and mark is not None:
+            stats.lap("gather", sum(t.nbytes for t in new.values()), mark)
         with DeltaEncoder() as encoder, _entered_meanwhile(self.open_upload(identity, workers=workers)) as opened:
             if previous_identity and served is not None:
                 snap = encoder.encode(new, served, version=identity, base_version=previous_identity, stats=stats)
