@@ -124,6 +124,25 @@ def test_device_adler32_matches_zlib(monkeypatch: pytest.MonkeyPatch) -> None:
         assert device_adler32(run) == zlib.adler32(bytes([value]) * run.numel())
 
 
+def test_device_adler32_without_the_int8_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device whose BLAS lacks ``_int_mm`` still gets exact checksums (bytes widened instead)."""
+    import cwtrain.hotload.torch as torch_codec
+
+    assert torch_codec._int8_product_works(torch.device("cpu"))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("_int_mm_out_cuda not compiled for this platform")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "_int_mm", refuse)
+        assert torch_codec._int8_product_works.__wrapped__(torch.device("cpu")) is False  # the probe, uncached
+    monkeypatch.setattr(torch_codec, "_int8_product_works", lambda device: False)
+    g = torch.Generator().manual_seed(3)
+    data = torch.randint(0, 256, ((1 << 23) + 70_001,), generator=g, dtype=torch.uint8)
+    for n in (17 * 4096, 1 << 20, data.numel()):
+        assert device_adler32(data[:n]) == zlib.adler32(data[:n].numpy().tobytes())
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.one_of(st.integers(0, 3 << 20), st.integers(0, 40).map(lambda k: k * 4096), st.integers(0, 70_000)),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import time
 from collections.abc import Buffer, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -73,6 +74,8 @@ TORCH_DTYPES: dict[torch.dtype, str] = {
     for name, code in FRAMEWORK_DTYPES.items()
     if isinstance(getattr(torch, name, None), torch.dtype)
 }
+
+log = logging.getLogger(__name__)
 
 _MOD = 65521
 #: Bytes per row of the Adler-32 matrix product (a multiple of 128, at most 16384: every
@@ -161,6 +164,8 @@ def _adler_sums(data: torch.Tensor) -> torch.Tensor:
     k = _ADLER_ROW
     rows = n // k if n // k >= _MIN_ROWS else 0
     sums = torch.zeros(2, dtype=torch.int64, device=device)
+    if rows and not _int8_product_works(device):
+        return _widening_sums(data)
     if rows:
         per_block = max(_MIN_ROWS, _ADLER_BLOCK // k)
         bounds = [*range(0, rows, per_block), rows]
@@ -185,6 +190,33 @@ def _adler_sums(data: torch.Tensor) -> torch.Tensor:
         position = torch.remainder(n - torch.arange(rows * k, n, dtype=torch.int64, device=device), _MOD)
         sums[0] += tail.sum()
         sums[1] += (position * tail).sum()
+    return torch.remainder(sums, _MOD)
+
+
+@functools.cache
+def _int8_product_works(device: torch.device) -> bool:
+    """Whether ``torch._int_mm`` runs on ``device`` (checked once per device, on a tiny product)."""
+    try:
+        a = torch.ones((_MIN_ROWS, 128), dtype=torch.int8, device=device)
+        product = torch._int_mm(a, _adler_weights(128, device))
+        return int(product[0, 0]) == 128
+    except RuntimeError as exc:
+        log.warning("torch._int_mm is not available on %s (%s); device Adler-32 widens bytes instead", device, exc)
+        return False
+
+
+def _widening_sums(data: torch.Tensor) -> torch.Tensor:
+    """What :func:`_adler_sums` returns, by widening 8 MiB blocks to int64 (for devices without the int8 product)."""
+    n = data.numel()
+    block = 1 << 23
+    sums = torch.zeros(2, dtype=torch.int64, device=data.device)
+    for start in range(0, n, block):
+        values = data[start : start + block].to(torch.int64)
+        position = torch.remainder(
+            n - torch.arange(start, start + values.numel(), dtype=torch.int64, device=data.device), _MOD
+        )
+        sums[0] += values.sum()
+        sums[1] += (position * values).sum()
     return torch.remainder(sums, _MOD)
 
 
