@@ -30,6 +30,8 @@ flight is as large as its tensor: the worst case for memory) and every other ten
 changes in its first 64 KiB. The CLI runs in a child process whose peak RSS (``VmHWM``)
 is read at exit; ``--budget`` sets the variable. Put ``--dir`` on a tmpfs (``/dev/shm``)
 or a disk with room for the dense bytes (twice ``--big-dense`` x 256 MiB).
+``--big-apply-verify`` also measures ``snapshot verify --base`` and ``snapshot apply`` (whose
+output is written dense: the whole checkpoint, so keep SIZE small on a small disk).
 
     .venv-3.12/bin/python bench/codec.py --size 64MiB        # quick check
     .venv-3.12/bin/python bench/codec.py                     # the full 0.5 GiB run
@@ -290,6 +292,26 @@ def big_diff(args: argparse.Namespace) -> int:
         argv += ["--version", "2", "--base-version", "1", "--workers", str(args.workers)]
         peak, wall, answer = cli_peak_rss(argv, env)
         summary = json.loads(answer) if answer.lstrip().startswith("{") else {}
+        others: dict[str, dict[str, float]] = {}
+        if args.big_apply_verify:  # owned by issue 16; measured, not changed here
+            for name, command in (
+                ("verify", ["snapshot", "verify", str(scratch / "delta"), "--base", str(scratch / "old")]),
+                (
+                    "apply",
+                    [
+                        "snapshot",
+                        "apply",
+                        str(scratch / "old"),
+                        str(scratch / "delta"),
+                        "--out",
+                        str(scratch / "applied"),
+                        "--base-version",
+                        "1",
+                    ],
+                ),
+            ):
+                other_peak, other_wall, _ = cli_peak_rss(command, env)
+                others[name] = {"seconds": other_wall, "peak_rss_bytes": other_peak}
         result = {
             "checkpoint_bytes": args.big,
             "tensors": tensors,
@@ -303,6 +325,7 @@ def big_diff(args: argparse.Namespace) -> int:
             "peak_rss_bytes": peak,
             "limit_bytes": budget + (1 << 30),
             "within_limit": peak <= budget + (1 << 30),
+            "others": others,
         }
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -315,6 +338,8 @@ def big_diff(args: argparse.Namespace) -> int:
             f"peak RSS {peak / 2**20:.0f} MiB (limit budget + 1 GiB = {result['limit_bytes'] / 2**20:.0f} MiB: "
             f"{'pass' if result['within_limit'] else 'FAIL'})"
         )
+        for name, figures in others.items():
+            print(f"snapshot {name}: {figures['seconds']:.1f} s, peak RSS {figures['peak_rss_bytes'] / 2**20:.0f} MiB")
     return 0
 
 
@@ -331,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big", type=parse_size, default=None, help="peak RSS of `snapshot diff` at this size")
     parser.add_argument("--big-dense", type=int, default=4, help="--big: tensors of new random bytes (4)")
     parser.add_argument("--budget", type=parse_size, default=1 << 30, help="--big: the memory budget (1GiB)")
+    parser.add_argument(
+        "--big-apply-verify", action="store_true", help="--big: also `snapshot verify --base` and `snapshot apply`"
+    )
     args = parser.parse_args(argv)
     if args.big is not None:
         return big_diff(args)

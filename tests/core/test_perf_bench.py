@@ -114,3 +114,11 @@ def test_big_diff_mode_reports_peak_memory(capsys: pytest.CaptureFixture[str], t
     assert result["tensors"] == 2 and result["payload_bytes"] > 0
     assert result["peak_rss_bytes"] > 0 and result["within_limit"] is True
     assert list(tmp_path.iterdir()) == []  # scratch removed
+
+
+def test_committed_performance_doc_is_what_the_script_makes_of_the_committed_runs(tmp_path: Path) -> None:
+    script = _load("scripts/performance_doc.py")
+    argv = [arg if arg.startswith("--") else str(ROOT / arg) for arg in script.REGENERATE]
+    out = tmp_path / "performance.md"
+    assert script.main([*argv, "--out", str(out)]) == 0  # issue 20's check holds for the committed runs
+    assert out.read_text() == (ROOT / "docs" / "performance.md").read_text()
