@@ -329,7 +329,7 @@ def measured_section(doc: dict[str, Any], rates: Rates, checked: list[dict[str, 
         "",
         "Predicted wall = GB x (sum of the encode stages' CPU s/GB) / cores available + delta / "
         "(SHA-256 rate of one core) + delta / store rate (+ delta / completion rate above one 64 MiB "
-        "part: moto completes a multipart upload by copying its parts). Cores available = encoder "
+        "part, for moto's assembly of the parts). Cores available = encoder "
         "threads x the share of their runnable time the kernel let this process run (schedstat): a loaded "
         "machine counts as fewer cores, a stalled pipeline does not. Two checks: with each run's own "
         "rates (do the stages and cores add up to the wall time?), and with one set of rates for every "
@@ -363,10 +363,12 @@ def _yes(error: float) -> str:
 
 def floor_verdict(runs: list[dict[str, Any]]) -> str:
     values = [r["derived"]["floor_ratio"] for r in runs]
+    big = max(runs, key=lambda r: r["model_bytes"])
     return (
         f"measured {min(values):.2f}-{max(values):.2f}. What lies above 1 is the tail: the delta's SHA-256 "
-        "and upload wait for its last frame, and moto completes a multipart upload (above 64 MiB) by "
-        "copying the parts in Python."
+        "and upload wait for its last frame, and moto (a Python server) assembles the parts when it "
+        f"completes a multipart upload (deltas above 64 MiB): {big['phases']['tail_requests_s']:.1f} s for the "
+        f"{big['payload_bytes'] / 1e6:.0f} MB delta of the largest run."
     )
 
 
