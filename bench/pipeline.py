@@ -338,7 +338,7 @@ def measure_publish(
     model_bytes = sum(t.numel() * t.element_size() for t in new.values())
     load_before = os.getloadavg()[0]
     cpu0, wall0 = _cpu(), time.perf_counter()
-    with timed_requests(store.s3, stats), RunQueue() as runqueue:
+    with timed_requests(store.s3.client, stats), RunQueue() as runqueue:  # the boto3 client's events
         store.upload_tensors(
             new, identity, previous_identity="base", base=served, workers=args.upload_workers, stats=stats
         )
@@ -347,8 +347,7 @@ def measure_publish(
     ran, waited = runqueue.totals()
     share = ran / (ran + waited) if ran + waited > 0 else 1.0
     load_after = os.getloadavg()[0]
-    listed = store.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"bench/{identity}/")
-    objects = {item["Key"].rsplit("/", 1)[1]: item["Size"] for item in listed.get("Contents", [])}
+    objects = {item.key.rsplit("/", 1)[1]: item.size for item in store.s3.list_objects(BUCKET, f"bench/{identity}/")}
     shard_bytes = sum(v for k, v in objects.items() if k.endswith(".safetensors"))
     figures = stats.as_dict()
     encode_end = max((figures[k]["last"] for k in ENCODE_STAGES if k in figures), default=wall0)
