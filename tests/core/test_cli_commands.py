@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,12 @@ REQUEST = {
     "traffic": {"weight": 100},
     "hotLoad": {"bucket": "w", "pathPrefix": "hotload", "transitionMode": "TRANSITION_MODE_ASYNC"},
 }
+
+
+@pytest.fixture(autouse=True)
+def no_deployment_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands see ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` only where a test sets it."""
+    monkeypatch.delenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", raising=False)
 
 
 @pytest.fixture
@@ -141,9 +148,45 @@ def test_deployment_delete_results(fake: FakeAPI, capsys: pytest.CaptureFixture[
 
 def test_parameters_are_printed_unchanged(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "deployment", "parameters", "--gateway", "a", "--gateway", "b")
-    assert code == 0 and out == {"engines": [{"engine": "dynamo-vllm"}], "gatewayIds": ["a", "b"]}
+    assert code == 0 and out == {
+        "gatewayIds": ["a", "b"],
+        "runtimeParameters": {
+            "runtimeVersions": {"dynamo-vllm": {"versions": ["1.2.3"]}},
+            "runtimeConfigOptions": {"dynamo-vllm": {"allowedKeys": ["max-model-len"]}},
+        },
+        "resourceParameters": {"instanceTypes": ["H100_80GB_SXM5"]},
+    }
     code, out, _ = run(capsys, "gateway", "parameters")
     assert code == 0 and out == {"zones": ["US-EAST-04A"]}
+
+
+def test_deployment_list_is_get_for_each_and_filters_by_gateway(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.add_gateway("gw-2", endpoint="gw2.example.com")
+    fake.add_deployment("dep-1")
+    fake.add_deployment("dep-2")
+    fake.deployments["dep-2"]["spec"]["gatewayIds"] = ["gw-2", "gw-1"]
+    code, listed, err = run(capsys, "deployment", "list")
+    assert code == 0, err
+    views = []
+    for deployment_id in ("dep-1", "dep-2"):
+        views.append(run(capsys, "deployment", "get", deployment_id)[1])
+    assert listed == views  # the same view as `get`, key for key
+    assert listed[1]["endpoints"] == ["gw2.example.com", "gw1.example.com"]
+    assert listed[1]["rollout_base_url"] == "https://gw2.example.com/v1"
+    code, only, _ = run(capsys, "deployment", "list", "--gateway", "gw-2")
+    assert code == 0 and [d["id"] for d in only] == ["dep-2"]
+    assert ("GET", "/deployments", None) in fake.calls
+    code, none, _ = run(capsys, "deployment", "list", "--gateway", "gw-nowhere")
+    assert code == 0 and none == []
+
+
+def test_gateway_list_is_get_for_each(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_gateway("gw-2", endpoint="gw2.example.com")
+    code, listed, err = run(capsys, "gateway", "list")
+    assert code == 0, err
+    assert listed == [run(capsys, "gateway", "get", gid)[1] for gid in ("gw-1", "gw-2")]
 
 
 def test_gateway_commands(fake: FakeAPI, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -242,6 +285,55 @@ def test_cancel_is_unimplemented(fake: FakeAPI, capsys: pytest.CaptureFixture[st
     assert code == 1 and out is None and err.startswith("error: unimplemented")
 
 
+DEPLOYMENT_COMMANDS = [
+    ["hotload", "publish", "--checkpoint", "ckpt", "--identity", "x"],
+    ["hotload", "trigger", "--identity", "x", "--no-wait"],
+    ["hotload", "list"],
+    ["hotload", "rollback", "--identity", "x"],
+    ["hotload", "check"],
+]
+
+
+@pytest.mark.parametrize("argv", DEPLOYMENT_COMMANDS, ids=lambda argv: argv[1])
+def test_a_missing_deployment_is_one_usage_line_naming_the_option_and_the_variable(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "  ")  # blank counts as unset
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out is None and not fake.calls
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: no deployment: pass --deployment ID or set CWTRAIN_HOTLOAD_DEPLOYMENT_ID")
+    text = " ".join(_help(capsys, *argv[:2]).split())
+    assert re.search(r"--deployment ID [^-]*\(default: \$CWTRAIN_HOTLOAD_DEPLOYMENT_ID\)", text)
+
+
+def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main([*argv, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", DEPLOYMENT_COMMANDS[1:], ids=lambda argv: argv[1])
+def test_deployment_defaults_to_the_variable_local_up_exports(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    fake.add_deployment("dep-env")
+    fake.add_hot_load("h0", "x", deployment="dep-env")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep-env")
+    asked: list[str] = []  # the first request of each run: URL and body
+    handle = fake.handle
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        asked.append(f"{request.url} {request.content.decode()}")
+        return handle(request)
+
+    monkeypatch.setattr(fake, "handle", recording)
+    run(capsys, *argv)  # check fails later (no object store here): what matters is whom it asked
+    assert asked and "dep-env" in asked[0], asked
+    asked.clear()
+    run(capsys, *argv, "--deployment", "dep-1")  # the option beats the variable
+    assert asked and "dep-1" in asked[0] and "dep-env" not in asked[0], asked
+
+
 def test_rollback_of_unknown_identity(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     fake.add_deployment()
     code, _, err = run(capsys, "hotload", "rollback", "--deployment", "dep-1", "--identity", "never")
@@ -332,7 +424,12 @@ def test_check_with_bucket_and_prefix(
         "result": "ok",
     }
     code, _, err = run(capsys, "hotload", "check")
-    assert code == 1 and "needs --deployment" in err
+    assert code == 2 and err == (
+        "error: no deployment: pass --deployment ID or set CWTRAIN_HOTLOAD_DEPLOYMENT_ID, "
+        "or give --bucket B [--prefix P]\n"
+    )
+    code, _, err = run(capsys, "hotload", "check", "--bucket", bucket, "--deployment", "d")
+    assert code == 2 and "not allowed with argument" in err
 
 
 # ------------------------------------------------------------ publish (the library's)

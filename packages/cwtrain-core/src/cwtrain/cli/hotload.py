@@ -24,9 +24,17 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cwtrain.cli.options import client_from_args, positive_float, positive_int
+from cwtrain.cli.options import (
+    add_deployment_option,
+    client_from_args,
+    needs_deployment,
+    no_deployment,
+    positive_float,
+    positive_int,
+    resolve_deployment,
+)
 from cwtrain.cli.output import emit
-from cwtrain.errors import ConfigError, HotLoadFailedError, UsageError
+from cwtrain.errors import ConfigError, HotLoadFailedError
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
 from cwtrain.infra.models import HotLoad
@@ -60,12 +68,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="snapshot directory (FULL or delta)")
     _identity_options(p)
     p.add_argument("--workers", type=positive_int, default=8, help="files uploaded in parallel (8)")
-    p.set_defaults(func=_publish)
+    p.set_defaults(func=needs_deployment(_publish))
 
     p = commands.add_parser("trigger", help="create the hot-load of an uploaded snapshot and wait")
     _deployment(p)
     _identity_options(p)
-    p.set_defaults(func=_trigger)
+    p.set_defaults(func=needs_deployment(_trigger))
 
     p = commands.add_parser("wait", help="wait until a hot-load ends")
     p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
@@ -80,11 +88,12 @@ def register(subparsers: Any) -> None:
     p = commands.add_parser("list", help="a deployment's hot-loads, newest first")
     _deployment(p)
     p.add_argument("--limit", type=positive_int, default=20, help="at most N (20)")
-    p.set_defaults(func=_list)
+    p.set_defaults(func=needs_deployment(_list))
 
     p = commands.add_parser("check", help="check object-store permissions on the hot-load prefix")
-    p.add_argument("--deployment", help="deployment whose hotLoad bucket/prefix to check")
-    p.add_argument("--bucket", help="bucket to check (without --deployment)")
+    where = p.add_mutually_exclusive_group()
+    add_deployment_option(where, "deployment whose hotLoad bucket/prefix to check")
+    where.add_argument("--bucket", help="bucket to check (instead of a deployment's)")
     p.add_argument("--prefix", default="", help="path prefix to check with --bucket")
     p.set_defaults(func=_check)
 
@@ -95,7 +104,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
     p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
     p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
-    p.set_defaults(func=_rollback)
+    p.set_defaults(func=needs_deployment(_rollback))
 
     p = commands.add_parser("cancel", help="ask the service to cancel a hot-load (not implemented by it yet)")
     p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
@@ -103,7 +112,7 @@ def register(subparsers: Any) -> None:
 
 
 def _deployment(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--deployment", required=True, metavar="ID", help="target deployment id")
+    add_deployment_option(parser)
 
 
 def _identity_options(parser: argparse.ArgumentParser) -> None:
@@ -224,9 +233,7 @@ def _check(args: argparse.Namespace) -> int:
     from cwtrain.hotload.upload import check_snapshot_access
     from cwtrain.infra.s3 import s3_client
 
-    if args.deployment:
-        if args.bucket:
-            raise UsageError("give either --deployment or --bucket/--prefix, not both")
+    if not args.bucket and resolve_deployment(args):
         with client_from_args(args) as api:
             deployment = api.get_deployment(args.deployment)
         if deployment.hot_load is None or not deployment.hot_load.bucket:
@@ -235,7 +242,7 @@ def _check(args: argparse.Namespace) -> int:
     elif args.bucket:
         bucket, prefix = args.bucket, (args.prefix or "").strip("/")
     else:
-        raise UsageError("hotload check needs --deployment ID, or --bucket B [--prefix P]")
+        return no_deployment(", or give --bucket B [--prefix P]")
     uri = check_snapshot_access(s3_client(), bucket, prefix)
     emit({"deployment": args.deployment, "bucket": bucket, "path_prefix": prefix, "uri": str(uri), "result": "ok"})
     return 0

@@ -164,7 +164,9 @@ class ControlPlaneState:
             for gateway_id in gateway_ids:
                 self._gateway(gateway_id)
             usable = list(dict.fromkeys(gateway_ids)) or [
-                g.id for g in sorted(self.gateways.values(), key=lambda g: g.created_at) if g.status != "STATUS_DELETING"
+                g.id
+                for g in sorted(self.gateways.values(), key=lambda g: g.created_at)
+                if g.status != "STATUS_DELETING"
             ]
         return deployment_parameters(usable, self.engines)
 
