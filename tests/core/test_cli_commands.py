@@ -508,6 +508,104 @@ def test_publish_of_a_failing_hot_load_prints_it_and_exits_1(
     assert err.strip().splitlines()[-1].startswith("error: hot-load ") and "checksum mismatch" in err
 
 
+def _stored(s3: Any, bucket: str, prefix: str) -> dict[str, bytes]:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+    return {o["Key"].rsplit("/", 1)[1]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
+
+
+def test_publish_with_base_is_diff_plus_publish_in_one_pass(
+    fake: FakeAPI,
+    publishing: list[dict[str, Any]],
+    s3_bucket: tuple[Any, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    import numpy as np
+    from codec_helpers import save_checkpoint
+
+    import cwtrain.hotload.delta
+
+    s3, bucket = s3_bucket
+    rng = np.random.default_rng(7)
+    weights = {f"layer{i}.w": rng.standard_normal((64, 32)).astype(np.float32) for i in range(4)}
+    base = save_checkpoint(tmp_path / "step-0", weights, shards=2)
+    weights["layer1.w"][3] += 1.0  # two of four tensors change
+    weights["layer3.w"][:, 5] *= 2.0
+    new = save_checkpoint(tmp_path / "step-1", weights, shards=2)
+    for did, prefix in (("dep-1", "hotload"), ("dep-2", "other"), ("dep-3", "kept")):
+        fake.add_deployment(did)
+        fake.deployments[did]["spec"]["hotLoad"].update(bucket=bucket, pathPrefix=prefix)
+        fake.add_hot_load(f"h0-{did}", "run-v000000", deployment=did)
+    identity = ["--identity", "run-v000001", "--previous-identity", "run-v000000", "--poll-interval", "0.01"]
+    before = sorted(tmp_path.rglob("*"))
+
+    def no_disk(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("publish --base without --keep wrote a directory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cwtrain.hotload.delta, "staged_directory", no_disk)
+        code, hot, err = run(
+            capsys, "hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(new), "--base", str(base),
+            *identity,
+        )  # fmt: skip
+    assert code == 0, err
+    assert hot["status"]["state"] == "COMPLETED" and hot["spec"]["type"] == "INCREMENTAL"
+    assert hot["spec"]["incremental_snapshot_metadata"]["previous_snapshot_identity"] == "run-v000000"
+    assert publishing[-1]["base"] is not None  # the library's in-memory delta path
+    assert sorted(tmp_path.rglob("*")) == before  # no delta directory, no staging left behind
+    one_pass = _stored(s3, bucket, "hotload/run-v000001")
+
+    code, _, err = run(
+        capsys, "snapshot", "diff", str(base), str(new), "--out", str(tmp_path / "delta"), *identity[:4]
+    )  # fmt: skip
+    assert code == 0, err
+    code, hot, err = run(
+        capsys, "hotload", "publish", "--deployment", "dep-2", "--checkpoint", str(tmp_path / "delta"), *identity[:2],
+        *identity[4:],
+    )  # fmt: skip
+    assert code == 0 and hot["spec"]["type"] == "INCREMENTAL", err
+    two_steps = _stored(s3, bucket, "other/run-v000001")
+    assert sorted(one_pass) == ["model-00000-of-00001.safetensors", "model.safetensors.index.json"]
+    assert one_pass == two_steps  # the same objects, byte for byte
+
+    code, hot, err = run(
+        capsys, "hotload", "publish", "--deployment", "dep-3", "--checkpoint", str(new), "--base", str(base),
+        "--keep", str(tmp_path / "kept"), *identity,
+    )  # fmt: skip
+    assert code == 0 and hot["status"]["state"] == "COMPLETED", err
+    assert _stored(s3, bucket, "kept/run-v000001") == one_pass
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "kept").iterdir()}
+    assert kept == {p.name: p.read_bytes() for p in (tmp_path / "delta").iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--keep", "k"], "error: --keep DIR needs --base DIR (it keeps the delta publish computes)\n"),
+        (["--base", "b"], "error: --base needs --previous-identity ID (the identity whose weights --base holds)\n"),
+    ],
+)
+def test_publish_base_and_keep_usage(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    argv = ["hotload", "publish", "--deployment", "dep-1", "--checkpoint", "c", "--identity", "i", *options]
+    code, out, err = run(capsys, *argv)
+    assert (code, out, err) == (2, None, message) and not fake.calls
+
+
+def test_publish_base_of_identical_checkpoints_publishes_nothing(
+    fake: FakeAPI, publishing: list[dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    argv = ["hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(ckpt), "--base", str(ckpt)]
+    code, out, err = run(capsys, *argv, "--identity", "b", "--previous-identity", "a", "--keep", str(tmp_path / "k"))
+    assert code == 1 and out is None and "an empty delta is never published" in err
+    code, out, err = run(capsys, *argv, "--identity", "b", "--previous-identity", "a")
+    assert code == 1 and out is None and "no tensor changed between 'a' and 'b'" in err
+    assert not [c for c in fake.calls if c[:2] == ("POST", "/hotLoads")]
+
+
 # -------------------------------------------------------------------- error table
 
 

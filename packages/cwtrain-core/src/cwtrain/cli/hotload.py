@@ -32,6 +32,7 @@ from cwtrain.cli.options import (
     positive_float,
     positive_int,
     resolve_deployment,
+    usage_error,
 )
 from cwtrain.cli.output import emit
 from cwtrain.errors import ConfigError, HotLoadFailedError
@@ -63,11 +64,27 @@ def register(subparsers: Any) -> None:
     p.add_argument("--previous-identity", help="predecessor of a delta (default from its index)")
     p.set_defaults(func=_inspect)
 
-    p = commands.add_parser("publish", help="inspect, upload, create the hot-load and wait")
+    p = commands.add_parser(
+        "publish",
+        help="inspect, upload, create the hot-load and wait",
+        description=(
+            "Publish a snapshot directory (FULL checkpoint or delta), or with --base the XOR delta between two "
+            "checkpoints in one pass (no delta directory on disk unless --keep), then create the hot-load and wait."
+        ),
+    )
     _deployment(p)
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="snapshot directory (FULL or delta)")
+    p.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="snapshot directory (FULL or delta); with --base: NEW"
+    )
+    p.add_argument(
+        "--base",
+        metavar="DIR",
+        help="the checkpoint --previous-identity serves (byte-exact): publish the delta from it to --checkpoint",
+    )
+    p.add_argument("--keep", metavar="DIR", help="with --base: also write the delta directory here")
     _identity_options(p)
     p.add_argument("--workers", type=positive_int, default=8, help="files uploaded in parallel (8)")
+    _progress_option(p)
     p.set_defaults(func=needs_deployment(_publish))
 
     p = commands.add_parser("trigger", help="create the hot-load of an uploaded snapshot and wait")
@@ -124,6 +141,15 @@ def _identity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
 
 
+def _progress_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw byte progress on stderr even when it is not a terminal (default: only on a terminal; "
+        "otherwise one final line)",
+    )
+
+
 def _policy(args: argparse.Namespace) -> PromptCachePolicy | None:
     return PromptCachePolicy.RESET_ALL if args.reset_prompt_cache else None
 
@@ -174,20 +200,33 @@ def _inspect(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     from cwtrain.progress import ByteProgress
 
+    if args.base is None and args.keep is not None:
+        return usage_error("--keep DIR needs --base DIR (it keeps the delta publish computes)")
+    if args.base is not None and not args.previous_identity:
+        return usage_error("--base needs --previous-identity ID (the identity whose weights --base holds)")
     with client_from_args(args) as api:
         loader = _loader(args, api, args.deployment)
-        progress = ByteProgress(f"uploading {args.identity}")
-        return _print_outcome(
-            lambda: loader.publish(
-                args.checkpoint,
-                args.identity,
-                previous_identity=args.previous_identity,
-                prompt_cache_policy=_policy(args),
-                wait=not args.no_wait,
-                timeout=args.timeout,
-                workers=args.workers,
-                on_progress=progress,
+        progress = ByteProgress(f"uploading {args.identity}", live=True if args.progress else None)
+        options: dict[str, Any] = {
+            "prompt_cache_policy": _policy(args),
+            "wait": not args.no_wait,
+            "timeout": args.timeout,
+            "workers": args.workers,
+            "on_progress": progress,
+        }
+        if args.base is not None:
+            return _print_outcome(
+                lambda: loader.publish_diff(
+                    args.checkpoint,
+                    args.base,
+                    args.identity,
+                    previous_identity=args.previous_identity,
+                    keep=args.keep,
+                    **options,
+                )
             )
+        return _print_outcome(
+            lambda: loader.publish(args.checkpoint, args.identity, previous_identity=args.previous_identity, **options)
         )
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "needs_deployment",
     "no_deployment",
     "resolve_deployment",
+    "usage_error",
     "positive_float",
     "positive_int",
 ]
@@ -122,10 +123,15 @@ def resolve_deployment(args: argparse.Namespace) -> str | None:
     return deployment
 
 
+def usage_error(message: str) -> int:
+    """A usage error found by a command: one ``error:`` line on stderr; returns exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def no_deployment(alternative: str = "") -> int:
     """Report a missing deployment as a usage error: one ``error:`` line naming the option and the variable, exit 2."""
-    print(f"error: no deployment: pass --deployment ID or set {DEPLOYMENT_ENV}{alternative}", file=sys.stderr)
-    return 2
+    return usage_error(f"no deployment: pass --deployment ID or set {DEPLOYMENT_ENV}{alternative}")
 
 
 def needs_deployment(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
