@@ -142,3 +142,22 @@ def test_diff_help_explains_the_versions(capsys: pytest.CaptureFixture[str]) -> 
     assert "metadata.version (what the delta makes) and metadata.base_version (what it applies to)" in text
     assert "give the snapshot identities (--identity/--previous-identity) and they are used as both" in text
     assert "all digits N -> weight_vNNNNNN" in text
+
+
+def test_diff_progress_is_one_final_line_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    base = save_checkpoint(tmp_path / "v1", _weights(0))
+    new = save_checkpoint(tmp_path / "v2", _weights(1))
+    argv = ["snapshot", "diff", str(base), str(new), "--version", "2", "--base-version", "1"]
+    with caplog.at_level("INFO", logger="cwtrain.progress"):
+        code, _, err = _run(capsys, *argv, "--out", str(tmp_path / "quiet"))  # stderr is not a terminal here
+    assert code == 0 and "diff:" not in err
+    logged = [r.getMessage() for r in caplog.records if r.name == "cwtrain.progress"]
+    assert len(logged) == 1 and logged[0].startswith("diff: 288 B/288 B (100%)")
+    caplog.clear()
+    code, _, err = _run(capsys, *argv, "--out", str(tmp_path / "loud"), "--progress")
+    drawn = [line for line in err.splitlines() if line.startswith("diff: ")]
+    assert code == 0 and drawn and "\r" not in err and not caplog.records
+    assert drawn[0] == "diff: 256 B/288 B (89%)"  # tensor "a" done; no rate in the first second
+    assert drawn[-1].startswith("diff: 288 B/288 B (100%)")
