@@ -3,17 +3,24 @@
 ::
 
     cwtrain hotload inspect DIR [--previous-identity ID]            # local, no network
-    cwtrain hotload check --deployment ID                           # or --bucket B --prefix P
-    cwtrain hotload publish --deployment ID --checkpoint DIR --identity ID [--previous-identity ID]
-    cwtrain hotload trigger --deployment ID --identity ID [--previous-identity ID]
+    cwtrain hotload check [--deployment ID]                         # or --bucket B --prefix P
+    cwtrain hotload publish [--deployment ID] --checkpoint DIR --identity ID [--previous-identity ID]
+    cwtrain hotload publish [--deployment ID] --checkpoint NEW --base PREV --identity ID \
+        --previous-identity PREV_ID [--keep DIR]                    # diff + publish in one pass
+    cwtrain hotload trigger [--deployment ID] --identity ID [--previous-identity ID]
     cwtrain hotload wait HOTLOAD_ID / status HOTLOAD_ID / cancel HOTLOAD_ID
-    cwtrain hotload list --deployment ID [--limit 20]
-    cwtrain hotload rollback --deployment ID --identity ID
+    cwtrain hotload list [--deployment ID] [--limit 20]
+    cwtrain hotload rollback [--deployment ID] --identity ID
 
+``--deployment`` defaults to ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` (``cwtrain local up``
+exports it); with neither the command exits 2 with one ``error:`` line naming both.
 stdout: one JSON document (hot-load view, ``{"hot_load", "replicas"}``, snapshot info,
-...); stderr: logs, upload progress (bytes, rate, ETA) and hot-load state changes.
+...); stderr: logs, upload progress (:class:`cwtrain.progress.ByteProgress`: drawn on a
+terminal or with ``--progress``, else one final line) and hot-load state changes.
 Exit 0 on success (also ``--no-wait``), 1 on any cwtrain error or when the printed
-hot-load ended FAILED/CANCELED, 2 on a usage error. See ``docs/cli.md``.
+hot-load ended FAILED/CANCELED, 2 on a usage error. ``cancel`` works on the local stack;
+the service answers ``unimplemented`` (exit 1) until it implements cancel. See
+``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -123,7 +130,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
     p.set_defaults(func=needs_deployment(_rollback))
 
-    p = commands.add_parser("cancel", help="ask the service to cancel a hot-load (not implemented by it yet)")
+    p = commands.add_parser(
+        "cancel", help="ask to cancel a hot-load (the service does not implement it yet; the local stack does)"
+    )
     p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
     p.set_defaults(func=_cancel)
 
