@@ -107,7 +107,7 @@ def gateway_id(stack: Any) -> str:
 def test_filled_examples_deploy_on_cwtrain_local(stack: Any, gateway_id: str, tmp_path: Path) -> None:
     with InferenceClient(stack.token, base_url=stack.api_url) as api:
         parameters = api.get_deployment_parameters([gateway_id])
-        versions = next(r["versions"] for r in parameters["runtimes"] if r["engine"] == "dynamo-vllm")
+        versions = parameters["runtimeParameters"]["runtimeVersions"]["dynamo-vllm"]["versions"]
         values = {
             "gateway-id": gateway_id,
             "dynamo-vllm-version": versions[0],

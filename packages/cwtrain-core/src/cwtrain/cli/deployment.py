@@ -4,8 +4,11 @@
 
     cwtrain deployment create -f deployment.json --wait     # → deployment view
     cwtrain deployment get ID                               # → deployment view
+    cwtrain deployment list [--gateway ID]                  # → [deployment view, ...]
     cwtrain deployment delete ID --wait                     # → {"id", "result"}
     cwtrain deployment parameters --gateway GW              # → the API's JSON unchanged
+                                                            #   (gatewayIds, runtimeParameters,
+                                                            #    resourceParameters)
 
 Every command prints one JSON document on stdout and logs on stderr; exit 0 on
 success, 1 on any cwtrain error (one ``error:`` line), 2 on a usage error. Request
@@ -46,9 +49,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("id", metavar="ID")
     p.set_defaults(func=_deployment_get)
 
+    p = commands.add_parser("list", help="every deployment (or those behind one gateway), as get shows them")
+    p.add_argument("--gateway", metavar="ID", default=None, help="only deployments behind this gateway")
+    p.set_defaults(func=_deployment_list)
+
     add_delete_command(commands, "deployment", _deployment_delete)
 
-    p = commands.add_parser("parameters", help="allowed engines, versions and engineEnv names")
+    p = commands.add_parser(
+        "parameters", help="gateways, runtime versions, engineConfig keys and instance types a deployment may use"
+    )
     p.add_argument("--gateway", action="append", default=[], metavar="ID", help="gateway id (repeatable)")
     p.set_defaults(func=_deployment_parameters)
 
@@ -84,6 +93,22 @@ def _emit_latest(api: InferenceClient, deployment_id: str) -> None:
 def _deployment_get(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
         emit(lifecycle.deployment_view(api, api.get_deployment(args.id)))
+    return 0
+
+
+def _deployment_list(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        deployments = api.list_deployments(args.gateway)
+        gateways = {g.id: g for g in api.list_gateways()} if deployments else {}
+        views = []
+        for deployment in deployments:
+            # the view of `deployment get`, from one listing of the gateways instead of one GET each
+            found = tuple(
+                dict.fromkeys(e for g in deployment.gateway_ids if g in gateways for e in gateways[g].endpoints)
+            )
+            url = lifecycle.deployment_base_url(api, deployment, found)
+            views.append(deployment.to_json(endpoints=found, rollout_base_url=url))
+        emit(views)
     return 0
 
 

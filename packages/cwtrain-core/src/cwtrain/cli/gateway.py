@@ -4,6 +4,7 @@
 
     cwtrain gateway create -f gateway.json --wait           # → gateway view
     cwtrain gateway get ID                                  # → gateway view
+    cwtrain gateway list                                    # → [gateway view, ...]
     cwtrain gateway delete ID --wait                        # → {"id", "result"}
     cwtrain gateway parameters                              # → valid zones (the API's JSON)
 
@@ -37,6 +38,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("id", metavar="ID")
     p.set_defaults(func=_gateway_get)
 
+    p = commands.add_parser("list", help="every gateway of the organisation, as get shows them")
+    p.set_defaults(func=_gateway_list)
+
     add_delete_command(commands, "gateway", _gateway_delete)
 
     p = commands.add_parser("parameters", help="valid gateway zones")
@@ -59,6 +63,12 @@ def _gateway_create(args: argparse.Namespace) -> int:
 def _gateway_get(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
         emit(api.get_gateway(args.id))
+    return 0
+
+
+def _gateway_list(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        emit(api.list_gateways())
     return 0
 
 

@@ -2,8 +2,11 @@
 
 ::
 
+    cwtrain snapshot diff BASE NEW --out DIR --identity ID --previous-identity PREV [--workers N]
     cwtrain snapshot diff BASE NEW --out DIR --version V --base-version B [--workers N]
-        write the XOR delta from checkpoint BASE to checkpoint NEW into DIR
+        write the XOR delta from checkpoint BASE to checkpoint NEW into DIR; the index's
+        metadata.version / base_version are V and B, or the identities (then
+        `hotload publish --checkpoint DIR --identity ID` finds PREV by itself)
         → {"path", "tensors", "tensors_changed", "bytes_total", "bytes_changed",
            "payload_bytes", "ratio", "shards", "empty", "seconds"}
     cwtrain snapshot apply BASE DELTA --out DIR [--base-version B]
@@ -15,7 +18,9 @@
         frame, and with --base every Adler-32 of the applied result
         → {"path", "type", "tensors", "verified", "unchecked", "result": "ok"}
 
-Progress goes to stderr; a failed check exits 1 with ``error: <what and where>``.
+Progress goes to stderr (on a terminal, or with ``--progress``; else one final line); a
+failed check exits 1 with ``error: <what and where>``. ``hotload publish --checkpoint NEW
+--base BASE --previous-identity PREV`` publishes the same delta without writing it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import argparse
 import time
 from typing import Any
 
-from cwtrain.cli.options import positive_int
+from cwtrain.cli.options import positive_int, usage_error
 from cwtrain.cli.output import emit
 from cwtrain.progress import ByteProgress
 
@@ -37,13 +42,31 @@ def register(subparsers: Any) -> None:
     commands = group.add_subparsers(dest="command", metavar="<command>")
     commands.required = True
 
-    diff = commands.add_parser("diff", help="write the XOR delta between two checkpoints")
+    diff = commands.add_parser(
+        "diff",
+        help="write the XOR delta between two checkpoints",
+        description=(
+            "Write the XOR delta from checkpoint BASE to checkpoint NEW into --out. The delta's index records "
+            "metadata.version (what the delta makes) and metadata.base_version (what it applies to): give them "
+            "as --version/--base-version, or give the snapshot identities (--identity/--previous-identity) and "
+            "they are used as both. 'hotload publish' and 'hotload inspect' take a delta's predecessor from "
+            "base_version (all digits N -> weight_vNNNNNN, the slime/miles convention; anything else as is), so "
+            "with identities the delta publishes without --previous-identity; the uploaded index always gets "
+            "version = the identity it is published under and base_version = its predecessor. To publish without "
+            "writing the delta: hotload publish --checkpoint NEW --base BASE --previous-identity PREV."
+        ),
+    )
     diff.add_argument("base", help="the checkpoint directory the delta applies to")
     diff.add_argument("new", help="the new checkpoint directory")
     diff.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
-    diff.add_argument("--version", required=True, help="index metadata.version of the delta")
-    diff.add_argument("--base-version", required=True, help="index metadata.base_version of the delta")
+    version = diff.add_mutually_exclusive_group()
+    version.add_argument("--version", help="index metadata.version of the delta (e.g. 000007)")
+    version.add_argument("--identity", help="the identity NEW will be published under: sets metadata.version")
+    base_version = diff.add_mutually_exclusive_group()
+    base_version.add_argument("--base-version", help="index metadata.base_version of the delta (e.g. 000006)")
+    base_version.add_argument("--previous-identity", help="the identity BASE is served as: sets metadata.base_version")
     diff.add_argument("--workers", type=positive_int, default=None, help="threads (default: CPUs)")
+    diff.add_argument("--progress", action="store_true", help="draw progress on stderr even when it is not a terminal")
     diff.set_defaults(func=_diff)
 
     apply = commands.add_parser("apply", help="apply a delta to a checkpoint and write the verified result")
@@ -63,16 +86,32 @@ def register(subparsers: Any) -> None:
 
 def _diff(args: argparse.Namespace) -> int:
     from cwtrain.hotload.delta import open_checkpoint, write_delta
+    from cwtrain.hotload.identity import validate_identity
 
+    version = args.version if args.version is not None else args.identity
+    base_version = args.base_version if args.base_version is not None else args.previous_identity
+    if version is None or base_version is None:
+        missing = [
+            o
+            for o, v in (("--version or --identity", version), ("--base-version or --previous-identity", base_version))
+            if v is None
+        ]
+        return usage_error(f"snapshot diff needs {' and '.join(missing)}")
+    if args.identity is not None:
+        validate_identity(args.identity)
+    if args.previous_identity is not None:
+        validate_identity(
+            args.previous_identity, what="previous identity", allow_reserved=args.previous_identity == "initial"
+        )
     with open_checkpoint(args.new) as ckpt:
         total = sum(t.nbytes for t in ckpt.tensors.values())
-    progress = ByteProgress("diff", total)
+    progress = ByteProgress("diff", total, live=True if args.progress else None)
     stats = write_delta(
         args.base,
         args.new,
         args.out,
-        version=args.version,
-        base_version=args.base_version,
+        version=version,
+        base_version=base_version,
         workers=args.workers,
         on_progress=progress.add,
     )

@@ -14,16 +14,34 @@ GET      ``/gateways/{id}``                      ``{"gateway": ...}``
 DELETE   ``/gateways/{id}``                      ``{}`` (failed_precondition while attached)
 GET      ``/deployments`` (``parentGatewayId``)  ``{"items": [deployment, ...]}``
 POST     ``/deployments``                        ``{"deployment": ...}`` (client ``id``)
-GET      ``/deployments/parameters``             allowed engines (``gatewayIds`` repeated)
+GET      ``/deployments/parameters``             ``gatewayIds``, ``runtimeParameters``, ...
+                                                 (``gatewayIds`` repeated; see below)
 GET      ``/deployments/{id}``                   ``{"deployment": ...}``
 PATCH    ``/deployments/{id}``                   ``{"deployment": ...}`` (``hotLoad`` frozen)
 DELETE   ``/deployments/{id}``                   ``{}``; STATUS_DELETING, then not_found
-POST     ``/hotLoads``                           ``{"hotLoad": ...}`` (client ``hotLoadId``)
+POST     ``/hotLoads``                           ``{"hotLoad": ...}`` (client ``hotLoadId``;
+                                                 no ``promptCachePolicy``: PRESERVE echoed)
 GET      ``/hotLoads``                           ``hotLoads[]``, ``nextPageToken``, newest first
 GET      ``/hotLoads/{id}``                      ``{"hotLoad": ...}``
 GET      ``/hotLoads/{id}/replicas``             ``replicas[]``, ``nextPageToken``
-POST     ``/hotLoads/{id}:cancel``               ``{"hotLoad": ...}``
+POST     ``/hotLoads/{id}:cancel``               ``{"hotLoad": ...}`` CANCELED (the service:
+                                                 ``unimplemented``, see below)
 =======  ======================================  ==========================================
+
+``/deployments/parameters`` answers in the public API reference's shape
+(:func:`cwtrain.local.resources.deployment_parameters`)::
+
+    {"gatewayIds": ["7f6c..."],
+     "runtimeParameters": {"runtimeVersions": {"dynamo-vllm": {"versions": ["1.2.3", "1.3.0"]}, ...},
+                           "runtimeConfigOptions": {"dynamo-vllm": {"allowedKeys": ["max-model-len", ...]}, ...},
+                           "engineEnvOptions": {"dynamo-vllm": {"allowedNames": ["HF_HUB_OFFLINE", ...]}, ...}},
+     "resourceParameters": {"instanceTypes": ["CPU_LOCAL", "H100_80GB_SXM5"]}}
+
+A hot-load created without ``promptCachePolicy`` echoes ``PROMPT_CACHE_POLICY_PRESERVE``
+(the public reference does not say what the service echoes; the spec's rule is that an
+absent policy means PRESERVE). Cancel works here by default (``cancel_implemented``); the
+service documents it as not implemented yet and answers ``unimplemented`` (HTTP 501), which
+``LocalStack(cancel_implemented=False)`` reproduces.
 
 Every call needs ``Authorization: Bearer <token>``: an admin token may write, a viewer
 token may only read (``permission_denied`` otherwise), anything else is

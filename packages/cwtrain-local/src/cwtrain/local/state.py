@@ -26,6 +26,7 @@ from cwtrain.local.resources import (
     API_MAX_CHAIN_DELTAS,
     HOT_LOAD_ENGINE,
     ServiceError,
+    deployment_parameters,
     now,
     parse_rfc3339,
     validate_deployment_request,
@@ -49,7 +50,6 @@ DEFAULT_ENGINES: Mapping[str, tuple[str, ...]] = {
     "vllm": ("0.11.0", "0.12.0"),
     "sglang": ("0.5.4",),
 }
-_ENGINE_ENV = ("VLLM_LOGGING_LEVEL", "HF_HUB_OFFLINE")
 
 ObjectExists = Callable[[str, str], bool]
 
@@ -155,17 +155,20 @@ class ControlPlaneState:
     # --------------------------------------------------------------- deployments
 
     def deployment_parameters(self, gateway_ids: list[str]) -> dict[str, Any]:
-        """GET /deployments/parameters: allowed engines, versions and engineEnv names."""
+        """GET /deployments/parameters (:func:`~cwtrain.local.resources.deployment_parameters`).
+
+        With ``gatewayIds`` the answer names those gateways (each must exist); without,
+        every gateway of the organisation that is not being deleted.
+        """
         with self.lock:
             for gateway_id in gateway_ids:
                 self._gateway(gateway_id)
-        return {
-            "runtimes": [
-                {"engine": engine, "versions": list(versions), "engineEnv": list(_ENGINE_ENV)}
-                for engine, versions in sorted(self.engines.items())
-            ],
-            "gpuCounts": [1, 2, 4, 8, 16],
-        }
+            usable = list(dict.fromkeys(gateway_ids)) or [
+                g.id
+                for g in sorted(self.gateways.values(), key=lambda g: g.created_at)
+                if g.status != "STATUS_DELETING"
+            ]
+        return deployment_parameters(usable, self.engines)
 
     def create_deployment(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST /deployments, with every hot-load requirement of spec section 8."""
