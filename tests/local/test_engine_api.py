@@ -355,3 +355,27 @@ def test_openai_client_reads_both_endpoints_streamed_and_not(engine: httpx.Clien
         assert refused.value.param == "input_tokens" and "maximum context length is 256" in refused.value.message
     finally:
         client.close()
+
+
+def _raw(engine: httpx.Client, request: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", httpx.URL(str(engine.base_url)).port or 80), timeout=30) as sock:
+        sock.sendall(request)
+        chunks = []
+        while data := sock.recv(65536):
+            chunks.append(data)
+        return b"".join(chunks)
+
+
+def test_http10_streams_unframed_and_bad_chunk_framing_is_a_400(engine: httpx.Client) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "a", "max_tokens": 2, "stream": True}).encode()
+    head = f"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    answer = _raw(engine, head.encode() + body)
+    headers, _, events = answer.partition(b"\r\n\r\n")
+    assert (
+        b"Transfer-Encoding" not in headers and events.startswith(b"data: {") and events.endswith(b"data: [DONE]\n\n")
+    )
+    bad = b"POST /tokenize HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    refused = _raw(engine, bad)
+    assert refused.startswith(b"HTTP/1.1 400 ") and b"cannot be read" in refused

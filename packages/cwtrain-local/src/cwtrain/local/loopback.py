@@ -103,11 +103,17 @@ class JSONHandler(BaseHTTPRequestHandler):
         """Answer ``status`` with a body sent part by part as ``parts`` yields it (chunked encoding).
 
         Each part goes out (and is flushed) as soon as it is produced. A client that goes
-        away stops the iteration (``parts`` is closed) and the connection.
+        away stops the iteration (``parts`` is closed) and the connection. An HTTP/1.0
+        client gets the parts unframed and the connection closed at the end.
         """
+        chunked = self.request_version != "HTTP/1.0"
         self.send_response(status)
         self.send_header("Content-Type", content_type)
-        self.send_header("Transfer-Encoding", "chunked")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
@@ -115,10 +121,11 @@ class JSONHandler(BaseHTTPRequestHandler):
         try:
             for part in iterator:
                 if part:
-                    self.wfile.write(b"%x\r\n%b\r\n" % (len(part), part))
+                    self.wfile.write(b"%x\r\n%b\r\n" % (len(part), part) if chunked else part)
                     self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
         except OSError:  # the client hung up
             self.close_connection = True
         finally:
