@@ -81,6 +81,7 @@ def test_token_id_prompt_with_every_id_shape(replica: ReplicaProcess) -> None:
         "completion_tokens": total,
         "total_tokens": len(prompt) + total,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": None,
     }
 
 
@@ -138,8 +139,8 @@ def test_batch_of_prompts_and_top_logprobs(replica: ReplicaProcess) -> None:
         ({"prompt": "x", "n": 0}, 400, "n"),
         ({"prompt": "x", "n": 257}, 400, "n"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-        ({"prompt": "x", "stream": True}, 400, "stream"),
-        ({"prompt": "x", "max_tokens": 10_000}, 400, None),
+        ({"prompt": "x", "max_tokens": 10_000}, 400, "max_tokens"),
+        ({"prompt": [5] * 250, "max_tokens": 10}, 400, "input_tokens"),
     ],
 )
 def test_invalid_requests_get_openai_errors(

@@ -3,13 +3,17 @@
 One :class:`GatewayServer` per gateway resource, on its own loopback port; its URL is the
 gateway's ``status.endpoints[0]``. It serves
 
-- ``GET /v1/models``: the ``spec.model.name`` of every deployment attached to the gateway;
-- ``POST /v1/completions`` (and ``/v1/chat/completions``): the deployment is chosen by the
-  gateway's routing (``bodyBasedRouting``: the body's ``model``; ``headerBasedRouting``:
-  the named header; ``pathBasedRouting``: ``/<model>/v1/...``), then the request goes to
-  that deployment's routable replicas round-robin, unchanged, and the replica's answer comes
-  back unchanged (its ``x-cwtrain-snapshot-identity`` header included). A replica that does
-  not answer is skipped for the next one.
+- ``GET /v1/models``: a card for the ``spec.model.name`` of every deployment attached to the
+  gateway (the card a replica of it gives, vLLM's; a minimal one while none answers);
+- ``POST /v1/*`` (``/v1/completions``, ``/v1/chat/completions``) and vLLM's ``POST /tokenize``
+  and ``POST /detokenize`` at the root: the deployment is chosen by the gateway's routing
+  (``bodyBasedRouting``: the body's ``model``; ``headerBasedRouting``: the named header;
+  ``pathBasedRouting``: ``/<model>/v1/...``, ``/<model>/tokenize``), then the request goes to
+  one of that deployment's routable replicas, unchanged (a ``Transfer-Encoding: chunked``
+  body is read whole and sent on with its length), and the replica's answer comes back
+  unchanged (its ``x-cwtrain-snapshot-identity`` header included). A stream (an answer
+  without ``Content-Length``: server-sent events) is relayed as it arrives, chunk by chunk.
+  A replica that does not answer is skipped for the next one.
 
 Auth: ``coreWeaveAuth`` gateways want ``Authorization: Bearer <the stack's API token>``;
 ``weightsAndBiasesAuth`` gateways accept any non-empty bearer key. Errors use OpenAI's body
@@ -22,11 +26,11 @@ import http.client
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer
+from cwtrain.local.loopback import BackgroundServer, BodyError, JSONHandler, LoopbackHTTPServer
 
 __all__ = ["GatewayServer", "Router"]
 
@@ -36,6 +40,9 @@ log = logging.getLogger("cwtrain.local.gateway")
 Router = Callable[[str], tuple[Mapping[str, Any] | None, Mapping[str, list[str]]]]
 
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
+#: Engine routes outside ``/v1`` that the gateway relays (vLLM's tokenizer endpoints).
+ROOT_ROUTES = ("/tokenize", "/detokenize")
+_RELAY_READ = 64 * 1024
 
 
 class _Handler(JSONHandler):
@@ -77,16 +84,35 @@ class _Handler(JSONHandler):
         _, models = serving
         path = urlsplit(self.path).path.rstrip("/")
         if path.endswith("/v1/models"):
-            created = int(self.server.started)
-            data = [
-                {"id": m, "object": "model", "created": created, "owned_by": "cwtrain-local"} for m in sorted(models)
-            ]
-            self.send_json(200, {"object": "list", "data": data})
+            self.send_json(200, {"object": "list", "data": [self._card(m, models[m]) for m in sorted(models)]})
             return
         self._error(404, f"no route for GET {path}", code="404")
 
+    def _card(self, model: str, replicas: list[str]) -> dict[str, Any]:
+        """The model's card as a replica gives it, else a minimal vLLM-shaped one."""
+        for url in replicas[:2]:
+            parts = urlsplit(url)
+            conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=5)
+            try:
+                conn.request("GET", "/v1/models")
+                response = conn.getresponse()
+                doc = json.loads(response.read()) if response.status == 200 else {}
+                for card in doc.get("data") or []:
+                    if isinstance(card, dict) and card.get("id") == model:
+                        return card
+            except (OSError, http.client.HTTPException, ValueError):
+                continue
+            finally:
+                conn.close()
+        created = int(self.server.started)
+        return {"id": model, "object": "model", "created": created, "owned_by": "vllm", "root": model, "parent": None}
+
     def do_POST(self) -> None:
-        raw = self.read_body()
+        try:
+            raw = self.read_body()
+        except BodyError as exc:
+            self._error(400, f"the request body cannot be read: {exc}")
+            return
         serving = self._serving()
         if serving is None:
             return
@@ -97,7 +123,7 @@ class _Handler(JSONHandler):
             return
         if "pathBasedRouting" in spec:
             path = path[len(model) + 1 :]
-        if not path.startswith("/v1/"):
+        if not path.startswith("/v1/") and path not in ROOT_ROUTES:
             self._error(404, f"no route for POST {path}", code="404")
             return
         if model not in models:
@@ -143,22 +169,32 @@ class _Handler(JSONHandler):
             try:
                 conn.request("POST", target, body=raw, headers=headers)
                 response = conn.getresponse()
-                body = response.read()
+                body = response.read() if response.getheader("Content-Length") is not None else None
             except (OSError, http.client.HTTPException) as exc:
+                conn.close()
                 last = f"{url}: {exc}"
                 log.info("gateway: replica %s did not answer (%s); trying the next one", url, exc)
                 continue
+            relayed = {k: v for k, v in response.getheaders() if k.lower() not in _HOP_HEADERS | {"content-type"}}
+            content_type = response.getheader("Content-Type") or "application/json"
+            try:
+                if body is not None:
+                    self.send_body(response.status, body, content_type=content_type, headers=relayed)
+                else:
+                    self.send_stream(response.status, _relay(response), content_type=content_type, headers=relayed)
             finally:
                 conn.close()
-            self.send_response(response.status)
-            for key, value in response.getheaders():
-                if key.lower() not in _HOP_HEADERS:
-                    self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
             return
         self._error(503, f"no replica answered ({last})", "server_error", "503")
+
+
+def _relay(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """A streamed answer's bytes as they arrive (each read returns what one chunk has ready)."""
+    try:
+        while data := response.read1(_RELAY_READ):
+            yield data
+    except (OSError, http.client.HTTPException) as exc:
+        log.info("gateway: the replica's stream broke off (%s)", exc)
 
 
 class _Server(LoopbackHTTPServer):

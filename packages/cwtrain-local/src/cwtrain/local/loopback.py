@@ -11,8 +11,11 @@ this module is what they share::
     print(server.url)          # http://127.0.0.1:<a free port>
     server.stop()              # stop serving, close the socket, join the thread
 
-- :class:`JSONHandler`: keep-alive HTTP/1.1 with Nagle off, ``read_body``, ``send_body``,
-  ``send_json`` (``Content-Type`` and ``Content-Length`` first, then any extra headers).
+- :class:`JSONHandler`: keep-alive HTTP/1.1 with Nagle off, ``read_body`` (a ``Content-Length``
+  body or a ``Transfer-Encoding: chunked`` one), ``send_body``, ``send_json`` (``Content-Type``
+  and ``Content-Length`` first, then any extra headers) and ``send_stream`` (a body of unknown
+  length sent as it is produced, in HTTP/1.1 chunks: server-sent events, a relayed stream).
+  Every request body of every server is read by ``read_body``: the one place for limits.
 - :class:`LoopbackHTTPServer`: a threading server on ``127.0.0.1`` whose request threads
   never keep the process alive, with a backlog for bursts of connections.
 - :class:`BackgroundServer`: serves one in a daemon thread (``start``/``stop``, ``port``, ``url``).
@@ -22,23 +25,51 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-__all__ = ["BackgroundServer", "JSONHandler", "LoopbackHTTPServer"]
+__all__ = ["BackgroundServer", "BodyError", "JSONHandler", "LoopbackHTTPServer"]
+
+
+class BodyError(ValueError):
+    """A request body that cannot be read (malformed chunked framing)."""
 
 
 class JSONHandler(BaseHTTPRequestHandler):
-    """A request handler that answers with whole bodies of known length."""
+    """A request handler that answers with whole bodies of known length, or streams."""
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
 
     def read_body(self) -> bytes:
-        """The request body (``Content-Length`` bytes; empty without one)."""
+        """The request body: ``Content-Length`` bytes, or every chunk of a chunked body; empty without either.
+
+        Raises:
+            BodyError: The chunked framing is malformed (the connection is then closed).
+        """
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
+
+    def _read_chunked(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                self.close_connection = True
+                raise BodyError(f"malformed chunk size line {line[:40]!r}") from None
+            if size == 0:
+                while self.rfile.readline(1024).strip():  # trailer fields, up to the blank line
+                    pass
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            if self.rfile.readline(8).strip():
+                self.close_connection = True
+                raise BodyError("a chunk is longer than its size line says")
 
     def send_body(
         self,
@@ -60,6 +91,47 @@ class JSONHandler(BaseHTTPRequestHandler):
     def send_json(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
         """Answer ``status`` with ``payload`` as JSON."""
         self.send_body(status, json.dumps(payload).encode(), headers=headers)
+
+    def send_stream(
+        self,
+        status: int,
+        parts: Iterable[bytes],
+        *,
+        content_type: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Answer ``status`` with a body sent part by part as ``parts`` yields it (chunked encoding).
+
+        Each part goes out (and is flushed) as soon as it is produced. A client that goes
+        away stops the iteration (``parts`` is closed) and the connection. An HTTP/1.0
+        client gets the parts unframed and the connection closed at the end.
+        """
+        chunked = self.request_version != "HTTP/1.0"
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        iterator = iter(parts)
+        try:
+            for part in iterator:
+                if part:
+                    self.wfile.write(b"%x\r\n%b\r\n" % (len(part), part) if chunked else part)
+                    self.wfile.flush()
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except OSError:  # the client hung up
+            self.close_connection = True
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
 
 
 class LoopbackHTTPServer(ThreadingHTTPServer):

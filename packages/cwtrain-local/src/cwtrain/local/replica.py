@@ -16,7 +16,12 @@ then answers on ``127.0.0.1:<port>``:
 | ``GET /health`` | ``{"name", "state", "identity", "error_reason", "hot_load_id", …}``; 503 until weights are loaded |
 | ``POST /admin/hotload`` | body ``{"hot_load_id", "identity", "chain": [{"identity", "type"}, …]}`` → 202; loads in the background |
 | ``GET /admin/weights`` | the served weights as one safetensors file (``__metadata__.identity``) |
-| ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible (:mod:`cwtrain.local.completions`) |
+| ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible, as vLLM 0.31 serves them (:mod:`cwtrain.local.completions`) |
+| ``POST /v1/chat/completions`` | the same for chat, with the tokenizer's chat template (:mod:`cwtrain.local.chat`) |
+| ``POST /tokenize``, ``POST /detokenize`` | vLLM's tokenizer endpoints (:mod:`cwtrain.local.tokenization`) |
+
+With ``stream: true`` the completions endpoints answer with server-sent events, each token's
+chunk sent as soon as the token is sampled.
 
 States: ``READY`` (serving), ``PENDING_UPDATE`` (hot-load accepted), ``UPDATING`` (reading and
 verifying), ``ERROR`` (the last hot-load failed: ``error_reason`` says why, the previous
@@ -29,7 +34,7 @@ produced it in ``system_fingerprint`` and the ``x-cwtrain-snapshot-identity`` he
 Generation runs on one thread (:class:`Batcher`): concurrent requests for the same prompt
 and settings on the same weights are merged into one batch, each keeping its own seed, so a
 GRPO group split into seeded ``n = 1`` requests costs about as much as one ``n``-request
-and gives the same tokens however the requests were batched or routed.
+and gives the same tokens however the requests were batched or routed (streamed or not).
 
 ``--apply-delay S`` sleeps S seconds after verification and before the swap (for tests that
 must catch a replica mid hot-load). SIGTERM or SIGINT stops the server, and so does the exit
@@ -42,18 +47,27 @@ import argparse
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cwtrain.local.completions import CompletionError, complete, error_body, models_body
-from cwtrain.local.loopback import JSONHandler, LoopbackHTTPServer
-from cwtrain.local.model import GeneratedSequence, TinyLM
+from cwtrain.local.chat import chat_complete
+from cwtrain.local.completions import (
+    SSE_CONTENT_TYPE,
+    Answer,
+    CompletionError,
+    complete,
+    error_body,
+    models_body,
+)
+from cwtrain.local.loopback import BackgroundServer, BodyError, JSONHandler, LoopbackHTTPServer
+from cwtrain.local.model import GeneratedSequence, TinyLM, TokenEvent
 from cwtrain.local.snapshots import (
     ChainLink,
     ServedWeights,
@@ -62,10 +76,13 @@ from cwtrain.local.snapshots import (
     served_from_weights_file,
     weights_file,
 )
+from cwtrain.local.tokenization import detokenize, tokenize
 
-__all__ = ["IDENTITY_HEADER", "Batcher", "Replica", "main"]
+__all__ = ["ENGINE_ROUTES", "IDENTITY_HEADER", "Batcher", "Replica", "ReplicaServer", "main"]
 
 IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
+#: The POST routes a replica serves as an inference engine (the gateway relays exactly these).
+ENGINE_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 log = logging.getLogger("cwtrain.local.replica")
 
 
@@ -76,12 +93,18 @@ class _Job:
     n: int
     seed: int | None
     sampling: dict[str, Any]
+    events: queue.SimpleQueue[tuple[int, TokenEvent] | None] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: list[GeneratedSequence] | None = None
     error: BaseException | None = None
 
     def key(self) -> tuple[Any, ...]:
         return (id(self.lm), tuple(self.prompt), tuple(sorted(self.sampling.items())))
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.events is not None:
+            self.events.put(None)
 
 
 class Batcher:
@@ -90,7 +113,9 @@ class Batcher:
     Concurrent requests for the same prompt (the ``n = 1`` requests of a split GRPO group,
     or several groups of one prompt) become one batched forward pass per token; each keeps
     its own seed, so its tokens do not depend on what it was batched with. Requests that
-    started on different weights are never merged.
+    started on different weights are never merged. It is the replica's
+    :class:`~cwtrain.local.completions.Engine`: :meth:`generate` waits for the sequences,
+    :meth:`stream` yields each token as it is sampled.
     """
 
     def __init__(self, max_rows: int = 256) -> None:
@@ -100,18 +125,33 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="replica-batcher", daemon=True)
         self._thread.start()
 
-    def __call__(
-        self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]
-    ) -> list[GeneratedSequence]:
-        job = _Job(lm, list(prompt), n, seed, dict(sampling))
+    def _submit(self, job: _Job) -> _Job:
         with self._cv:
             self._queue.append(job)
             self._cv.notify()
+        return job
+
+    def generate(
+        self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        """``n`` sequences for ``prompt``, generated in a batch with whatever matches them."""
+        job = self._submit(_Job(lm, list(prompt), n, seed, dict(sampling)))
         job.done.wait()
         if job.error is not None:
             raise job.error
         assert job.result is not None
         return job.result
+
+    def stream(
+        self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]
+    ) -> Iterator[tuple[int, TokenEvent]]:
+        """The same as :meth:`generate`, as ``(sequence index, event)`` per token while it runs."""
+        events: queue.SimpleQueue[tuple[int, TokenEvent] | None] = queue.SimpleQueue()
+        job = self._submit(_Job(lm, list(prompt), n, seed, dict(sampling), events))
+        while (item := events.get()) is not None:
+            yield item
+        if job.error is not None:
+            raise job.error
 
     def _run(self) -> None:
         while True:
@@ -134,23 +174,52 @@ class Batcher:
     @staticmethod
     def _generate(part: list[_Job]) -> None:
         first = part[0]
+        streams = [job.events for job in part]
+
+        def on_token(request: int, index: int, event: TokenEvent) -> None:
+            events = streams[request]
+            if events is not None:
+                events.put((index, event))
+
         try:
-            outs = first.lm.generate_many(first.prompt, [(j.n, j.seed) for j in part], **first.sampling)
+            outs = first.lm.generate_many(
+                first.prompt,
+                [(j.n, j.seed) for j in part],
+                on_token=on_token if any(e is not None for e in streams) else None,
+                **first.sampling,
+            )
             for job, out in zip(part, outs):
                 job.result = out
         except BaseException as exc:
             for job in part:
                 job.error = exc
         for job in part:
-            job.done.set()
+            job.finish()
 
 
 class Replica:
-    """The state of one replica: served weights, hot-load state, and the loader thread."""
+    """The state of one replica: served weights, hot-load state, and the loader thread.
 
-    def __init__(self, name: str, model_name: str, source: SnapshotSource, *, apply_delay: float = 0.0) -> None:
+    Args:
+        name: The replica's name (in ``/health`` and logs).
+        model_name: The served model name (the OpenAI ``model``).
+        source: Where hot-loads read snapshots (``None``: this replica cannot hot-load).
+        apply_delay: Seconds to wait before each swap (tests).
+        model_root: The model's path, the ``root`` of its ``/v1/models`` card.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model_name: str,
+        source: SnapshotSource | None,
+        *,
+        apply_delay: float = 0.0,
+        model_root: str | None = None,
+    ) -> None:
         self.name = name
         self.model_name = model_name
+        self.model_root = model_root or model_name
         self.source = source
         self.apply_delay = apply_delay
         self.created = int(time.time())
@@ -210,6 +279,8 @@ class Replica:
                 return 409, {"error": f"hot-load {self.hot_load_id} is still running on replica {self.name}"}
             if self.served is None:
                 return 409, {"error": f"replica {self.name} has no weights yet"}
+            if self.source is None:
+                return 409, {"error": f"replica {self.name} has no object store to hot-load from"}
             self.hot_load_id, self.target, self.error_reason, self.step = hot_load_id, identity, None, None
             self.state = "PENDING_UPDATE"
             self._loader = threading.Thread(target=self._run_hot_load, args=(hot_load_id, chain), daemon=True)
@@ -221,8 +292,8 @@ class Replica:
 
     def _run_hot_load(self, hot_load_id: str, chain: list[ChainLink]) -> None:
         started = time.monotonic()
-        served = self.served
-        assert served is not None
+        served, source = self.served, self.source
+        assert served is not None and source is not None
         with self._lock:
             self.state = "UPDATING"
 
@@ -231,7 +302,7 @@ class Replica:
                 self.step = identity
 
         try:
-            new = apply_chain(self.source, served, chain, on_step=on_step)
+            new = apply_chain(source, served, chain, on_step=on_step)
             if self.apply_delay > 0:
                 time.sleep(self.apply_delay)
         except Exception as exc:  # any failure leaves the old weights serving
@@ -264,13 +335,36 @@ class Replica:
             self._weights_file = cached
         return cached
 
-    def completion(self, body: Any) -> tuple[str, dict[str, Any]]:
-        """Run one completions request on the weights served when it starts."""
+    def answer(self, route: str, body: Any) -> tuple[str, Answer]:
+        """Answer one request to an engine route on the weights served when it starts.
+
+        Args:
+            route: ``/v1/completions``, ``/v1/chat/completions``, ``/tokenize`` or ``/detokenize``.
+            body: The decoded JSON body.
+
+        Returns:
+            The served identity and the answer (a JSON object, or a stream's events).
+
+        Raises:
+            CompletionError: The request is refused (503 before the first weights load).
+        """
         served = self.served
         if served is None:
             raise CompletionError("no weights loaded yet", status=503)
-        doc = complete(body, served.lm, identity=served.identity, model=self.model_name, generate=self._batcher)
-        return served.identity, doc
+        lm, identity, model = served.lm, served.identity, self.model_name
+        if route == "/v1/completions":
+            return identity, complete(body, lm, identity=identity, model=model, engine=self._batcher)
+        if route == "/v1/chat/completions":
+            return identity, chat_complete(body, lm, identity=identity, model=model, engine=self._batcher)
+        if route == "/tokenize":
+            return identity, tokenize(body, lm, model=model)
+        return identity, detokenize(body, lm, model=model)
+
+    def models(self) -> dict[str, Any]:
+        """The ``/v1/models`` document (vLLM's card for the served model)."""
+        served = self.served
+        max_len = served.lm.config.max_position_embeddings if served is not None else None
+        return models_body(self.model_name, self.created, root=self.model_root, max_model_len=max_len)
 
 
 class _Handler(JSONHandler):
@@ -290,7 +384,7 @@ class _Handler(JSONHandler):
             doc = replica.health()
             self.send_json(200 if doc["identity"] is not None else 503, doc)
         elif path == "/v1/models":
-            self.send_json(200, models_body(replica.model_name, replica.created))
+            self.send_json(200, replica.models())
         elif path == "/admin/weights":
             found = replica.weights_bytes()
             if found is None:
@@ -306,19 +400,25 @@ class _Handler(JSONHandler):
         path = self.path.split("?", 1)[0]
         try:
             body = self._json_body()
+        except BodyError as exc:
+            self.send_json(400, error_body(f"the request body cannot be read: {exc}", 400))
+            return
         except ValueError as exc:
             self.send_json(400, error_body(f"the request body is not JSON: {exc}", 400))
             return
         if path == "/admin/hotload":
             status, doc = replica.start_hot_load(body)
             self.send_json(status, doc)
-        elif path == "/v1/completions":
+        elif path in ENGINE_ROUTES:
             try:
-                identity, doc = replica.completion(body)
+                identity, answer = replica.answer(path, body)
             except CompletionError as exc:
                 self.send_json(exc.status, error_body(exc.message, exc.status, exc.param))
                 return
-            self.send_json(200, doc, {IDENTITY_HEADER: identity})
+            if isinstance(answer, dict):
+                self.send_json(200, answer, {IDENTITY_HEADER: identity})
+            else:
+                self.send_stream(200, answer, content_type=SSE_CONTENT_TYPE, headers={IDENTITY_HEADER: identity})
         else:
             self.send_json(404, error_body(f"no route {path}", 404))
 
@@ -329,6 +429,18 @@ class _Server(LoopbackHTTPServer):
     def __init__(self, port: int, replica: Replica) -> None:
         self.replica = replica
         super().__init__(port, _Handler)
+
+
+class ReplicaServer(BackgroundServer):
+    """A replica's HTTP server in a background thread of this process (the module's CLI runs the same server).
+
+    Args:
+        replica: The replica it serves.
+        port: The port (a free one when 0).
+    """
+
+    def __init__(self, replica: Replica, port: int = 0) -> None:
+        super().__init__(_Server(port, replica), f"replica-{replica.name}")
 
 
 def _s3_client(endpoint: str) -> Any:
@@ -379,7 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     source = SnapshotSource(_s3_client(args.s3_endpoint), args.bucket, args.path_prefix)
-    replica = Replica(args.name, args.model_name, source, apply_delay=args.apply_delay)
+    root = f"s3://{args.model_bucket}/{args.model_path.strip('/')}"
+    replica = Replica(args.name, args.model_name, source, apply_delay=args.apply_delay, model_root=root)
     server = _Server(args.port, replica)
     stop = threading.Event()
 
