@@ -38,10 +38,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "recipes" / "nemo-gym" / "deploy
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
-    from cwtrain.local import LocalStack
-
-    with LocalStack(replicas=1) as local:
+def stack(shared_stack: Any) -> Iterator[Any]:
+    with shared_stack.view("gym-evaluate", replicas=1) as local:
         local.seed_base_model("base/tiny")
         with InferenceClient(local.token, base_url=local.api_url) as api:
             gateway = lifecycle.create_gateway(
