@@ -11,10 +11,11 @@
 
   The view is a ``LocalStack`` with the same control plane, object store, gateways,
   supervisor and fault hooks, but its own fresh bucket (so identities, prefixes and base
-  paths never meet another module's) and its own default replica count. Entering it clears
-  the armed and fired API faults; leaving it disarms what is still armed and deletes every
-  deployment and gateway created meanwhile, waiting until their replicas stopped, so the
-  next module starts on an empty stack as it would on a fresh one. Modules that need a
+  paths never meet another module's) and its own default replica count. Leaving it disarms
+  the faults still armed and deletes every deployment and gateway created meanwhile;
+  entering the next view waits until they are gone (replicas stopped, while the tests in
+  between ran) and clears the record of fired faults, so every module starts on an empty
+  stack as it would on a fresh one. Modules that need a
   stack of their own still boot one: a different replica command or admin token, a check of
   everything the stack holds (``/hotLoads`` unfiltered), or ``LocalStack``'s own start/stop.
 * ``ray_session``: one local Ray for the session (``ray.init`` takes seconds); its workers
@@ -90,10 +91,13 @@ class SharedStack:
 
     def __init__(self, stack: Any) -> None:
         self.stack = stack
+        # what the last view left: deployments being deleted, gateways to delete after them
+        self._leftovers: tuple[list[str], list[str]] = ([], [])
 
     @contextlib.contextmanager
     def view(self, label: str, *, replicas: int = 2) -> Iterator[Any]:
         """The stack with its own fresh bucket and ``replicas``; cleaned up on exit (see the module doc)."""
+        self.settle()
         stack = self.stack
         state = stack.state
         assert state is not None
@@ -123,13 +127,22 @@ class SharedStack:
                 new_deployments = sorted(set(state.deployments) - deployments)
                 new_gateways = sorted(set(state.gateways) - gateways)
             self._delete("deployment", new_deployments)
-            self._delete("gateway", new_gateways)
+            self._leftovers = (new_deployments, new_gateways)
 
-    def _delete(self, kind: str, ids: list[str], timeout: float = 120.0) -> None:
-        """Delete resources and wait until they are gone (a deployment: its replicas stopped)."""
+    def settle(self, timeout: float = 120.0) -> None:
+        """Finish the last view's clean-up: its deployments gone (replicas stopped), then its gateways."""
+        deployments, gateways = self._leftovers
+        self._leftovers = ([], [])
+        self._wait_gone("deployment", deployments, timeout)
+        self._delete("gateway", gateways)  # refused while a deployment is attached
+        self._wait_gone("gateway", gateways, timeout)
+
+    def _delete(self, kind: str, ids: list[str]) -> None:
         for resource_id in ids:
             status, payload = self.stack.api("DELETE", f"/{kind}s/{resource_id}")
             assert status in (200, 404), (kind, resource_id, status, payload)
+
+    def _wait_gone(self, kind: str, ids: list[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for resource_id in ids:
             while self.stack.api("GET", f"/{kind}s/{resource_id}")[0] != 404:
