@@ -47,10 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "packages").glob("*/src"))
 
 # ------------------------------------------------------------------------- known violations
-# Violations that main's code still had when this test was written, each being removed by
-# its own change (issue 15, items 2, 5 and 8). Both lists must only shrink: an entry that no
-# longer matches the code fails the test too, so the change that fixes one deletes its entry,
-# and the final merge of issue 15 leaves both lists empty.
+# Violations that main's code still had when this test was written, each being removed by its
+# own change (issue 15). Both lists must only shrink: an entry that no longer matches the code
+# fails the test too, so the change that fixes one deletes its entry, and the final merge of
+# issue 15 leaves both lists empty.
 #
 # Cycle-closing edges (importer, imported): the graph without these edges must have no cycle.
 KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset(
