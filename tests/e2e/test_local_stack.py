@@ -110,8 +110,8 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    with LocalStack(replicas=2) as stack:
+def world(shared_stack: Any) -> Iterator[World]:
+    with shared_stack.view("e2e-local-stack", replicas=2) as stack:
         world = World(stack, stack.deploy(seed=0))
         world.weights["initial"] = init_weights(seed=0)
         try:

@@ -29,6 +29,7 @@ from cwtrain.local import LocalStack
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[LocalStack]:
+    # A stack of its own: fake replicas (a replica command is per stack), and the organisation flag flips.
     with LocalStack(replicas=1, replica_command=FAKE_REPLICA) as stack:
         seed_fake_base(stack.s3_client(), stack.bucket)
         yield stack

@@ -143,8 +143,10 @@ def test_in_flight_requests_finish_on_old_weights_and_peer_copies_new(
 ) -> None:
     replica = replicas["slow"]
     replica.hot_load("run-v000000", CHAIN[:1], "s0")
-    time.sleep(0.3)
-    mid = replica.health()
+    deadline = time.monotonic() + 30
+    while (mid := replica.health())["state"] == "PENDING_UPDATE":  # accepted; its loader not started yet
+        assert time.monotonic() < deadline, mid
+        time.sleep(0.01)
     assert mid["state"] == "UPDATING" and mid["identity"] == "initial"
     served, _, _ = _served_logprobs(replica)
     assert served == "initial"  # still serving the old weights while the new ones wait

@@ -80,10 +80,8 @@ def test_training_recipes_all_write_under_hotload(recipe: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
-    from cwtrain.local import LocalStack
-
-    with LocalStack(replicas=1) as local:
+def stack(shared_stack: Any) -> Iterator[Any]:
+    with shared_stack.view("recipes", replicas=1) as local:
         local.seed_base_model("base/tiny")
         yield local
 

@@ -9,6 +9,7 @@ checkpoints) and calls the hook the way slime does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
@@ -28,10 +29,8 @@ EVERY = 3
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
-    from cwtrain.local import LocalStack
-
-    with LocalStack(replicas=2) as local:
+def stack(shared_stack: Any) -> Iterator[Any]:
+    with shared_stack.view("slime-e2e", replicas=2) as local:
         yield local, local.deploy()
 
 
@@ -196,18 +195,18 @@ def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
     assert loader.read_manifest(f"{RUN}-v000003")["version"] == "000003"
 
 
-@pytest.mark.slow  # starting Ray locally takes most of it
+@pytest.mark.slow
 def test_actor_hook_overlaps_publish_with_the_next_step(
-    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch, ray_session: Any
 ) -> None:
-    ray = pytest.importorskip("ray")
+    ray = ray_session  # the session's Ray (tests/conftest.py): starting one takes seconds
     from cwtrain.integrations.slime import drain
+    from cwtrain.integrations.slime.actor import actor_name
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "actor")
     monkeypatch.setenv("CWTRAIN_HOTLOAD_FULL_EVERY", "0")
     monkeypatch.setenv("CWTRAIN_HOTLOAD_MIRROR", "0")
     loader = _loader(stack_env.deployment_id)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.actor_hook")
         baseline = run.baseline()  # waited for: the first rollout must see it
@@ -228,8 +227,18 @@ def test_actor_hook_overlaps_publish_with_the_next_step(
         assert returned_after[0] < publish_seconds, (returned_after, publish_seconds)
         assert drain(stack_env.deployment_id, timeout=120) == "actor-v000002"
         _served_by_both(loader, "actor-v000002")
-    finally:
-        ray.shutdown()
+    finally:  # the actor goes with this test (Ray stays): nothing can pick it up by name later
+        name = actor_name(stack_env.deployment_id)
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(name))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            assert time.monotonic() < deadline, f"the actor {name} outlived ray.kill"
+            time.sleep(0.05)
 
 
 def test_actor_hook_failure_surfaces_at_the_next_step(

@@ -37,16 +37,31 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
-if TYPE_CHECKING:
-    from cwtrain.hotload.follow import ProgressEvent
+
+class UploadEvent(Protocol):
+    """What :class:`ByteProgress` reads of an ``on_progress`` event (a :class:`~cwtrain.hotload.follow.ProgressEvent`)."""
+
+    @property
+    def stage(self) -> str: ...
+
+    @property
+    def bytes_done(self) -> int: ...
+
+    @property
+    def bytes_total(self) -> int: ...
+
+    @property
+    def elapsed(self) -> float: ...
+
 
 __all__ = [
     "HALF_LIFE_SECONDS",
     "WARMUP_SECONDS",
     "ByteProgress",
     "RateEstimate",
+    "UploadEvent",
     "format_bytes",
     "format_seconds",
 ]
@@ -166,7 +181,7 @@ class ByteProgress:
         self._ended = False
         self._lock = threading.Lock()
 
-    def __call__(self, event: ProgressEvent) -> None:
+    def __call__(self, event: UploadEvent) -> None:
         """Take an upload event (the ``on_progress`` of ``HotLoader.publish``/``upload``).
 
         Events of other stages are left to the loader's log lines. The last upload
