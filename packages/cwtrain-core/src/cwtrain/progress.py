@@ -59,7 +59,8 @@ class ByteProgress:
     On a terminal it redraws one stderr line at most every ``interval`` seconds, and
     ends the line at the last upload event or :meth:`close`; otherwise it logs an INFO
     event at most every ``log_interval`` seconds and once all is done, with
-    ``extra={"progress": {...}}`` for structured handlers.
+    ``extra={"progress": {...}}`` for structured handlers. Reaching the total is drawn
+    once; later calls (a million zero-byte tensors) are throttled like any other.
 
     Args:
         label: the text before the counts.
@@ -87,6 +88,7 @@ class ByteProgress:
         self._start = time.monotonic()
         self._last = float("-inf")  # the first update is always drawn
         self._ended = False
+        self._reached = False
         self._lock = threading.Lock()
 
     def __call__(self, event: ProgressEvent) -> None:
@@ -111,7 +113,9 @@ class ByteProgress:
 
     def _update(self, *, final: bool) -> None:
         now = time.monotonic()
-        if final or now - self._last >= self._interval or self.done >= self.total:
+        reached = self.done >= self.total and not self._reached  # drawn once, not on every later call
+        if final or reached or now - self._last >= self._interval:
+            self._reached = self._reached or reached
             self._last = now
             self._render(now)
         if final:

@@ -59,6 +59,7 @@ from cwtrain.hotload.format import (
     SINGLE_FILE_NAME,
     SnapshotFile,
     adler32,
+    checksum_metadata,
     full_shard_name,
     local_index_bytes,
     serialize_index,
@@ -529,8 +530,7 @@ class DeltaEncoder:
                 meta = dict(shard_metadata_by_shard[shard])
             else:
                 meta = dict(shard_metadata) if shard_metadata is not None else {"format": "pt"}
-            for entry in entries:
-                meta[entry.name] = known[entry.name]
+            meta = checksum_metadata(meta, {entry.name: known[entry.name] for entry in entries}, source=shard)
             buffers: list[Buffer] = [encode_header(entries, meta)]
             for entry in sorted(entries, key=lambda e: e.begin):
                 data = tensors[entry.name].data

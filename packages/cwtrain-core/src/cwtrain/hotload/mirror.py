@@ -59,6 +59,7 @@ from cwtrain.hotload.format import (
     INDEX_NAME,
     SnapshotFile,
     index_metadata,
+    is_checksum,
     is_delta_index,
     serialize_index,
 )
@@ -198,8 +199,8 @@ class WeightMirror:
             with open_checkpoint(base) as ckpt:
                 for shard, header in ckpt.headers.items():
                     self._layout.entries[shard] = list(header.tensors.values())
-                    self._layout.shard_metadata[shard] = {
-                        k: v for k, v in (header.metadata or {}).items() if k not in header.tensors
+                    self._layout.shard_metadata[shard] = {  # without the tensors' old checksums
+                        k: v for k, v in (header.metadata or {}).items() if not (k in header.tensors and is_checksum(v))
                     }
                 self._layout.index = ckpt.index
                 for child in sorted(ckpt.path.iterdir()):
