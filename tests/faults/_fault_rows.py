@@ -107,7 +107,7 @@ ROWS: dict[str, tuple[str, str, str]] = {
     ),
     "id-escape": (
         "resource ids holding URL syntax",
-        "get, delete and cancel of ids with ?, #, % and :",
+        "get, delete and cancel of ids with ?, #, % and :, and of the id parameters",
         "the id is sent percent-encoded as one path segment: no other resource is addressed",
     ),
     "identity-chars": (

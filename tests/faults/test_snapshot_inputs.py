@@ -5,7 +5,8 @@
 - ``many-tensors``: thousands of zero-size tensors give a few progress lines, and the time
   of ``snapshot diff`` and ``hotload inspect`` grows linearly with their count;
 - ``id-escape``: ids holding ``?``, ``#``, ``%`` or ``:`` are sent as one percent-encoded
-  path segment, so they never address another resource;
+  path segment, so they never address another resource; ``parameters`` is no deployment
+  or gateway id (it would address their parameters endpoint);
 - ``identity-chars``: identities with control, format (bidi, zero-width) or separator
   characters are refused before anything is sent;
 - ``metadata-clash``: a tensor named ``format`` beside ``"format": "pt"`` is refused by
@@ -27,7 +28,7 @@ import pytest
 from _recording import run_cli
 from safetensors.numpy import save_file
 
-from cwtrain.errors import SnapshotError
+from cwtrain.errors import SnapshotError, UsageError
 from cwtrain.hotload.codec import DeltaEncoder
 from cwtrain.hotload.delta import write_delta, write_full_snapshot
 from cwtrain.hotload.identity import validate_identity
@@ -159,6 +160,17 @@ def test_ids_are_one_percent_encoded_segment(resource: str) -> None:
         assert url.query == b"" and url.fragment == ""
         segment = url.raw_path.decode().split("/")[-1].removesuffix(":cancel")
         assert httpx.URL("http://x/" + segment).path.removeprefix("/") == resource.strip()
+
+
+@pytest.mark.fault_row("id-escape")
+def test_parameters_is_no_deployment_or_gateway_id() -> None:
+    sent: list[httpx.Request] = []
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200, json={}))
+    with InferenceClient("token-id-escape", transport=transport, max_retries=1) as api:
+        for call in (api.get_deployment, api.delete_deployment, api.get_gateway, api.delete_gateway):
+            with pytest.raises(UsageError, match="parameters endpoint"):
+                call("parameters")
+    assert sent == []  # `deployment get parameters` no longer prints the parameters as an empty deployment
 
 
 # ------------------------------------------------------------------ identity chars

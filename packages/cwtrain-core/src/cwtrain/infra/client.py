@@ -402,7 +402,7 @@ class InferenceClient:
 
     def get_gateway(self, gateway_id: str) -> Gateway:
         """One gateway; :class:`~cwtrain.errors.NotFoundError` when it does not exist."""
-        return Gateway.from_api(self._request("GET", f"/gateways/{_seg(gateway_id)}"))
+        return Gateway.from_api(self._request("GET", "/gateways/" + _resource(gateway_id, "gateway")))
 
     def create_gateway(self, request: Mapping[str, Any], *, gateway_id: str | None = None) -> Gateway:
         """Create a gateway from a CreateGatewayRequest body, idempotently.
@@ -421,7 +421,7 @@ class InferenceClient:
 
     def delete_gateway(self, gateway_id: str) -> None:
         """Send one DELETE (see :func:`cwtrain.infra.lifecycle.delete_gateway` for the wait)."""
-        self._request("DELETE", f"/gateways/{_seg(gateway_id)}", retry=False)
+        self._request("DELETE", "/gateways/" + _resource(gateway_id, "gateway"), retry=False)
 
     def get_gateway_parameters(self) -> dict[str, Any]:
         """The valid gateway parameters (zones), as the API returns them."""
@@ -443,7 +443,7 @@ class InferenceClient:
 
     def get_deployment(self, deployment_id: str) -> Deployment:
         """One deployment; :class:`~cwtrain.errors.NotFoundError` when it does not exist."""
-        return Deployment.from_api(self._request("GET", f"/deployments/{_seg(deployment_id)}"))
+        return Deployment.from_api(self._request("GET", "/deployments/" + _resource(deployment_id, "deployment")))
 
     def create_deployment(self, request: Mapping[str, Any], *, deployment_id: str | None = None) -> Deployment:
         """Create a deployment from a CreateDeploymentRequest body, idempotently.
@@ -465,7 +465,7 @@ class InferenceClient:
 
     def delete_deployment(self, deployment_id: str) -> None:
         """Send one DELETE (see :func:`cwtrain.infra.lifecycle.delete_deployment` for the wait)."""
-        self._request("DELETE", f"/deployments/{_seg(deployment_id)}", retry=False)
+        self._request("DELETE", "/deployments/" + _resource(deployment_id, "deployment"), retry=False)
 
     def get_deployment_parameters(self, gateway_ids: Sequence[str] | None = None) -> dict[str, Any]:
         """Allowed ``runtime.engine``/``version``/``engineEnv`` values, as the API returns them."""
@@ -635,6 +635,16 @@ def _seg(value: str) -> str:
     if not text or "/" in text or text in (".", ".."):
         raise UsageError(f"{value!r} is not a valid resource id")
     return quote(text, safe="")
+
+
+def _resource(value: str, kind: str) -> str:
+    """:func:`_seg` for a deployment or gateway id: ``parameters`` names their parameters endpoint."""
+    if str(value).strip() == "parameters":
+        raise UsageError(
+            f"'parameters' is not a {kind} id: GET /{kind}s/parameters is the parameters endpoint "
+            f"(cwtrain {kind} parameters)"
+        )
+    return _seg(value)
 
 
 def _items(data: Mapping[str, Any], fallback: str) -> list[Mapping[str, Any]]:
