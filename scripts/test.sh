@@ -16,7 +16,8 @@ echo "== ruff" >&2
 # mypy --strict in one run over every package's module listed here, plus the test stand-ins of
 # core's types; the cwtrain namespace spans the packages' src folders, all of them on MYPYPATH.
 mypy_targets=()
-for module in cwtrain cwtrain.integrations.slime cwtrain.integrations.miles; do
+for module in cwtrain cwtrain.integrations.slime cwtrain.integrations.miles cwtrain.integrations.nemo_rl \
+    cwtrain.integrations.gym cwtrain.local; do
   mypy_targets+=(-p "$module")
 done
 for helper in recording_loader slime_driver fake_openai; do mypy_targets+=(-m "$helper"); done

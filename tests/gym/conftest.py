@@ -42,6 +42,7 @@ def openai_stub() -> Iterator[StubEndpoint]:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
             ok = self.path == "/v1/completions" and self.headers.get("Authorization") == f"Bearer {stub.api_key}"
             stub.requests.append({"path": self.path, "body": body, "authorized": ok})
+            payload: dict[str, Any]
             if not ok or body.get("model") != stub.model:
                 payload, status = {"error": "unauthorized or unknown model"}, 401
             else:

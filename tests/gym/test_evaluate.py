@@ -91,3 +91,20 @@ def test_placeholders_are_refused(api: InferenceClient, files: tuple[Path, Path]
             api, body, config_paths=[config], input_path=rows, output_path=tmp_path / "o.jsonl",
             api_key="k", collector=lambda job: None,
         )  # fmt: skip
+
+
+def test_exported_names_stay_themselves_after_every_submodule_is_imported() -> None:
+    # A submodule named like an exported function replaces it on the package once imported.
+    import subprocess
+    import sys
+
+    script = (
+        "import importlib, pkgutil, types\n"
+        "import cwtrain.integrations.gym as gym\n"
+        "for info in pkgutil.iter_modules(gym.__path__):\n"
+        "    importlib.import_module(f'cwtrain.integrations.gym.{info.name}')\n"
+        "shadowed = [n for n in gym.__all__ if isinstance(getattr(gym, n), types.ModuleType)]\n"
+        "assert not shadowed, shadowed\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

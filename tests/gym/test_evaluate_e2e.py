@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,28 +38,30 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLE = Path(__file__).resolve().parents[2] / "recipes" / "nemo-gym" / "deployment.example.json"
 
 
+@dataclass(frozen=True)
+class GymStack:
+    """The module's local stack as the tests use it, with the gateway every evaluation attaches to."""
+
+    api_url: str
+    token: str
+    bucket: str
+    gateway_id: str
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
+def stack() -> Iterator[GymStack]:
     from cwtrain.local import LocalStack
+    from cwtrain.local.stack import gateway_request
 
     with LocalStack(replicas=1) as local:
         local.seed_base_model("base/tiny")
         with InferenceClient(local.token, base_url=local.api_url) as api:
-            gateway = lifecycle.create_gateway(
-                api,
-                {
-                    "name": "gym-gateway",
-                    "zones": [local.region],
-                    "coreWeaveAuth": {},
-                    "bodyBasedRouting": {"apiType": "API_TYPE_OPENAI"},
-                },
-            )
+            gateway = lifecycle.create_gateway(api, gateway_request("gym-gateway", local.region))
             lifecycle.wait_for_gateway(api, gateway.id, timeout=60, poll_interval=0.1)
-        local.gateway_id = gateway.id
-        yield local
+        yield GymStack(local.api_url, local.token, local.bucket, gateway.id)
 
 
-def request(stack: Any, name: str) -> dict[str, Any]:
+def request(stack: GymStack, name: str) -> dict[str, Any]:
     """The recipe's example request with its placeholders filled for the local stack."""
     text = EXAMPLE.read_text(encoding="utf-8")
     for placeholder, value in {
@@ -112,7 +115,7 @@ def gone(api: InferenceClient, deployment_id: str) -> bool:
     return False
 
 
-def test_evaluate_cleans_up_in_every_case(stack: Any, tmp_path: Path) -> None:
+def test_evaluate_cleans_up_in_every_case(stack: GymStack, tmp_path: Path) -> None:
     config, rows = gym_files(tmp_path, [1.0, 0.0, 0.5])
     outcomes: dict[str, Any] = {}
     jobs: dict[str, list[CollectionJob]] = {}
@@ -192,7 +195,7 @@ def test_evaluate_cleans_up_in_every_case(stack: Any, tmp_path: Path) -> None:
         assert lifecycle.delete_deployment(api, kept.deployment_id, timeout=60, poll_interval=0.2)
 
 
-def test_bad_input_is_refused_before_anything_is_created(stack: Any, tmp_path: Path) -> None:
+def test_bad_input_is_refused_before_anything_is_created(stack: GymStack, tmp_path: Path) -> None:
     config, rows = gym_files(tmp_path, [1.0])
     with InferenceClient(stack.token, base_url=stack.api_url) as api:
         before = {d.id for d in api.list_deployments()}
@@ -213,7 +216,9 @@ def test_bad_input_is_refused_before_anything_is_created(stack: Any, tmp_path: P
         assert {d.id for d in api.list_deployments()} == before
 
 
-def start_interrupted_cli(stack: Any, tmp_path: Path, fake_gym: FakeGym, config: Path, rows: Path) -> tuple[Any, Path]:
+def start_interrupted_cli(
+    stack: GymStack, tmp_path: Path, fake_gym: FakeGym, config: Path, rows: Path
+) -> tuple[Any, Path]:
     """`cwtrain gym eval` in a child process whose collection waits long enough to be stopped."""
     request_file = tmp_path / "sigterm.json"
     request_file.write_text(json.dumps(request(stack, "gym-sigterm")), encoding="utf-8")
@@ -236,7 +241,7 @@ def start_interrupted_cli(stack: Any, tmp_path: Path, fake_gym: FakeGym, config:
 
 
 def test_cli_gym_eval_with_a_stand_in_gym(
-    stack: Any, tmp_path: Path, fake_gym: FakeGym, monkeypatch: pytest.MonkeyPatch
+    stack: GymStack, tmp_path: Path, fake_gym: FakeGym, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`cwtrain gym eval` end to end: the default collector drives the stand-in `gym` CLI.
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cwtrain.local.resources import MAX_CHAIN_DELTAS, ServiceError, enum_value
+from cwtrain.local.resources import API_MAX_CHAIN_DELTAS, ServiceError, enum_value
 from cwtrain.local.state import ControlPlaneState, HotLoadRecord
 
 ZONE = "US-EAST-04A"
@@ -80,12 +80,12 @@ def test_chain_is_limited_to_128_deltas() -> None:
     state, _ = _state()
     _complete(state, _create(state, "v0")["spec"]["id"])
     previous = "v0"
-    for number in range(1, MAX_CHAIN_DELTAS + 1):
+    for number in range(1, API_MAX_CHAIN_DELTAS + 1):
         identity = f"v{number}"
         created = _create(state, identity, previous)
         _complete(state, created["spec"]["id"])
         previous = identity
-    assert len(created["spec"]["snapshotChain"]) == MAX_CHAIN_DELTAS + 1
+    assert len(created["spec"]["snapshotChain"]) == API_MAX_CHAIN_DELTAS + 1
     with pytest.raises(ServiceError) as info:
         _create(state, "one-too-many", previous)
     assert info.value.code == "failed_precondition"

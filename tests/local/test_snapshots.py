@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cwtrain.errors import SnapshotError
-from cwtrain.local.snapshots import MAX_REPLAY_DELTAS, ChainLink, plan_chain
+from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
+from cwtrain.local.snapshots import ChainLink, plan_chain
 
 
 def _chain(*types: str) -> list[ChainLink]:
@@ -31,10 +32,10 @@ def test_identity_before_a_later_full_reloads_that_full() -> None:
 
 
 def test_replay_limit_and_malformed_chains() -> None:
-    ok = _chain("FULL", *["INCREMENTAL"] * MAX_REPLAY_DELTAS)
+    ok = _chain("FULL", *["INCREMENTAL"] * MAX_CHAIN_DELTAS)
     assert plan_chain("initial", ok)[1] == ok[1:]
     with pytest.raises(SnapshotError, match="at most 63"):
-        plan_chain("initial", _chain("FULL", *["INCREMENTAL"] * (MAX_REPLAY_DELTAS + 1)))
+        plan_chain("initial", _chain("FULL", *["INCREMENTAL"] * (MAX_CHAIN_DELTAS + 1)))
     with pytest.raises(SnapshotError, match="not a FULL"):
         plan_chain("initial", _chain("INCREMENTAL"))
     with pytest.raises(SnapshotError, match="empty"):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
@@ -146,32 +147,39 @@ def test_refit_rebinding_routes_coreweave_to_the_synchronizer_only() -> None:
     import nemo_rl.algorithms.grpo as grpo
 
     from cwtrain.integrations.nemo_rl import install_refit
-    from cwtrain.integrations.nemo_rl.refit import uninstall
+    from cwtrain.integrations.nemo_rl.refit import grpo_hooks, uninstall
+
+    calls: list[tuple[object, object]] = []
 
     class Sync:
-        calls: ClassVar[list[Any]] = []
-
-        def sync_weights(self, *, timer: Any = None, kv_scales: Any = None) -> dict[str, float]:
-            self.calls.append((timer, kv_scales))
+        def sync_weights(
+            self, *, timer: object | None = None, kv_scales: Mapping[str, float] | None = None
+        ) -> dict[str, float]:
+            calls.append((timer, kv_scales))
             return {"hotload/version": 1.0}
 
-    class CoreWeaveLike:
-        weight_synchronizer = Sync()
+    coreweave = _generation({"max_new_tokens": 4}, [])
+    coreweave.weight_synchronizer = Sync()
+    without_synchronizer = _generation({"max_new_tokens": 4}, [])
 
     class VllmLike:
         pass
 
     grpo.CALLS.clear()
+    original = grpo.refit_policy_generation
     wrapper = install_refit()
     try:
         assert install_refit() is wrapper  # idempotent
-        assert grpo.grpo_train(None, CoreWeaveLike()) == [{"hotload/version": 1.0}]
-        assert Sync.calls == [(None, None)] and grpo.CALLS == []
+        assert grpo_hooks().originals == {"refit_policy_generation": original}
+        assert grpo.grpo_train(None, coreweave) == [{"hotload/version": 1.0}]
+        assert calls == [(None, None)] and grpo.CALLS == []
         grpo.grpo_train(None, VllmLike())
-        assert grpo.CALLS == ["nemo-rl refit"]
+        grpo.grpo_train(None, without_synchronizer)
+        assert grpo.CALLS == ["nemo-rl refit", "nemo-rl refit"]
     finally:
         uninstall()
-    assert not hasattr(grpo.refit_policy_generation, "__cwtrain_refit__")
+    assert grpo.refit_policy_generation is original
+    assert grpo_hooks().originals == {}
 
 
 def test_register_workers_and_worker_classes() -> None:
@@ -216,13 +224,13 @@ def test_patch_helper_refuses_other_versions_and_detects_applied(tmp_path: Path)
 
 
 def test_generation_without_nemo_rl_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
     import sys
 
-    from cwtrain.integrations.nemo_rl import _nemo
-
     monkeypatch.setitem(sys.modules, "nemo_rl.models.generation.interfaces", None)
-    with pytest.raises(ImportError, match=r'pip install "cwtrain\[nemo-rl\]"'):
-        _nemo.require("nemo_rl.models.generation.interfaces")
+    monkeypatch.delitem(sys.modules, "cwtrain.integrations.nemo_rl.generation", raising=False)
+    with pytest.raises(ImportError, match=r"pip install \./packages/cwtrain-nemo-rl"):
+        importlib.import_module("cwtrain.integrations.nemo_rl.generation")
 
 
 def test_install_wraps_setup_for_coreweave_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -236,9 +244,10 @@ def test_install_wraps_setup_for_coreweave_only(monkeypatch: pytest.MonkeyPatch,
     for key, value in {**ENV, "COREWEAVE_API_TOKEN": "t0ken"}.items():
         monkeypatch.setenv(key, value)
     ACTOR_ENVIRONMENT_REGISTRY.clear()
-    nemo.install()
+    original_setup = grpo.setup
+    hooks = nemo.install()
     try:
-        nemo.install()  # idempotent
+        assert nemo.install() is hooks  # idempotent
         assert nemo.DTENSOR_WORKER_FQN in ACTOR_ENVIRONMENT_REGISTRY
         config = {"policy": {"model_name": str(tmp_path), "generation": {"backend": "coreweave", "max_new_tokens": 4}}}
         policy, generation = grpo.setup(config, _Tok(), None, None)
@@ -249,4 +258,4 @@ def test_install_wraps_setup_for_coreweave_only(monkeypatch: pytest.MonkeyPatch,
         assert grpo.setup(other, _Tok(), None, None) == ("default policy", None)
     finally:
         uninstall()
-    assert not hasattr(grpo.setup, "__cwtrain_refit__")
+    assert grpo.setup is original_setup

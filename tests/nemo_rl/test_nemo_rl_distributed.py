@@ -28,8 +28,8 @@ class PolicyStub:
     def __init__(self, actors: list[Any]) -> None:
         self.actors = actors
 
-    def run_all_workers_single_data(self, method: str, **kwargs: Any) -> list[Any]:
-        return [getattr(actor, method).remote(**kwargs) for actor in self.actors]
+    def run_all_workers_single_data(self, method_name: str, /, **kwargs: Any) -> list[Any]:
+        return [getattr(actor, method_name).remote(**kwargs) for actor in self.actors]
 
 
 def test_three_refits_from_two_ray_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -356,6 +356,8 @@ def test_one_runtime_keeps_the_process_state_and_reset_starts_it_over(
     tmp_path: Path, env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import argparse
+    import time
+    import types
 
     import cwtrain.integrations.slime.runtime as runtime_module
     from cwtrain.integrations.slime import SlimeRuntime, default_run_id, reset
@@ -363,7 +365,9 @@ def test_one_runtime_keeps_the_process_state_and_reset_starts_it_over(
 
     monkeypatch.delenv("CWTRAIN_HOTLOAD_RUN_ID")
     stamps = iter(["20240101T000000Z", "20250101T000000Z"])
-    monkeypatch.setattr(runtime_module.time, "strftime", lambda fmt, when: next(stamps))
+    # the runtime's own clock, not the time module every thread shares (a stack's server threads log)
+    clock = types.SimpleNamespace(gmtime=time.gmtime, strftime=lambda fmt, when: next(stamps))
+    monkeypatch.setattr(runtime_module, "time", clock)
     args = argparse.Namespace(update_weight_disk_dir=str(tmp_path / "weights"), hf_checkpoint=None)
     state = SlimeRuntime.current()
     assert SlimeRuntime.current() is state

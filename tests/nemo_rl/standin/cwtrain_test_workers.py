@@ -24,8 +24,11 @@ class HalfWorker(HotLoadWorkerMixin):
         self.sizes = [(name, t.numel() * t.element_size()) for name, t in weights.items()]
         self.mine = {name: t.clone() for i, (name, t) in enumerate(weights.items()) if i % world_size == rank}
 
+    def cwtrain_rank(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
     def cwtrain_publish_share(self, plan: PublishPlan) -> ShareResult:
-        return self._cwtrain().publish_share(self.sizes, self.mine, plan)
+        return self.cwtrain_publisher().publish_share(self.sizes, self.mine, plan)
 
     def train_step(self, seed: int) -> int:
         """Change about half of this share's tensors a little (an optimizer step)."""

@@ -11,9 +11,6 @@ resolved on first use so that importing this package stays cheap.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
 from cwtrain.hotload.errors import (
     HotLoadError,
     HotLoadFailedError,
@@ -26,6 +23,7 @@ from cwtrain.hotload.errors import (
     SnapshotError,
     SnapshotNotFoundError,
 )
+from cwtrain.lazy import lazy_exports
 
 _LAZY = {
     "HotLoader": "cwtrain.hotload.loader",
@@ -67,15 +65,4 @@ __all__ = [
     "upload_snapshot",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cwtrain.hotload' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

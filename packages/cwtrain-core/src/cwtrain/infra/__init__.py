@@ -21,8 +21,7 @@ importing this package does not import boto3.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cwtrain.errors import LifecycleError
 from cwtrain.infra import lifecycle
@@ -63,6 +62,7 @@ from cwtrain.infra.models import (
     SnapshotRef,
 )
 from cwtrain.infra.objectstore import ObjectStore
+from cwtrain.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cwtrain.infra.s3 import DEFAULT_S3_ENDPOINT, object_store, s3_client
@@ -106,15 +106,4 @@ __all__ = [
 
 _LAZY = {"s3_client": "cwtrain.infra.s3", "object_store": "cwtrain.infra.s3", "DEFAULT_S3_ENDPOINT": "cwtrain.infra.s3"}
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cwtrain.infra' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cwtrain.cli.options import command_group, positive_int
+
 __all__ = ["default_state_file", "register"]
 
 log = logging.getLogger("cwtrain.local.cli")
@@ -47,18 +49,8 @@ def default_state_file() -> Path:
     return Path(cache) / "cwtrain-local" / "stack.json"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
     return value
@@ -66,16 +58,15 @@ def _port(text: str) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``local`` group (``up``, ``down``) and the ``demo`` command."""
-    parser = subparsers.add_parser(
+    commands = command_group(
+        subparsers,
         "local",
-        help="run the remote side (API, gateway, replicas, S3) on this machine",
-        description="Run the remote side of cwtrain on loopback: object store, control plane, gateway, replicas.",
+        "run the remote side (API, gateway, replicas, S3) on this machine",
+        "Run the remote side of cwtrain on loopback: object store, control plane, gateway, replicas.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="<command>", parser_class=type(parser))
-    commands.required = True
 
     up = commands.add_parser("up", help="start the local stack and print the environment; runs until Ctrl-C")
-    up.add_argument("--replicas", type=_positive_int, default=2, help="replicas of the deployment (2)")
+    up.add_argument("--replicas", type=positive_int, default=2, help="replicas of the deployment (2)")
     up.add_argument("--port", type=_port, default=None, help="control plane port (a free one)")
     up.add_argument("--no-deploy", action="store_true", help="start without a gateway and deployment")
     up.add_argument("--state-file", type=Path, default=None, help="pid/state file (~/.cache/cwtrain-local/stack.json)")
@@ -96,9 +87,9 @@ def register(subparsers: Any) -> None:
     try:
         from cwtrain.local.demo import add_arguments
     except ImportError:  # the demo module is missing or broken: keep the basic options
-        demo.add_argument("--steps", type=_positive_int, default=40, help="training steps (40)")
+        demo.add_argument("--steps", type=positive_int, default=40, help="training steps (40)")
         demo.add_argument("--seed", type=int, default=0, help="seed (0)")
-        demo.add_argument("--replicas", type=_positive_int, default=2, help="engine replicas (2)")
+        demo.add_argument("--replicas", type=positive_int, default=2, help="engine replicas (2)")
     else:
         add_arguments(demo)
     demo.set_defaults(func=_demo)

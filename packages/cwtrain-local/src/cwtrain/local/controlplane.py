@@ -1,8 +1,8 @@
 """The local control plane: CoreWeave's v1alpha1 inference API over loopback HTTP.
 
 :class:`ControlPlaneServer` serves ``/v1alpha1/inference`` (``shared/spec/service-api.md``)
-from a :class:`~cwtrain.local.state.ControlPlaneState` on a ``ThreadingHTTPServer`` in a
-background thread:
+from a :class:`~cwtrain.local.state.ControlPlaneState` on a loopback HTTP server in a
+background thread (:mod:`cwtrain.local.loopback`):
 
 =======  ======================================  ==========================================
 Method   Path                                    Answer
@@ -37,14 +37,13 @@ import json
 import logging
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from cwtrain.local.faults import APIFaults
+from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer
 from cwtrain.local.resources import ServiceError
 from cwtrain.local.state import ControlPlaneState
 
@@ -109,21 +108,11 @@ _ROUTES: tuple[Route, ...] = (
 )
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms delayed-ACK stalls
+class _Handler(JSONHandler):
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("api: " + format, *args)
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def _drop(self) -> None:
         """Close the connection without an answer (the client sees a transport error)."""
@@ -149,11 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         split = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self.read_body()
         path = unquote(split.path)
         if not path.startswith(API_PREFIX + "/"):
-            self._send(404, ServiceError("not_found", f"no route for {method} {path}").body())
+            self.send_json(404, ServiceError("not_found", f"no route for {method} {path}").body())
             return
         path = path[len(API_PREFIX) :].rstrip("/")
         faults = self.server.faults.take(method, path)
@@ -175,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
         if drop:
             self._drop()
             return
-        self._send(status, payload)
+        self.send_json(status, payload)
 
     def _route(self, method: str, path: str, query: Query, raw: bytes) -> dict[str, Any]:
         body: Any = None
@@ -214,11 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("PUT")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
+class _Server(LoopbackHTTPServer):
     def __init__(
         self,
         port: int,
@@ -227,15 +211,17 @@ class _Server(ThreadingHTTPServer):
         viewer_tokens: frozenset[str],
         faults: APIFaults,
     ) -> None:
-        super().__init__(("127.0.0.1", port), _Handler)
+        super().__init__(port, _Handler)
         self.state = state
         self.admin_tokens = admin_tokens
         self.viewer_tokens = viewer_tokens
         self.faults = faults
 
 
-class ControlPlaneServer:
+class ControlPlaneServer(BackgroundServer):
     """The v1alpha1 inference API on ``127.0.0.1`` in a background thread.
+
+    Its :attr:`url` (``http://127.0.0.1:<port>``) is the value of ``COREWEAVE_API_URL``.
 
     Args:
         state: the resources and rules it serves.
@@ -256,28 +242,5 @@ class ControlPlaneServer:
     ) -> None:
         self.state = state
         self.faults = faults or APIFaults()
-        self._server = _Server(port, state, frozenset(tokens), frozenset(viewer_tokens), self.faults)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), name="cwtrain-local-api", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        """The listening port."""
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        """The API origin, ``http://127.0.0.1:<port>`` (the value of ``COREWEAVE_API_URL``)."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> ControlPlaneServer:
-        """Serve in the background."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        server = _Server(port, state, frozenset(tokens), frozenset(viewer_tokens), self.faults)
+        super().__init__(server, "cwtrain-local-api")

@@ -22,7 +22,8 @@ What it does, all on loopback::
 4. Deletes the deployment and gateway and stops the stack (also on Ctrl-C or an error).
 
 stderr shows one line per step (reward, snapshot type and size, publish and hot-load
-latency) and a summary table; stdout gets one JSON document with every figure. The run
+latency) and a summary table; stdout gets one JSON document with every figure (both from
+:mod:`cwtrain.local.demo_report`). The run
 is reproducible: ``--seed`` fixes the base weights, the prompts and every sampling seed
 (groups are sent as ``n = 1`` requests with seeds drawn from it; ``--group-requests`` sends
 one unseeded ``n = group size`` request per group instead, faster but not reproducible).
@@ -36,20 +37,28 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from cwtrain.hotload.chain import MAX_FULL_EVERY, ChainCadence
-from cwtrain.infra.objectstore import ObjectStore
+from cwtrain.hotload.identity import version_identity
+from cwtrain.local.demo_report import LiveDisplay, StepRecord, print_summary, summarize
+
+if TYPE_CHECKING:
+    from cwtrain.infra import Deployment, Gateway, InferenceClient
+    from cwtrain.infra.objectstore import ObjectStore
+    from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
+    from cwtrain.local.grpo import GRPOTrainer, ParityTask
+    from cwtrain.local.stack import LocalStack
 
 __all__ = ["DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
 
 log = logging.getLogger("cwtrain.local.demo")
 _QUIET = ("cwtrain.hotload", "cwtrain.infra", "cwtrain.local", "cwtrain.integrations", "httpx", "botocore")
+_MODEL = "cwtrain-tiny"
 
 
 @dataclass(frozen=True)
@@ -68,26 +77,6 @@ class DemoConfig:
     group_requests: bool = False
     check: bool = True
     timeout: float = 120.0
-
-
-@dataclass
-class StepRecord:
-    """One row of the live display and the summary."""
-
-    step: int
-    identity: str
-    snapshot_type: str
-    mean_reward: float | None
-    snapshot_bytes: int
-    tensors_changed: int
-    publish_seconds: float
-    hot_load_seconds: float
-    replicas_serving: int
-    served_identities: list[str] = field(default_factory=list)
-    logprob_gap: float | None = None
-    rollout_seconds: float = 0.0
-    train_seconds: float = 0.0
-    rollout_retries: int = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,38 +139,83 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
     return config
 
 
-def _bar(value: float, width: int = 20) -> str:
-    filled = round(max(0.0, min(1.0, value)) * width)
-    return "█" * filled + "·" * (width - filled)
-
-
-def _kib(n: int) -> str:
-    return f"{n / 1024:7.1f} KiB"
-
-
-class _Display:
-    """The live lines on stderr."""
-
-    def __init__(self, stream: TextIO, total: int) -> None:
-        self.stream = stream
-        self.total = total
-
-    def say(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-
-    def row(self, rec: StepRecord) -> None:
-        reward = "   —  " if rec.mean_reward is None else f"{rec.mean_reward:6.3f}"
-        bar = _bar(rec.mean_reward or 0.0)
-        self.say(
-            f"step {rec.step:>3}/{self.total}  reward {reward} {bar}  {rec.snapshot_type:<11} "
-            f"{_kib(rec.snapshot_bytes)}  publish {rec.publish_seconds * 1000:6.0f} ms  "
-            f"hot-load {rec.hot_load_seconds * 1000:5.0f} ms  rollout {rec.rollout_seconds * 1000:5.0f} ms  "
-            f"train {rec.train_seconds * 1000:4.0f} ms  serving {rec.identity} on {rec.replicas_serving}"
-        )
-
-
 def _snapshot_bytes(s3: ObjectStore, bucket: str, prefix: str) -> int:
     return sum(obj.size for obj in s3.list_objects(bucket, prefix))
+
+
+@dataclass
+class _StepStats:
+    """The rollout and training half of one step (nothing at step 0, the baseline)."""
+
+    mean_reward: float | None = None
+    logprob_gap: float | None = None
+    served_identities: list[str] = field(default_factory=list)
+    rollout_seconds: float = 0.0
+    train_seconds: float = 0.0
+    rollout_retries: int = 0
+
+
+def _start_deployment(
+    stack: LocalStack, client: InferenceClient, config: DemoConfig
+) -> tuple[Gateway, Deployment, str]:
+    """Create the demo's gateway and hot-load deployment through the API; wait for READY."""
+    from cwtrain.infra import lifecycle
+    from cwtrain.local.stack import deployment_request, gateway_request
+
+    gateway = lifecycle.create_gateway(
+        client, gateway_request("demo-gateway", stack.region), gateway_id=str(uuid.uuid4())
+    )
+    gateway = lifecycle.wait_for_gateway(client, gateway.id, timeout=config.timeout, poll_interval=0.05)
+    request = deployment_request(
+        "demo",
+        gateway_id=gateway.id,
+        model=_MODEL,
+        bucket=stack.bucket,
+        base_path="base/demo",
+        replicas=config.replicas,
+        hot_load_prefix="demo",
+    )
+    deployment = lifecycle.create_deployment(client, request, deployment_id=str(uuid.uuid4()))
+    deployment = lifecycle.wait_for_deployment(client, deployment.id, timeout=config.timeout, poll_interval=0.1)
+    base_url = lifecycle.rollout_base_url(lifecycle.endpoints(client, deployment)[0])
+    return gateway, deployment, base_url
+
+
+def _rollout_and_train(
+    step: int,
+    config: DemoConfig,
+    task: ParityTask,
+    trainer: GRPOTrainer,
+    rollout_config: RolloutConfig,
+    params: SamplingParams,
+) -> _StepStats:
+    """Sample one GRPO group per prompt from the deployment, score them and take one step."""
+    from cwtrain.integrations.rollout import CompletionSampler
+
+    t_start = time.monotonic()
+    prompts = task.prompts(config.prompts_per_step)
+    # a sampler per step, seeded from (seed, step): retry jitter in one step
+    # cannot shift the sampling seeds of the next
+    with CompletionSampler(
+        rollout_config, group_size=config.group_size, seed=config.seed * 1_000_003 + step
+    ) as sampler:
+        batch = sampler.sample_groups_sync(
+            [ids for _, ids in prompts], config.group_size, params, split=not config.group_requests
+        )
+    groups = [
+        [(list(c.prompt_ids), list(c.response_ids), task.reward(kind, c.response_ids), c.logprobs) for c in group]
+        for (kind, _), group in zip(prompts, batch.groups)
+    ]
+    t_rollout = time.monotonic() - t_start
+    stats = trainer.step(groups, config.max_tokens)
+    return _StepStats(
+        mean_reward=stats.mean_reward,
+        logprob_gap=None if stats.logprob_gap != stats.logprob_gap else stats.logprob_gap,
+        served_identities=list(batch.identities),
+        rollout_seconds=t_rollout,
+        train_seconds=time.monotonic() - t_start - t_rollout,
+        rollout_retries=int(batch.metrics.get("coreweave/retries", 0)),
+    )
 
 
 def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, Any]:
@@ -191,14 +225,14 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     from cwtrain.hotload import HotLoader
     from cwtrain.hotload.identity import snapshot_prefix
     from cwtrain.infra import InferenceClient, lifecycle
-    from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig, SamplingParams
+    from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack
     from cwtrain.local.grpo import GRPOTrainer, ParityTask
     from cwtrain.local.model import ModelConfig, Tokenizer
 
     torch.manual_seed(config.seed)
     torch.set_num_threads(1)
-    display = _Display(stream or sys.stderr, config.steps)
+    display = LiveDisplay(stream or sys.stderr, config.steps)
     started = time.monotonic()
     run_id = f"demo-s{config.seed}"
     records: list[StepRecord] = []
@@ -211,77 +245,23 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     with LocalStack(replicas=config.replicas) as stack:
         base_uri = stack.seed_base_model("base/demo", seed=config.seed)
         client = InferenceClient(stack.token, base_url=stack.api_url)
-        gateway = lifecycle.create_gateway(
-            client,
-            {
-                "name": "demo-gateway",
-                "zones": [stack.region],
-                "coreWeaveAuth": {},
-                "bodyBasedRouting": {"apiType": "API_TYPE_OPENAI"},
-            },
-            gateway_id=str(uuid.uuid4()),
-        )
-        gateway = lifecycle.wait_for_gateway(client, gateway.id, timeout=config.timeout, poll_interval=0.05)
-        deployment = lifecycle.create_deployment(
-            client,
-            {
-                "name": "demo",
-                "gatewayIds": [gateway.id],
-                "runtime": {"engine": "dynamo-vllm", "version": "1.2.3", "engineConfig": {}, "engineEnv": {}},
-                "resources": {"instanceType": "CPU_LOCAL", "gpuCount": 1},
-                "model": {"name": "cwtrain-tiny", "bucket": stack.bucket, "path": "base/demo"},
-                "autoscaling": {"min": config.replicas, "max": config.replicas, "concurrency": 64},
-                "traffic": {"weight": 100},
-                "hotLoad": {"bucket": stack.bucket, "pathPrefix": "demo", "transitionMode": "TRANSITION_MODE_ASYNC"},
-            },
-            deployment_id=str(uuid.uuid4()),
-        )
-        deployment = lifecycle.wait_for_deployment(client, deployment.id, timeout=config.timeout, poll_interval=0.1)
-        endpoints = lifecycle.endpoints(client, deployment)
-        base_url = lifecycle.rollout_base_url(endpoints[0])
+        gateway, deployment, base_url = _start_deployment(stack, client, config)
         display.say(
             f"deployment {deployment.id} READY ({config.replicas} replicas, base {base_uri}); rollouts at {base_url}"
         )
         loader = HotLoader(client, deployment.id, s3=stack.s3_client(), timeout=config.timeout, poll_interval=0.05)
-        rollout_config = RolloutConfig(base_url=base_url, model="cwtrain-tiny", api_key=stack.token, concurrency=16)
+        rollout_config = RolloutConfig(base_url=base_url, model=_MODEL, api_key=stack.token, concurrency=16)
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
         identity = "initial"
         cadence = ChainCadence(config.full_every)
         try:
             for step in range(config.steps + 1):
-                mean_reward: float | None = None
-                gap: float | None = None
-                seen: list[str] = []
-                t_rollout = t_train = 0.0
-                retries = 0
-                if step > 0:
-                    t_start = time.monotonic()
-                    prompts = task.prompts(config.prompts_per_step)
-                    # a sampler per step, seeded from (seed, step): retry jitter in one step
-                    # cannot shift the sampling seeds of the next
-                    with CompletionSampler(
-                        rollout_config, group_size=config.group_size, seed=config.seed * 1_000_003 + step
-                    ) as sampler:
-                        batch = sampler.sample_groups_sync(
-                            [ids for _, ids in prompts], config.group_size, params, split=not config.group_requests
-                        )
-                    retries = int(batch.metrics.get("coreweave/retries", 0))
-                    seen = list(batch.identities)
-                    groups = [
-                        [
-                            (list(c.prompt_ids), list(c.response_ids), task.reward(kind, c.response_ids), c.logprobs)
-                            for c in group
-                        ]
-                        for (kind, _), group in zip(prompts, batch.groups)
-                    ]
-                    t_rollout = time.monotonic() - t_start
-                    stats = trainer.step(groups, config.max_tokens)
-                    t_train = time.monotonic() - t_start - t_rollout
-                    mean_reward = stats.mean_reward
-                    gap = None if stats.logprob_gap != stats.logprob_gap else stats.logprob_gap
+                stats = (
+                    _rollout_and_train(step, config, task, trainer, rollout_config, params) if step else _StepStats()
+                )
                 new = trainer.served_weights()
-                version = f"{run_id}-v{step:06d}"
+                version = version_identity(run_id, step)
                 full = served is None or cadence.is_full(step)
                 changed = len(new)
                 if not full and served is not None:
@@ -289,20 +269,15 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 if not full and changed == 0:
                     records.append(
                         StepRecord(
-                            step,
-                            identity,
-                            "SKIPPED",
-                            mean_reward,
-                            0,
-                            0,
-                            0.0,
-                            0.0,
-                            0,
-                            seen,
-                            gap,
-                            t_rollout,
-                            t_train,
-                            retries,
+                            step=step,
+                            identity=identity,
+                            snapshot_type="SKIPPED",
+                            snapshot_bytes=0,
+                            tensors_changed=0,
+                            publish_seconds=0.0,
+                            hot_load_seconds=0.0,
+                            replicas_serving=0,
+                            **asdict(stats),
                         )
                     )
                     display.row(records[-1])
@@ -323,24 +298,20 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 served, identity = new, version
                 cadence.published(full=full)
                 size = _snapshot_bytes(loader.s3, stack.bucket, snapshot_prefix("demo", version) + "/")
-                rec = StepRecord(
-                    step,
-                    version,
-                    "FULL" if full else "INCREMENTAL",
-                    mean_reward,
-                    size,
-                    changed,
-                    t1 - t0,
-                    t2 - t1,
-                    len(replicas),
-                    seen,
-                    gap,
-                    t_rollout,
-                    t_train,
-                    retries,
+                records.append(
+                    StepRecord(
+                        step=step,
+                        identity=version,
+                        snapshot_type="FULL" if full else "INCREMENTAL",
+                        snapshot_bytes=size,
+                        tensors_changed=changed,
+                        publish_seconds=t1 - t0,
+                        hot_load_seconds=t2 - t1,
+                        replicas_serving=len(replicas),
+                        **asdict(stats),
+                    )
                 )
-                records.append(rec)
-                display.row(rec)
+                display.row(records[-1])
         finally:
             teardown = time.monotonic()
             try:
@@ -350,88 +321,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 log.warning("cleanup through the API failed (%s); stopping the stack", exc)
             client.close()
             teardown_seconds = time.monotonic() - teardown
-    summary = _summary(config, records, time.monotonic() - started, teardown_seconds, deployment.id)
+    summary = summarize(asdict(config), records, time.monotonic() - started, teardown_seconds, deployment.id)
     summary["rollout_base_url"] = base_url
     return summary
-
-
-def _summary(
-    config: DemoConfig, records: list[StepRecord], seconds: float, teardown: float, deployment_id: str
-) -> dict[str, Any]:
-    rewards = [r.mean_reward for r in records if r.mean_reward is not None]
-    published = [r for r in records if r.snapshot_type != "SKIPPED"]
-    deltas = [r for r in published if r.snapshot_type == "INCREMENTAL"]
-    fulls = [r for r in published if r.snapshot_type == "FULL"]
-    first = rewards[0] if rewards else 0.0
-    final = rewards[-1] if rewards else 0.0
-    met = final >= 0.5 and final >= 2 * first
-    return {
-        "config": asdict(config),
-        "deployment_id": deployment_id,
-        "first_reward": first,
-        "final_reward": final,
-        "reward_goal_met": met,
-        "rewards": rewards,
-        "published": len(published),
-        "full_snapshots": len(fulls),
-        "delta_snapshots": len(deltas),
-        "median_delta_bytes": statistics.median(r.snapshot_bytes for r in deltas) if deltas else None,
-        "median_full_bytes": statistics.median(r.snapshot_bytes for r in fulls) if fulls else None,
-        "median_publish_seconds": statistics.median(r.publish_seconds for r in published) if published else None,
-        "median_hot_load_seconds": statistics.median(r.hot_load_seconds for r in published) if published else None,
-        "max_hot_load_seconds": max((r.hot_load_seconds for r in published), default=None),
-        "median_rollout_seconds": statistics.median(r.rollout_seconds for r in records[1:])
-        if len(records) > 1
-        else None,
-        "median_train_seconds": statistics.median(r.train_seconds for r in records[1:]) if len(records) > 1 else None,
-        "final_identity": published[-1].identity if published else "initial",
-        "every_replica_served_every_version": all(r.replicas_serving == config.replicas for r in published),
-        "rollouts_served_by_latest": all(
-            r.served_identities == [records[i - 1].identity] for i, r in enumerate(records) if i > 0
-        ),
-        "rollout_retries": sum(r.rollout_retries for r in records),
-        "teardown_seconds": teardown,
-        "total_seconds": seconds,
-        "steps": [asdict(r) for r in records],
-    }
-
-
-def _print_summary(summary: dict[str, Any], stream: TextIO) -> None:
-    def ms(value: float | None) -> str:
-        return "—" if value is None else f"{value * 1000:.0f} ms"
-
-    rows = [
-        ("steps", str(summary["config"]["steps"])),
-        ("first mean reward", f"{summary['first_reward']:.3f}"),
-        ("final mean reward", f"{summary['final_reward']:.3f}"),
-        ("snapshots (FULL / delta)", f"{summary['full_snapshots']} / {summary['delta_snapshots']}"),
-        (
-            "median delta size",
-            "—" if summary["median_delta_bytes"] is None else _kib(int(summary["median_delta_bytes"])).strip(),
-        ),
-        (
-            "median FULL size",
-            "—" if summary["median_full_bytes"] is None else _kib(int(summary["median_full_bytes"])).strip(),
-        ),
-        ("median publish", ms(summary["median_publish_seconds"])),
-        ("median hot-load (all replicas)", ms(summary["median_hot_load_seconds"])),
-        (
-            "median rollout / train per step",
-            f"{ms(summary['median_rollout_seconds'])} / {ms(summary['median_train_seconds'])}",
-        ),
-        ("final identity", summary["final_identity"]),
-        ("every replica on every version", "yes" if summary["every_replica_served_every_version"] else "NO"),
-        ("rollouts from the latest version", "yes" if summary["rollouts_served_by_latest"] else "NO"),
-        ("total time", f"{summary['total_seconds']:.1f} s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    print("", file=stream)
-    print(f"{'summary'.ljust(width)}  value", file=stream)
-    print(f"{'-' * width}  {'-' * 24}", file=stream)
-    for key, value in rows:
-        print(f"{key.ljust(width)}  {value}", file=stream)
-    verdict = "reward climbed" if summary["reward_goal_met"] else "reward did NOT reach the goal (≥ 0.5 and ≥ 2× first)"
-    print(f"\n{verdict}; everything torn down.", file=stream, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -439,10 +331,15 @@ def main(args: argparse.Namespace) -> int:
     from cwtrain.cli.output import emit
 
     config = _config_from_args(args)
-    if not getattr(args, "verbose", False):
-        for name in _QUIET:
-            logging.getLogger(name).setLevel(logging.WARNING)
-    summary = run_demo(config)
-    _print_summary(summary, sys.stderr)
+    quiet = [] if getattr(args, "verbose", False) else [logging.getLogger(name) for name in _QUIET]
+    levels = [(logger, logger.level) for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.WARNING)
+    try:
+        summary = run_demo(config)
+    finally:  # the run's quiet is its own: callers in the same process keep their log levels
+        for logger, level in levels:
+            logger.setLevel(level)
+    print_summary(summary, sys.stderr)
     emit(summary)
     return 0 if summary["reward_goal_met"] or not config.check else 1

@@ -21,12 +21,12 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
+
+from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer
 
 __all__ = ["GatewayServer", "Router"]
 
@@ -38,23 +38,25 @@ Router = Callable[[str], tuple[Mapping[str, Any] | None, Mapping[str, list[str]]
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms delayed-ACK stalls
+class _Handler(JSONHandler):
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("gateway %s: " + format, self.server.gateway_id, *args)
 
     def _error(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> None:
-        body = json.dumps({"error": {"message": message, "type": kind, "code": code or str(status)}}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if status == 503:
-            self.send_header("Retry-After", "1")
-        self.end_headers()
-        self.wfile.write(body)
+        body = {"error": {"message": message, "type": kind, "code": code or str(status)}}
+        self.send_json(status, body, {"Retry-After": "1"} if status == 503 else None)
+
+    def _serving(self) -> tuple[Mapping[str, Any], Mapping[str, list[str]]] | None:
+        """The gateway's spec and routes, or ``None`` once an error was sent (not serving, not authorized)."""
+        spec, models = self.server.router(self.server.gateway_id)
+        if spec is None:
+            self._error(503, "gateway is not serving", "server_error")
+            return None
+        if not self._authorized(spec):
+            return None
+        return spec, models
 
     def _authorized(self, spec: Mapping[str, Any]) -> bool:
         header = self.headers.get("Authorization", "")
@@ -68,40 +70,27 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def _body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
-
     def do_GET(self) -> None:
-        spec, models = self.server.router(self.server.gateway_id)
-        if spec is None:
-            self._error(503, "gateway is not serving", "server_error")
+        serving = self._serving()
+        if serving is None:
             return
-        if not self._authorized(spec):
-            return
+        _, models = serving
         path = urlsplit(self.path).path.rstrip("/")
         if path.endswith("/v1/models"):
             created = int(self.server.started)
             data = [
                 {"id": m, "object": "model", "created": created, "owned_by": "cwtrain-local"} for m in sorted(models)
             ]
-            body = json.dumps({"object": "list", "data": data}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.send_json(200, {"object": "list", "data": data})
             return
         self._error(404, f"no route for GET {path}", code="404")
 
     def do_POST(self) -> None:
-        raw = self._body()
-        spec, models = self.server.router(self.server.gateway_id)
-        if spec is None:
-            self._error(503, "gateway is not serving", "server_error")
+        raw = self.read_body()
+        serving = self._serving()
+        if serving is None:
             return
-        if not self._authorized(spec):
-            return
+        spec, models = serving
         path = urlsplit(self.path).path
         model = self._model(spec, path, raw)
         if model is None:
@@ -172,21 +161,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(503, f"no replica answered ({last})", "server_error", "503")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
+class _Server(LoopbackHTTPServer):
     def __init__(self, port: int, gateway_id: str, router: Router, tokens: frozenset[str]) -> None:
-        super().__init__(("127.0.0.1", port), _Handler)
+        super().__init__(port, _Handler)
         self.gateway_id = gateway_id
         self.router = router
         self.tokens = tokens
         self.started = time.time()
 
 
-class GatewayServer:
-    """One gateway's HTTP server in a background thread.
+class GatewayServer(BackgroundServer):
+    """One gateway's HTTP server in a background thread; its :attr:`url` is the gateway's endpoint.
 
     Args:
         gateway_id: the gateway resource it serves.
@@ -196,23 +181,4 @@ class GatewayServer:
     """
 
     def __init__(self, gateway_id: str, router: Router, tokens: frozenset[str], port: int = 0) -> None:
-        self._server = _Server(port, gateway_id, router, tokens)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), name=f"gateway-{gateway_id}", daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:<port>``, the gateway's endpoint."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> GatewayServer:
-        """Serve in the background."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        super().__init__(_Server(port, gateway_id, router, tokens), f"gateway-{gateway_id}")

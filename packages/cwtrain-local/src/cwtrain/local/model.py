@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from cwtrain.hotload.format import SINGLE_FILE_NAME
 from cwtrain.hotload.tensors import TensorData
 from cwtrain.hotload.torch import TORCH_DTYPES
 
@@ -72,7 +73,8 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.json"
-CHECKPOINT_FILE = "model.safetensors"
+#: The checkpoint's one weights file (:data:`cwtrain.hotload.format.SINGLE_FILE_NAME`).
+CHECKPOINT_FILE = SINGLE_FILE_NAME
 
 _SPECIALS = ("<eos>", "<bos>")
 _CHARS = " \n" + string.digits + string.ascii_lowercase + ".,:;!?'\"-+=*/()[]<>_#@%&"
@@ -95,6 +97,11 @@ class Tokenizer:
     def eos_token_id(self) -> int:
         """Id of ``<eos>``: generation ends when it is sampled."""
         return 0
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """No padding token (``None``, as a HuggingFace tokenizer without one): pad with ``<eos>``."""
+        return None
 
     @property
     def bos_token_id(self) -> int:

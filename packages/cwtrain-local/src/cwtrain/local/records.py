@@ -19,6 +19,31 @@ from cwtrain.local.resources import TERMINAL_HOT_LOAD_STATES, now, rfc3339
 __all__ = ["DeploymentRecord", "GatewayRecord", "HotLoadRecord", "ReplicaRecord"]
 
 
+def _condition(
+    kind: str, ok: bool, reason: str, message: str, updated_at: datetime, zone: str | None = None
+) -> dict[str, Any]:
+    """One ``status.conditions[]`` entry (``zone`` only on gateways and deployments)."""
+    row: dict[str, Any] = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
+    if zone is not None:
+        row["zone"] = zone
+    row["lastUpdateTime"] = rfc3339(updated_at)
+    return row
+
+
+@dataclass
+class _Resource:
+    """What every API resource has: its spec (with its ``id``) and two times."""
+
+    spec: dict[str, Any]
+    created_at: datetime = field(default_factory=now, kw_only=True)
+    updated_at: datetime = field(default_factory=now, kw_only=True)
+
+    @property
+    def id(self) -> str:
+        """The resource id (``spec.id``)."""
+        return str(self.spec["id"])
+
+
 @dataclass
 class ReplicaRecord:
     """One replica as a hot-load lists it (spec section 3, ``replicas[]``)."""
@@ -49,19 +74,11 @@ class ReplicaRecord:
 
 
 @dataclass
-class GatewayRecord:
+class GatewayRecord(_Resource):
     """A gateway and its lifecycle."""
 
-    spec: dict[str, Any]
     status: str = "STATUS_CREATING"
     endpoints: list[str] = field(default_factory=list)
-    created_at: datetime = field(default_factory=now)
-    updated_at: datetime = field(default_factory=now)
-
-    @property
-    def id(self) -> str:
-        """The gateway id."""
-        return str(self.spec["id"])
 
     @property
     def zone(self) -> str:
@@ -77,14 +94,14 @@ class GatewayRecord:
                 "status": self.status,
                 "endpoints": list(self.endpoints) if ready else [],
                 "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True" if ready else "False",
-                        "reason": "GatewayReady" if ready else self.status.removeprefix("STATUS_").title(),
-                        "message": "",
-                        "zone": self.zone,
-                        "lastUpdateTime": rfc3339(self.updated_at),
-                    }
+                    _condition(
+                        "Ready",
+                        ready,
+                        "GatewayReady" if ready else self.status.removeprefix("STATUS_").title(),
+                        "",
+                        self.updated_at,
+                        self.zone,
+                    )
                 ],
                 "createdAt": rfc3339(self.created_at),
                 "updatedAt": rfc3339(self.updated_at),
@@ -93,25 +110,17 @@ class GatewayRecord:
 
 
 @dataclass
-class DeploymentRecord:
+class DeploymentRecord(_Resource):
     """A deployment, what its replicas serve, and the deployment-level hot-load view."""
 
-    spec: dict[str, Any]
     zone: str
     status: str = "STATUS_CREATING"
     message: str = "starting replicas"
-    created_at: datetime = field(default_factory=now)
-    updated_at: datetime = field(default_factory=now)
     ready_replicas: int = 0
     #: Identity, chain and hot-load id of the newest COMPLETED hot-load ("initial" before).
     current_identity: str = "initial"
     current_chain: list[dict[str, Any]] = field(default_factory=list)
     current_hot_load_id: str | None = None
-
-    @property
-    def id(self) -> str:
-        """The deployment id."""
-        return str(self.spec["id"])
 
     @property
     def replica_count(self) -> int:
@@ -131,33 +140,31 @@ class DeploymentRecord:
     def to_json(self) -> dict[str, Any]:
         """The deployment resource."""
         ready = self.status == "STATUS_READY"
-        stamp = rfc3339(self.updated_at)
         total = self.replica_count
-
-        def condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-            return {
-                "type": kind,
-                "status": "True" if ok else "False",
-                "reason": reason,
-                "message": message,
-                "zone": self.zone,
-                "lastUpdateTime": stamp,
-            }
-
+        starting = self.ready_replicas < total
         return {
             "spec": self.spec,
             "status": {
                 "status": self.status,
                 "createdAt": rfc3339(self.created_at),
-                "updatedAt": stamp,
+                "updatedAt": rfc3339(self.updated_at),
                 "conditions": [
-                    condition("ResourcesApplied", True, "Applied", "replicas scheduled"),
-                    condition("Ready", ready, "ReplicasReady" if ready else "NotReady", self.message),
-                    condition(
+                    _condition("ResourcesApplied", True, "Applied", "replicas scheduled", self.updated_at, self.zone),
+                    _condition(
+                        "Ready",
+                        ready,
+                        "ReplicasReady" if ready else "NotReady",
+                        self.message,
+                        self.updated_at,
+                        self.zone,
+                    ),
+                    _condition(
                         "Progressing",
-                        self.ready_replicas < total,
-                        "ReplicasStarting" if self.ready_replicas < total else "Stable",
+                        starting,
+                        "ReplicasStarting" if starting else "Stable",
                         f"{self.ready_replicas}/{total} replicas ready",
+                        self.updated_at,
+                        self.zone,
                     ),
                 ],
             },
@@ -165,24 +172,16 @@ class DeploymentRecord:
 
 
 @dataclass
-class HotLoadRecord:
+class HotLoadRecord(_Resource):
     """A hot-load, its resolved chain and its per-replica progress."""
 
-    spec: dict[str, Any]
     seq: int
     state: str = "HOT_LOAD_STATE_PENDING"
     message: str = "waiting for replicas"
-    created_at: datetime = field(default_factory=now)
-    updated_at: datetime = field(default_factory=now)
     started_at: datetime | None = None
     finished_at: datetime | None = None
     canceled_at: datetime | None = None
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        """The hot-load id."""
-        return str(self.spec["id"])
 
     @property
     def terminal(self) -> bool:
@@ -203,24 +202,21 @@ class HotLoadRecord:
         spec = dict(self.spec)
         if spec.get("incrementalSnapshotMetadata") is None:
             spec.pop("incrementalSnapshotMetadata", None)
-        stamp = rfc3339(self.updated_at)
-        conditions = [
-            {
-                "type": "Completed",
-                "status": "True" if self.state == "HOT_LOAD_STATE_COMPLETED" else "False",
-                "reason": self.state.removeprefix("HOT_LOAD_STATE_").title().replace("_", ""),
-                "message": self.message,
-                "lastUpdateTime": stamp,
-            }
-        ]
+        completed = _condition(
+            "Completed",
+            self.state == "HOT_LOAD_STATE_COMPLETED",
+            self.state.removeprefix("HOT_LOAD_STATE_").title().replace("_", ""),
+            self.message,
+            self.updated_at,
+        )
         return {
             "spec": spec,
             "status": {
                 "state": self.state,
                 "createdAt": rfc3339(self.created_at),
-                "updatedAt": stamp,
+                "updatedAt": rfc3339(self.updated_at),
                 "finishedAt": rfc3339(self.finished_at),
                 "canceledAt": rfc3339(self.canceled_at),
-                "conditions": conditions,
+                "conditions": [completed],
             },
         }

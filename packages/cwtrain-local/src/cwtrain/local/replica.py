@@ -49,10 +49,10 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cwtrain.local.completions import CompletionError, complete, error_body, models_body
+from cwtrain.local.loopback import JSONHandler, LoopbackHTTPServer
 from cwtrain.local.model import GeneratedSequence, TinyLM
 from cwtrain.local.snapshots import (
     ChainLink,
@@ -273,27 +273,14 @@ class Replica:
         return served.identity, doc
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
+class _Handler(JSONHandler):
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None) -> None:
-        data = raw if raw is not None else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream" if raw is not None else "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+    def _json_body(self) -> Any:
+        raw = self.read_body()
         return json.loads(raw) if raw else None
 
     def do_GET(self) -> None:
@@ -301,47 +288,47 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/health":
             doc = replica.health()
-            self._send(200 if doc["identity"] is not None else 503, doc)
+            self.send_json(200 if doc["identity"] is not None else 503, doc)
         elif path == "/v1/models":
-            self._send(200, models_body(replica.model_name, replica.created))
+            self.send_json(200, models_body(replica.model_name, replica.created))
         elif path == "/admin/weights":
             found = replica.weights_bytes()
             if found is None:
-                self._send(503, {"error": "no weights loaded yet"})
+                self.send_json(503, {"error": "no weights loaded yet"})
             else:
-                self._send(200, None, {IDENTITY_HEADER: found[0]}, raw=found[1])
+                identity, data = found
+                self.send_body(200, data, content_type="application/octet-stream", headers={IDENTITY_HEADER: identity})
         else:
-            self._send(404, error_body(f"no route {path}", 404))
+            self.send_json(404, error_body(f"no route {path}", 404))
 
     def do_POST(self) -> None:
         replica = self.server.replica
         path = self.path.split("?", 1)[0]
         try:
-            body = self._body()
+            body = self._json_body()
         except ValueError as exc:
-            self._send(400, error_body(f"the request body is not JSON: {exc}", 400))
+            self.send_json(400, error_body(f"the request body is not JSON: {exc}", 400))
             return
         if path == "/admin/hotload":
             status, doc = replica.start_hot_load(body)
-            self._send(status, doc)
+            self.send_json(status, doc)
         elif path == "/v1/completions":
             try:
                 identity, doc = replica.completion(body)
             except CompletionError as exc:
-                self._send(exc.status, error_body(exc.message, exc.status, exc.param))
+                self.send_json(exc.status, error_body(exc.message, exc.status, exc.param))
                 return
-            self._send(200, doc, {IDENTITY_HEADER: identity})
+            self.send_json(200, doc, {IDENTITY_HEADER: identity})
         else:
-            self._send(404, error_body(f"no route {path}", 404))
+            self.send_json(404, error_body(f"no route {path}", 404))
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # a split GRPO batch opens dozens of connections at once (default backlog: 5)
+class _Server(LoopbackHTTPServer):
+    request_queue_size = 256  # a split GRPO batch opens dozens of connections at once
 
     def __init__(self, port: int, replica: Replica) -> None:
         self.replica = replica
-        super().__init__(("127.0.0.1", port), _Handler)
+        super().__init__(port, _Handler)
 
 
 def _s3_client(endpoint: str) -> Any:

@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from cwtrain.hotload.identity import RESERVED_IDENTITIES
+
 __all__ = [
+    "API_MAX_CHAIN_DELTAS",
     "CONNECT_HTTP_STATUS",
     "GPU_COUNTS",
     "HOT_LOAD_ENGINE",
-    "MAX_CHAIN_DELTAS",
     "NAME_RE",
-    "RESERVED_IDENTITIES",
     "TERMINAL_HOT_LOAD_STATES",
     "ServiceError",
     "check_identity",
@@ -64,10 +65,10 @@ _SEMVER_RE = re.compile(
 )
 GPU_COUNTS = frozenset({1, 2, 4, 8, 16})
 HOT_LOAD_ENGINE = "dynamo-vllm"
-#: The API accepts at most this many deltas after the chain's last FULL snapshot.
-MAX_CHAIN_DELTAS = 128
-#: Identities that name no snapshot (snapshot-format.md section 2).
-RESERVED_IDENTITIES = frozenset({"initial", "_manifests", "_preflight"})
+#: The API accepts at most this many deltas after the chain's last FULL snapshot when it
+#: resolves a hot-load's chain (the service's limit; a replica starting cold replays at most
+#: :data:`cwtrain.hotload.chain.MAX_CHAIN_DELTAS`, which is lower).
+API_MAX_CHAIN_DELTAS = 128
 TERMINAL_HOT_LOAD_STATES = frozenset({"HOT_LOAD_STATE_COMPLETED", "HOT_LOAD_STATE_FAILED", "HOT_LOAD_STATE_CANCELED"})
 
 _ENUMS: Mapping[str, tuple[str, ...]] = {
@@ -153,7 +154,8 @@ def enum_value(prefix: str, value: Any, field: str, *, default: str | None = Non
 
 
 def check_identity(identity: Any, field: str = "identity") -> str:
-    """A snapshot identity: 1-128 characters, one path segment, not reserved."""
+    """A snapshot identity: 1-128 characters, one path segment, not reserved
+    (:data:`cwtrain.hotload.identity.RESERVED_IDENTITIES`)."""
     if not isinstance(identity, str) or not identity:
         raise _invalid(f"{field} is required (one path segment under the deployment's hot-load prefix)")
     if len(identity) > 128:

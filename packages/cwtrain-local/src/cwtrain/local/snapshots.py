@@ -9,7 +9,8 @@ built from them). This module builds new ones without touching the served copy:
   index and shards), served as identity ``initial``.
 - :func:`plan_chain` — which snapshots of a resolved chain (oldest first, starting at a
   FULL) must be applied: only the deltas after the served identity when it is in the chain,
-  else the last FULL and every delta after it (at most :data:`MAX_REPLAY_DELTAS`).
+  else the last FULL and every delta after it (at most
+  :data:`cwtrain.hotload.chain.MAX_CHAIN_DELTAS`).
 - :func:`apply_chain` — reads every index first and checks ``xor``/``zstd``/``adler32`` and
   the ``version``/``base_version`` links before anything is decoded, then applies FULL and
   deltas with the codec (:func:`cwtrain.hotload.codec.load_full` and
@@ -27,10 +28,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from cwtrain.errors import SnapshotError
+from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
 from cwtrain.hotload.decode import apply_delta, load_full
+from cwtrain.hotload.format import (
+    INDEX_NAME,
+    SINGLE_FILE_NAME,
+    check_delta_metadata,
+    index_metadata,
+    is_delta_index,
+    parse_index,
+)
+from cwtrain.hotload.identity import snapshot_prefix
 from cwtrain.hotload.tensors import TensorData
 from cwtrain.local.model import (
-    CHECKPOINT_FILE,
     CONFIG_FILE,
     ModelConfig,
     TinyLM,
@@ -41,8 +51,6 @@ from cwtrain.local.model import (
 )
 
 __all__ = [
-    "INDEX_FILE",
-    "MAX_REPLAY_DELTAS",
     "ChainLink",
     "ServedWeights",
     "SnapshotSource",
@@ -51,10 +59,6 @@ __all__ = [
     "served_from_weights_file",
     "weights_file",
 ]
-
-INDEX_FILE = "model.safetensors.index.json"
-#: A replica replaying a chain from its FULL root applies at most this many deltas.
-MAX_REPLAY_DELTAS = 63
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,6 @@ class ServedWeights:
         return cls(identity, config, dict(tensors), lm)
 
 
-def _prefix_key(path_prefix: str, identity: str, name: str) -> str:
-    prefix = path_prefix.strip("/")
-    return f"{prefix}/{identity}/{name}" if prefix else f"{identity}/{name}"
-
-
 class SnapshotSource:
     """Reads snapshot objects from one bucket and path prefix (a boto3 S3 client)."""
 
@@ -96,6 +95,9 @@ class SnapshotSource:
         self.s3 = s3
         self.bucket = bucket
         self.path_prefix = path_prefix.strip("/")
+
+    def _key(self, identity: str, name: str) -> str:
+        return f"{snapshot_prefix(self.path_prefix, identity)}/{name}"
 
     def _get(self, bucket: str, key: str) -> bytes:
         try:
@@ -118,20 +120,14 @@ class SnapshotSource:
         return index, self.read_shards(identity, index)
 
     def read_index(self, identity: str) -> dict[str, Any]:
-        """The parsed ``model.safetensors.index.json`` of snapshot ``identity``."""
-        raw = self._get(self.bucket, _prefix_key(self.path_prefix, identity, INDEX_FILE))
-        try:
-            index = json.loads(raw)
-        except ValueError as exc:
-            raise SnapshotError(f"index of snapshot {identity!r} is not JSON: {exc}") from exc
-        if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-            raise SnapshotError(f"index of snapshot {identity!r} has no weight_map object")
-        return index
+        """The parsed index (:data:`~cwtrain.hotload.format.INDEX_NAME`) of snapshot ``identity``."""
+        raw = self._get(self.bucket, self._key(identity, INDEX_NAME))
+        return parse_index(raw, source=f"index of snapshot {identity!r}")
 
     def read_shards(self, identity: str, index: Mapping[str, Any]) -> dict[str, bytes]:
         """The shards named by ``index`` of snapshot ``identity``."""
         names = sorted(set(index["weight_map"].values()))
-        return {name: self._get(self.bucket, _prefix_key(self.path_prefix, identity, name)) for name in names}
+        return {name: self._get(self.bucket, self._key(identity, name)) for name in names}
 
     def read_base(self, bucket: str, path: str) -> ServedWeights:
         """The deployment's base checkpoint at ``s3://bucket/path/``, served as ``initial``."""
@@ -141,11 +137,11 @@ class SnapshotSource:
             return f"{path}/{name}" if path else name
 
         config = ModelConfig.from_json(json.loads(self._get(bucket, key(CONFIG_FILE))))
-        if self._exists(bucket, key(INDEX_FILE)):
-            index = json.loads(self._get(bucket, key(INDEX_FILE)))
+        if self._exists(bucket, key(INDEX_NAME)):
+            index = parse_index(self._get(bucket, key(INDEX_NAME)), source=f"s3://{bucket}/{key(INDEX_NAME)}")
             names = sorted(set(index["weight_map"].values()))
         else:
-            names = [CHECKPOINT_FILE]
+            names = [SINGLE_FILE_NAME]
         weights: dict[str, Any] = {}
         for name in names:
             try:
@@ -160,7 +156,7 @@ def plan_chain(current: str | None, chain: Sequence[ChainLink]) -> tuple[ChainLi
 
     Raises:
         SnapshotError: The chain is empty, does not start at a FULL, or a cold replay would
-            apply more than :data:`MAX_REPLAY_DELTAS` deltas.
+            apply more than :data:`cwtrain.hotload.chain.MAX_CHAIN_DELTAS` deltas.
     """
     if not chain:
         raise SnapshotError("the hot-load chain is empty")
@@ -173,29 +169,19 @@ def plan_chain(current: str | None, chain: Sequence[ChainLink]) -> tuple[ChainLi
         if pos >= last_full:
             return None, list(chain[pos + 1 :])
     deltas = list(chain[last_full + 1 :])
-    if len(deltas) > MAX_REPLAY_DELTAS:
+    if len(deltas) > MAX_CHAIN_DELTAS:
         raise SnapshotError(
             f"replaying {chain[-1].identity!r} needs {len(deltas)} deltas after the FULL snapshot "
-            f"{chain[last_full].identity!r}; a replica replays at most {MAX_REPLAY_DELTAS} (publish a FULL snapshot)"
+            f"{chain[last_full].identity!r}; a replica replays at most {MAX_CHAIN_DELTAS} (publish a FULL snapshot)"
         )
     return chain[last_full], deltas
 
 
 def _check_delta_index(identity: str, previous: str, index: Mapping[str, Any]) -> None:
-    meta = index.get("metadata") or {}
-    if not isinstance(meta, dict) or "delta_encoding" not in meta:
+    if not is_delta_index(index):
         raise SnapshotError(f"snapshot {identity!r} is listed as INCREMENTAL but its index has no delta_encoding")
-    if str(meta["delta_encoding"]).lower() != "xor":
-        raise SnapshotError(
-            f"snapshot {identity!r} uses delta_encoding {meta['delta_encoding']!r}; only xor is applied"
-        )
-    if str(meta.get("compression_format", "zstd")).lower() != "zstd":
-        raise SnapshotError(f"snapshot {identity!r} uses compression {meta['compression_format']!r}; only zstd is read")
-    checksum = str(meta.get("checksum_format", "")).lower().replace("-", "")
-    if checksum != "adler32":
-        raise SnapshotError(
-            f"snapshot {identity!r} has checksum_format {meta.get('checksum_format')!r}; adler32 needed"
-        )
+    meta = index_metadata(index)
+    check_delta_metadata(meta, source=f"snapshot {identity!r}")
     if "version" in meta and meta["version"] != identity:
         raise SnapshotError(f"snapshot {identity!r} has index metadata version {meta['version']!r}")
     if "base_version" in meta and meta["base_version"] != previous:
@@ -227,8 +213,7 @@ def apply_chain(
     previous = served.identity if full is None else full.identity
     if full is not None:
         full_index = source.read_index(full.identity)
-        meta = full_index.get("metadata") or {}
-        if isinstance(meta, dict) and "delta_encoding" in meta:
+        if is_delta_index(full_index):
             raise SnapshotError(f"snapshot {full.identity!r} is listed as FULL but its index is a delta")
         indexes.append((full, full_index))
     for link in deltas:

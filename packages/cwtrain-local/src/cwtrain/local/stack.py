@@ -27,7 +27,6 @@ import json
 import logging
 import secrets
 import shutil
-import struct
 import tempfile
 import time
 import urllib.error
@@ -40,6 +39,8 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.errors import LifecycleError, UsageError
+from cwtrain.hotload.format import INDEX_NAME, SINGLE_FILE_NAME, generated_index_bytes
+from cwtrain.hotload.safetensors import header_of_bytes
 from cwtrain.local.controlplane import API_PREFIX, ControlPlaneServer
 from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND
 from cwtrain.local.faults import APIFaults, Faults, S3Proxy
@@ -48,13 +49,19 @@ from cwtrain.local.objectstore import DEFAULT_REGION, MotoS3Server
 from cwtrain.local.state import ControlPlaneState
 from cwtrain.local.supervisor import Supervisor
 
-__all__ = ["DEFAULT_BUCKET", "DEFAULT_MODEL_NAME", "DeployedModel", "LocalStack", "generated_index"]
+__all__ = [
+    "DEFAULT_BUCKET",
+    "DEFAULT_MODEL_NAME",
+    "DeployedModel",
+    "LocalStack",
+    "deployment_request",
+    "gateway_request",
+]
 
 log = logging.getLogger("cwtrain.local.stack")
 
 DEFAULT_BUCKET = "cwtrain-local"
 DEFAULT_MODEL_NAME = "cwtrain-tiny"
-_INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -78,14 +85,49 @@ class DeployedModel:
     path_prefix: str
 
 
-def generated_index(safetensors_bytes: bytes, shard: str = "model.safetensors") -> bytes:
-    """The index snapshot-format.md section 3.2 generates for a lone ``model.safetensors``."""
-    (length,) = struct.unpack("<Q", safetensors_bytes[:8])
-    header = json.loads(safetensors_bytes[8 : 8 + length])
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    total = sum(v["data_offsets"][1] - v["data_offsets"][0] for v in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": dict.fromkeys(tensors, shard)}
-    return (json.dumps(index, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode()
+def gateway_request(name: str, zone: str) -> dict[str, Any]:
+    """A CreateGatewayRequest body (no ``id``): one zone, ``coreWeaveAuth``, OpenAI body routing."""
+    return {
+        "name": name,
+        "zones": [zone],
+        "coreWeaveAuth": {},
+        "bodyBasedRouting": {"apiType": "API_TYPE_OPENAI"},
+    }
+
+
+def deployment_request(
+    name: str,
+    *,
+    gateway_id: str,
+    model: str,
+    bucket: str,
+    base_path: str,
+    replicas: int,
+    hot_load_prefix: str | None,
+) -> dict[str, Any]:
+    """A CreateDeploymentRequest body (no ``id``) for the tiny model on the local engine.
+
+    Args:
+        name: the deployment's name.
+        gateway_id: the gateway it is attached to.
+        model: ``spec.model.name`` (the OpenAI model name).
+        bucket: where the base weights and the snapshots live.
+        base_path: the base checkpoint's path in ``bucket``.
+        replicas: ``autoscaling.min`` and ``max``.
+        hot_load_prefix: the ``hotLoad.pathPrefix`` (``TRANSITION_MODE_ASYNC``); ``None``: no hot-load.
+    """
+    spec: dict[str, Any] = {
+        "name": name,
+        "gatewayIds": [gateway_id],
+        "runtime": {"engine": "dynamo-vllm", "version": "1.2.3", "engineConfig": {}, "engineEnv": {}},
+        "resources": {"instanceType": "CPU_LOCAL", "gpuCount": 1},
+        "model": {"name": model, "bucket": bucket, "path": base_path},
+        "autoscaling": {"min": replicas, "max": replicas, "concurrency": 64},
+        "traffic": {"weight": 100},
+    }
+    if hot_load_prefix is not None:
+        spec["hotLoad"] = {"bucket": bucket, "pathPrefix": hot_load_prefix, "transitionMode": "TRANSITION_MODE_ASYNC"}
+    return spec
 
 
 class LocalStack:
@@ -323,7 +365,8 @@ class LocalStack:
         with tempfile.TemporaryDirectory(prefix="cwtrain-base-") as tmp:
             write_base_checkpoint(tmp, seed=seed)
             files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
-        files[_INDEX] = generated_index(files["model.safetensors"])
+        weights = files[SINGLE_FILE_NAME]
+        files[INDEX_NAME] = generated_index_bytes(header_of_bytes(weights, source=f"{prefix}/{SINGLE_FILE_NAME}"))
         s3 = self._direct_s3
         for name, data in files.items():
             s3.upload_fileobj(io.BytesIO(data), bucket, f"{prefix}/{name}")
@@ -382,31 +425,21 @@ class LocalStack:
         base_path = f"base/{name}"
         self.seed_base_model(base_path, seed=seed)
         if gateway_id is None:
-            body = {
-                "id": str(uuid.uuid4()),
-                "name": f"{name}-gateway",
-                "zones": [self.region],
-                "coreWeaveAuth": {},
-                "bodyBasedRouting": {"apiType": "API_TYPE_OPENAI"},
-            }
+            body = {"id": str(uuid.uuid4()), **gateway_request(f"{name}-gateway", self.region)}
             gateway_id = self._expect(*self.api("POST", "/gateways", body), "create gateway")["gateway"]["spec"]["id"]
         gateway = self.wait_ready("gateway", str(gateway_id), timeout)
-        spec: dict[str, Any] = {
+        spec = {
             "id": str(uuid.uuid4()),
-            "name": name,
-            "gatewayIds": [gateway_id],
-            "runtime": {"engine": "dynamo-vllm", "version": "1.2.3", "engineConfig": {}, "engineEnv": {}},
-            "resources": {"instanceType": "CPU_LOCAL", "gpuCount": 1},
-            "model": {"name": model, "bucket": self.bucket, "path": base_path},
-            "autoscaling": {"min": replicas or self.replicas, "max": replicas or self.replicas, "concurrency": 64},
-            "traffic": {"weight": 100},
+            **deployment_request(
+                name,
+                gateway_id=str(gateway_id),
+                model=model,
+                bucket=self.bucket,
+                base_path=base_path,
+                replicas=replicas or self.replicas,
+                hot_load_prefix=path_prefix if hot_load else None,
+            ),
         }
-        if hot_load:
-            spec["hotLoad"] = {
-                "bucket": self.bucket,
-                "pathPrefix": path_prefix,
-                "transitionMode": "TRANSITION_MODE_ASYNC",
-            }
         created = self._expect(*self.api("POST", "/deployments", spec), "create deployment")
         deployment_id = created["deployment"]["spec"]["id"]
         self.wait_ready("deployment", deployment_id, timeout)

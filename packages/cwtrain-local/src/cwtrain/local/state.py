@@ -5,8 +5,8 @@ records for one organisation and applies the service's rules on every call: clie
 ids with ``already_exists``, the hot-load deployment requirements (engine ``dynamo-vllm``,
 a ``hotLoad`` section with ``TRANSITION_MODE_ASYNC``, gateways in one zone, the
 organisation flag), single-flight hot-loads, chain resolution (oldest first from the last
-FULL, at most :data:`~cwtrain.local.resources.MAX_CHAIN_DELTAS` deltas) and pagination
-with page tokens tied to the parent filter. It starts no process: the
+FULL, at most :data:`~cwtrain.local.resources.API_MAX_CHAIN_DELTAS` deltas) and pagination
+with page tokens tied to the parent filter (:mod:`cwtrain.local.pages`). It starts no process: the
 :mod:`cwtrain.local.supervisor` drives the asynchronous transitions (CREATING → READY,
 PENDING → IN_PROGRESS → COMPLETED/FAILED, DELETING → gone) by mutating the records under
 :attr:`ControlPlaneState.lock`, and renders nothing but JSON-ready dicts.
@@ -14,19 +14,17 @@ PENDING → IN_PROGRESS → COMPLETED/FAILED, DELETING → gone) by mutating the
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cwtrain.hotload.format import INDEX_NAME
+from cwtrain.hotload.identity import snapshot_prefix
+from cwtrain.local.pages import Paginator, page_size
 from cwtrain.local.records import DeploymentRecord, GatewayRecord, HotLoadRecord, ReplicaRecord
 from cwtrain.local.resources import (
+    API_MAX_CHAIN_DELTAS,
     HOT_LOAD_ENGINE,
-    MAX_CHAIN_DELTAS,
     ServiceError,
     now,
     parse_rfc3339,
@@ -52,9 +50,6 @@ DEFAULT_ENGINES: Mapping[str, tuple[str, ...]] = {
     "sglang": ("0.5.4",),
 }
 _ENGINE_ENV = ("VLLM_LOGGING_LEVEL", "HF_HUB_OFFLINE")
-_DEFAULT_PAGE = 50
-_MAX_PAGE = 1000
-_INDEX = "model.safetensors.index.json"
 
 ObjectExists = Callable[[str, str], bool]
 
@@ -96,7 +91,7 @@ class ControlPlaneState:
         self.deployments: dict[str, DeploymentRecord] = {}
         self.hot_loads: dict[str, HotLoadRecord] = {}
         self._seq = 0
-        self._secret = os.urandom(16)
+        self._pages = Paginator(organization_id)
 
     def _wake(self) -> None:
         self.changed.notify_all()
@@ -358,11 +353,11 @@ class ControlPlaneState:
             )
         chain = [dict(link) for link in base.spec["snapshotChain"]] + [own]
         deltas = len(chain) - 1
-        if deltas > MAX_CHAIN_DELTAS:
+        if deltas > API_MAX_CHAIN_DELTAS:
             raise ServiceError(
                 "failed_precondition",
                 f"resolved snapshot chain has {deltas} deltas after the last full snapshot; the limit is "
-                f"{MAX_CHAIN_DELTAS}: publish a FULL snapshot",
+                f"{API_MAX_CHAIN_DELTAS}: publish a FULL snapshot",
             )
         return chain
 
@@ -370,8 +365,7 @@ class ControlPlaneState:
         if self.object_exists is None:
             return
         hot_load = deployment.spec["hotLoad"]
-        prefix = str(hot_load.get("pathPrefix", "")).strip("/")
-        key = f"{prefix}/{identity}/{_INDEX}" if prefix else f"{identity}/{_INDEX}"
+        key = f"{snapshot_prefix(str(hot_load.get('pathPrefix', '')), identity)}/{INDEX_NAME}"
         if not self.object_exists(hot_load["bucket"], key):
             raise ServiceError(
                 "failed_precondition",
@@ -422,69 +416,36 @@ class ControlPlaneState:
         self, parent_deployment_id: str | None, max_page_size: str | None, page_token: str | None
     ) -> dict[str, Any]:
         """GET /hotLoads: newest first, paginated."""
-        size = _page_size(max_page_size)
+        size = page_size(max_page_size)
         with self.lock:
             rows = sorted(
                 (r for r in self.hot_loads.values() if parent_deployment_id in (None, r.spec["deploymentId"])),
                 key=lambda r: -r.seq,
             )
-            start = 0
-            if page_token:
-                cursor = self._open_token(page_token, "hotLoads", parent_deployment_id or "")
-                start = next((i for i, r in enumerate(rows) if r.seq < int(cursor)), len(rows))
-            page = rows[start : start + size]
-            more = start + size < len(rows)
-            token = self._make_token("hotLoads", parent_deployment_id or "", page[-1].seq) if more else ""
+            page, token = self._pages.page(
+                rows,
+                size,
+                page_token,
+                kind="hotLoads",
+                parent=parent_deployment_id or "",
+                cursor=lambda r: r.seq,
+                after=lambda r, seen: r.seq < int(seen),
+            )
             return {"hotLoads": [r.to_json() for r in page], "nextPageToken": token}
 
     def list_replicas(self, hot_load_id: str, max_page_size: str | None, page_token: str | None) -> dict[str, Any]:
         """GET /hotLoads/{id}/replicas: ordered by zone, name, paginated."""
-        size = _page_size(max_page_size)
+        size = page_size(max_page_size)
         with self.lock:
             record = self._hot_load(hot_load_id)
             rows = sorted(record.replicas.values(), key=lambda r: (r.zone, r.name))
-            start = 0
-            if page_token:
-                cursor = self._open_token(page_token, "replicas", hot_load_id)
-                start = next((i for i, r in enumerate(rows) if [r.zone, r.name] > cursor), len(rows))
-            page = rows[start : start + size]
-            more = start + size < len(rows)
-            token = self._make_token("replicas", hot_load_id, [page[-1].zone, page[-1].name]) if more else ""
-            return {"replicas": [r.to_json() for r in page], "nextPageToken": token}
-
-    def _make_token(self, kind: str, parent: str, cursor: Any) -> str:
-        payload = json.dumps({"k": kind, "p": parent, "o": self.organization_id, "c": cursor}, separators=(",", ":"))
-        raw = payload.encode()
-        mac = hmac.new(self._secret, raw, hashlib.sha256).digest()[:12]
-        return base64.urlsafe_b64encode(mac + raw).decode().rstrip("=")
-
-    def _open_token(self, token: str, kind: str, parent: str) -> Any:
-        try:
-            blob = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            mac, raw = blob[:12], blob[12:]
-            if not hmac.compare_digest(mac, hmac.new(self._secret, raw, hashlib.sha256).digest()[:12]):
-                raise ValueError("bad signature")
-            payload = json.loads(raw)
-        except (ValueError, TypeError):
-            raise ServiceError("invalid_argument", "pageToken is not a token this service issued") from None
-        if payload.get("k") != kind or payload.get("o") != self.organization_id:
-            raise ServiceError("invalid_argument", "pageToken belongs to another listing")
-        if payload.get("p") != parent:
-            raise ServiceError(
-                "invalid_argument", "pageToken was issued for another parent filter; repeat the first request's filter"
+            page, token = self._pages.page(
+                rows,
+                size,
+                page_token,
+                kind="replicas",
+                parent=hot_load_id,
+                cursor=lambda r: [r.zone, r.name],
+                after=lambda r, seen: [r.zone, r.name] > seen,
             )
-        return payload.get("c")
-
-
-def _page_size(raw: str | None) -> int:
-    if raw is None or raw.strip() == "":
-        return _DEFAULT_PAGE
-    try:
-        size = int(raw)
-    except ValueError:
-        raise ServiceError("invalid_argument", f"maxPageSize: {raw!r} is not an integer") from None
-    if size < 0:
-        raise ServiceError("invalid_argument", f"maxPageSize: {size} must not be negative")
-    if size == 0:
-        return _DEFAULT_PAGE
-    return min(size, _MAX_PAGE)
+            return {"replicas": [r.to_json() for r in page], "nextPageToken": token}

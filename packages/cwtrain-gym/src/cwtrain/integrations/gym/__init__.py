@@ -49,6 +49,7 @@ from typing import Any
 from cwtrain.integrations.gym.collect import GymNotInstalledError
 
 _LAZY = {
+    "CheckedCollector": "cwtrain.integrations.gym.collect",
     "CollectionJob": "cwtrain.integrations.gym.collect",
     "CollectionResult": "cwtrain.integrations.gym.collect",
     "Collector": "cwtrain.integrations.gym.collect",
@@ -59,13 +60,14 @@ _LAZY = {
     "AgentScore": "cwtrain.integrations.gym.scores",
     "GymScores": "cwtrain.integrations.gym.scores",
     "read_scores": "cwtrain.integrations.gym.scores",
-    "GymEvalResult": "cwtrain.integrations.gym.evaluate",
-    "evaluate": "cwtrain.integrations.gym.evaluate",
-    "load_request": "cwtrain.integrations.gym.evaluate",
+    "GymEvalResult": "cwtrain.integrations.gym.evaluation",
+    "evaluate": "cwtrain.integrations.gym.evaluation",
+    "load_request": "cwtrain.integrations.gym.evaluation",
 }
 
 __all__ = [
     "AgentScore",
+    "CheckedCollector",
     "CollectionJob",
     "CollectionResult",
     "Collector",

@@ -10,7 +10,7 @@ runs NeMo Gym's rollout collection against its endpoint, prints the scores as on
 document and deletes the deployment, also when the evaluation fails or is interrupted
 (Ctrl-C or SIGTERM); ``--keep`` leaves it running. The endpoint key is the API token
 (``--token``, ``COREWEAVE_API_TOKEN``, ``CW_API_TOKEN``) unless ``CWTRAIN_ROLLOUT_API_KEY``
-is set. Needs NeMo Gym's ``gym`` command on ``PATH`` (``pip install "nemo-gym"``).
+is set. Needs NeMo Gym's ``gym`` command on ``PATH`` (``pip install "nemo-gym>=0.6.0"``).
 
 Output: ``{"deployment": {"id", "name", "deleted"}, "model", "rollout_base_url",
 "output", "aggregate_metrics", "scores": {"rollouts", "scored", "mean_reward",
@@ -20,41 +20,21 @@ Output: ``{"deployment": {"id", "name", "deleted"}, "model", "rollout_base_url",
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from cwtrain.cli.options import client_from_args, command_group, positive_float, positive_int
+from cwtrain.integrations.frameworks import GYM
+
 __all__ = ["register"]
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be finite and > 0: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
 
 
 def register(subparsers: Any) -> None:
     """Add the ``gym`` group (``gym eval``) to the ``cwtrain`` parser."""
-    group = subparsers.add_parser("gym", help="scored NeMo Gym evaluations on a temporary deployment")
-    commands = group.add_subparsers(dest="command", metavar="<command>", parser_class=type(group))
-    commands.required = True
+    commands = command_group(subparsers, "gym", "scored NeMo Gym evaluations on a temporary deployment")
     ev = commands.add_parser(
         "eval",
         help="create a deployment, evaluate it with NeMo Gym, delete it",
@@ -62,7 +42,7 @@ def register(subparsers: Any) -> None:
             "Create the deployment of --request (placeholders refused), wait until it is READY, run NeMo "
             "Gym's rollout collection against its endpoint, print the scores as one JSON document and delete "
             "the deployment, also after a failure, Ctrl-C or SIGTERM (--keep leaves it). Needs NeMo Gym's "
-            '`gym` command on PATH (pip install "nemo-gym").'
+            f"`gym` command on PATH ({GYM.where})."
         ),
     )
     ev.add_argument("--request", required=True, type=Path, help="CreateDeploymentRequest JSON file (- = stdin)")
@@ -73,23 +53,23 @@ def register(subparsers: Any) -> None:
     ev.add_argument("--output", required=True, type=Path, help="rollouts JSONL to write")
     ev.add_argument("--keep", action="store_true", help="leave the deployment running afterwards")
     ev.add_argument("--agent", help="agent for rows without agent_ref")
-    ev.add_argument("--limit", type=_positive_int, help="at most this many input rows")
-    ev.add_argument("--num-repeats", type=_positive_int, default=1, help="rollouts per row (1)")
-    ev.add_argument("--concurrency", type=_positive_int, help="rollouts in flight")
+    ev.add_argument("--limit", type=positive_int, help="at most this many input rows")
+    ev.add_argument("--num-repeats", type=positive_int, default=1, help="rollouts per row (1)")
+    ev.add_argument("--concurrency", type=positive_int, help="rollouts in flight")
     ev.add_argument(
         "--token-ids",
         action="store_true",
         help="return_token_id_information on Gym's vllm_model server (as for training)",
     )
-    ev.add_argument("--timeout", type=_positive_float, default=3600.0, help="seconds to wait for READY (3600)")
+    ev.add_argument("--timeout", type=positive_float, default=3600.0, help="seconds to wait for READY (3600)")
     ev.add_argument(
-        "--delete-timeout", type=_positive_float, default=600.0, help="seconds to wait for the deletion (600)"
+        "--delete-timeout", type=positive_float, default=600.0, help="seconds to wait for the deletion (600)"
     )
     ev.add_argument(
-        "--server-timeout", type=_positive_float, default=900.0, help="seconds for Gym's servers to start (900)"
+        "--server-timeout", type=positive_float, default=900.0, help="seconds for Gym's servers to start (900)"
     )
     ev.add_argument(
-        "--poll-interval", type=_positive_float, default=10.0, help="seconds between deployment status polls (10)"
+        "--poll-interval", type=positive_float, default=10.0, help="seconds between deployment status polls (10)"
     )
     ev.set_defaults(func=_eval)
 
@@ -101,7 +81,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def _eval(args: argparse.Namespace) -> int:
     # Imported here: registration stays cheap (no httpx, no YAML) for every other command.
     from cwtrain.cli.output import emit
-    from cwtrain.integrations.gym.evaluate import load_request
+    from cwtrain.integrations.gym.evaluation import load_request
 
     request = load_request(args.request)
     previous: Any = None
@@ -133,12 +113,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, request: dict[str, Any]) -> Any:
     from cwtrain.config import env_str
-    from cwtrain.infra import InferenceClient, token_from_env
+    from cwtrain.infra import token_from_env
     from cwtrain.integrations.gym.collect import GymCLICollector
-    from cwtrain.integrations.gym.evaluate import evaluate
+    from cwtrain.integrations.gym.evaluation import evaluate
 
     api_key = env_str("CWTRAIN_ROLLOUT_API_KEY") or args.token or token_from_env()
-    with InferenceClient(args.token, base_url=args.base_url) as client:
+    with client_from_args(args) as client:
         return evaluate(
             client,
             request,

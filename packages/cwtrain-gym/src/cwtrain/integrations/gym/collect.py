@@ -22,7 +22,8 @@ The default collector drives Gym's own command line, as its documentation does:
 Gym installs without ``gym`` but with the legacy ``ng_run``/``ng_collect_rollouts``
 scripts (v0.4.0) are driven the same way with Hydra overrides (``+config_paths=[...]``,
 ``+agent_name=``, ``+input_jsonl_fpath=``, ...). Without either, :func:`require_gym`
-raises :class:`GymNotInstalledError` naming the install (``pip install "nemo-gym"``).
+raises :class:`GymNotInstalledError` naming the install
+(:data:`cwtrain.integrations.frameworks.GYM`: ``pip install "nemo-gym>=0.6.0"``).
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import yaml  # type: ignore[import-untyped]
 
 from cwtrain.errors import CWTrainError
+from cwtrain.integrations.frameworks import GYM
 
 __all__ = [
-    "GYM_INSTALL_HINT",
+    "CheckedCollector",
     "CollectionJob",
     "CollectionResult",
     "Collector",
@@ -59,9 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: What to install when NeMo Gym is missing (the recipes target v0.6.0).
-GYM_INSTALL_HINT = 'pip install "nemo-gym>=0.6.0" (or run inside the NeMo Gym image)'
 
 _READY = re.compile(r"All (\d+) / (\d+) servers ready")
 
@@ -129,8 +128,22 @@ class CollectionResult:
 
 
 #: The collection step: run Gym for one job. ``None`` means "the files are where the job said".
-#: A collector may also have a ``check()`` method, called before the deployment is created.
+#: A collector may also have a ``check()`` method (:class:`CheckedCollector`), called before
+#: the deployment is created.
 Collector = Callable[[CollectionJob], "CollectionResult | None"]
+
+
+@runtime_checkable
+class CheckedCollector(Protocol):
+    """A collector that can say before any deployment exists that it cannot run."""
+
+    def check(self) -> None:
+        """Raise when the collection cannot run (e.g. :class:`GymNotInstalledError`)."""
+        ...
+
+    def __call__(self, job: CollectionJob, /) -> CollectionResult | None:
+        """Run the collection of ``job``."""
+        ...
 
 
 def aggregate_metrics_path(output_path: Path) -> Path:
@@ -253,8 +266,9 @@ def require_gym(which: Callable[[str], str | None] = shutil.which) -> GymTools:
     if ng_run and ng_collect:
         return GymTools(ng_run=ng_run, ng_collect_rollouts=ng_collect)
     raise GymNotInstalledError(
-        f"NeMo Gym is not installed: no `gym` (or `ng_run`/`ng_collect_rollouts`) on PATH. Install it with "
-        f"{GYM_INSTALL_HINT}, or pass a collector of your own to cwtrain.integrations.gym.evaluate"
+        f"{GYM.name} is not installed: no `gym` (or `ng_run`/`ng_collect_rollouts`) on PATH. Install "
+        f"{GYM.name} {GYM.supported} ({GYM.where}, or run inside the {GYM.name} image), or pass a collector "
+        "of your own to cwtrain.integrations.gym.evaluate"
     )
 
 

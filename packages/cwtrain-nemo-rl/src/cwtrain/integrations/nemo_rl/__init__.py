@@ -1,7 +1,8 @@
 """cwtrain-nemo-rl: NeMo-RL GRPO sampling from a CoreWeave deployment, weights by hot-load.
 
-Install in the NeMo-RL (v0.7.0) image: ``pip install "cwtrain[nemo-rl]"``, then apply the
-GRPO patch once (``python -m cwtrain.integrations.nemo_rl.patch``) and set::
+Install in the NeMo-RL (v0.7.0) image from a cwtrain checkout (``pip install
+./packages/cwtrain-nemo-rl``), then apply the GRPO patch once
+(``python -m cwtrain.integrations.nemo_rl.patch``) and set::
 
     policy:
       generation:
@@ -30,15 +31,23 @@ Pieces: :class:`CoreWeaveGeneration` (the ``GenerationInterface``),
 :func:`worker_env` (ship cwtrain to NeMo-RL's per-role worker environments). Variables:
 ``CWTRAIN_ROLLOUT_*`` and ``CWTRAIN_HOTLOAD_*`` (config keys win; see
 :mod:`~cwtrain.integrations.nemo_rl.config`). NeMo-RL itself is not a dependency:
-importing a piece that needs it without it raises ``ImportError`` naming the install.
+importing a piece that needs it without it raises ``ImportError`` naming the install
+(:func:`cwtrain.integrations.frameworks.require`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from cwtrain.config import environ_or
+from cwtrain.integrations.frameworks import NEMO_RL, require
+
+if TYPE_CHECKING:
+    from cwtrain.integrations.nemo_rl.refit import GrpoHooks
 
 __all__ = [
     "DTENSOR_WORKER_FQN",
@@ -73,23 +82,29 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module), name)
 
 
-def install(worker_fqn: str = DTENSOR_WORKER_FQN) -> None:
+def install(worker_fqn: str = DTENSOR_WORKER_FQN) -> GrpoHooks:
     """Everything a NeMo-RL launcher needs before ``grpo.setup``: register cwtrain's workers,
     wrap ``setup`` (policy built with ``worker_fqn``, synchronizer attached) and route
     ``grpo_train``'s refit through hot-load. Idempotent.
+
+    Returns:
+        the process's :class:`~cwtrain.integrations.nemo_rl.refit.GrpoHooks` (``uninstall()``
+        puts NeMo-RL's functions back).
     """
-    from cwtrain.integrations.nemo_rl.refit import install_setup
+    from cwtrain.integrations.nemo_rl.refit import grpo_hooks
 
     register_workers()
-    install_setup(worker_fqn)
-    install_refit()
+    hooks = grpo_hooks()
+    hooks.install_setup(worker_fqn)
+    hooks.install_refit()
+    return hooks
 
 
 def install_refit() -> Any:
     """Route ``grpo_train``'s refit through the hot-load synchronizer (see :mod:`.refit`)."""
-    from cwtrain.integrations.nemo_rl.refit import install
+    from cwtrain.integrations.nemo_rl.refit import grpo_hooks
 
-    return install()
+    return grpo_hooks().install_refit()
 
 
 def register_workers() -> None:
@@ -98,15 +113,13 @@ def register_workers() -> None:
     The DTensor worker runs in the ``AUTOMODEL`` environment, the Megatron worker in
     ``MCORE``, like the workers they extend.
     """
-    from cwtrain.integrations.nemo_rl._nemo import require
-
-    registry = require("nemo_rl.distributed.ray_actor_environment_registry").ACTOR_ENVIRONMENT_REGISTRY
-    executables = require("nemo_rl.distributed.virtual_cluster").PY_EXECUTABLES
+    registry = require(NEMO_RL, "nemo_rl.distributed.ray_actor_environment_registry").ACTOR_ENVIRONMENT_REGISTRY
+    executables = require(NEMO_RL, "nemo_rl.distributed.virtual_cluster").PY_EXECUTABLES
     registry[DTENSOR_WORKER_FQN] = executables.AUTOMODEL
     registry[MEGATRON_WORKER_FQN] = executables.MCORE
 
 
-def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for NeMo-RL's per-role worker venvs so they can import cwtrain.
 
     NeMo-RL starts workers in their own uv environments that do not have cwtrain
@@ -115,14 +128,12 @@ def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     driver's environment before ``ray.init``), or use ``NEMO_RL_PY_EXECUTABLES_SYSTEM=1``
     to run every worker with the driver's interpreter.
     """
-    env = dict(os.environ if environ is None else environ)
     import cwtrain
 
-    roots = []
+    roots: list[str] = []
     for path in cwtrain.__path__:
         root = str(Path(path).parent)
         if root not in roots:
             roots.append(root)
-    existing = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in existing if p not in roots])
-    return {"PYTHONPATH": env["PYTHONPATH"]}
+    existing = [p for p in environ_or(environ).get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"PYTHONPATH": os.pathsep.join(roots + [p for p in existing if p not in roots])}

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-from cwtrain.integrations.nemo_rl._nemo import require
+from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
-from cwtrain.integrations.rollout import CompletionSampler, SamplingParams
+from cwtrain.integrations.nemo_rl.protocols import Tokenizer, WeightSync
+from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams
 
-_interfaces = require("nemo_rl.models.generation.interfaces")
-_batched = require("nemo_rl.distributed.batched_data_dict")
-BatchedDataDict = _batched.BatchedDataDict
-GenerationInterface = _interfaces.GenerationInterface
+# NeMo-RL's classes, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
+BatchedDataDict: Any = require(NEMO_RL, "nemo_rl.distributed.batched_data_dict").BatchedDataDict
+GenerationInterface: Any = require(NEMO_RL, "nemo_rl.models.generation.interfaces").GenerationInterface
 
 __all__ = ["CoreWeaveGeneration"]
 
@@ -52,7 +52,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
     def __init__(
         self,
         config: Mapping[str, Any],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         environ: Mapping[str, str] | None = None,
         sampler: CompletionSampler | None = None,
@@ -61,8 +61,10 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         self.tokenizer = tokenizer
         self.settings = CoreWeaveConfig.from_generation_config(self.cfg, environ)
         self.sampler = sampler or CompletionSampler(self.settings.rollout, tokenizer=tokenizer)
-        self.weight_synchronizer: Any = None
-        self.refit_info: Any = None
+        #: Set by :class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer`;
+        #: NeMo-RL's refit calls it (see :mod:`cwtrain.integrations.nemo_rl.refit`).
+        self.weight_synchronizer: WeightSync | None = None
+        self.refit_info: dict[str, Any] | None = None
         self.served_identities: tuple[str, ...] = ()
         self._metrics: dict[str, float] = {}
 
@@ -102,7 +104,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         """Forget the metrics of earlier batches."""
         self._metrics = {}
 
-    def generate(self, data: Any, greedy: bool = False) -> Any:
+    def generate(self, data: Mapping[str, Any], greedy: bool = False) -> Any:
         """Sample completions for right-padded ``input_ids`` / ``input_lengths``.
 
         Rows with equal prompts and stop strings share one request (``n`` = count).
@@ -121,7 +123,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         for (prompt, stops), members in groups.items():
             buckets.setdefault(self._params(len(prompt), stops, greedy), []).append((prompt, members))
 
-        results: dict[int, Any] = {}
+        results: dict[int, Completion] = {}
         identities: list[str] = []
         metrics: dict[str, float] = {}
         for params, items in buckets.items():
@@ -137,9 +139,9 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
 
     # ------------------------------------------------------------ helpers
 
-    def _row_stops(self, data: Any, rows: int) -> list[tuple[str, ...]]:
+    def _row_stops(self, data: Mapping[str, Any], rows: int) -> list[tuple[str, ...]]:
         default = tuple(self.cfg.get("stop_strings") or ())
-        per_row = data.get("stop_strings") if hasattr(data, "get") else None
+        per_row = data.get("stop_strings")
         out = []
         for i in range(rows):
             extra = per_row[i] if per_row is not None and i < len(per_row) and per_row[i] else ()
@@ -162,16 +164,12 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         )
 
     def _pad_id(self) -> int:
-        for value in (
-            self.cfg.get("_pad_token_id"),
-            getattr(self.tokenizer, "pad_token_id", None),
-            getattr(self.tokenizer, "eos_token_id", None),
-        ):
+        for value in (self.cfg.get("_pad_token_id"), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
             if value is not None:
                 return int(value)
         return 0
 
-    def _output(self, input_ids: torch.Tensor, lengths: list[int], results: Mapping[int, Any]) -> Any:
+    def _output(self, input_ids: torch.Tensor, lengths: list[int], results: Mapping[int, Completion]) -> Any:
         rows = len(lengths)
         gen_lengths = [len(results[i].response_ids) for i in range(rows)]
         width = max([int(input_ids.shape[1])] + [lengths[i] + gen_lengths[i] for i in range(rows)])

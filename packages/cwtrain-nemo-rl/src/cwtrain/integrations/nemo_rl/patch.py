@@ -24,10 +24,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from importlib import resources
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from cwtrain.errors import CWTrainError
+from cwtrain.integrations.frameworks import NEMO_RL, install_line, installed_version, require
 
 __all__ = ["NEMO_RL_VERSION", "PATCH_NAME", "apply_patch", "main", "patch_text"]
 
@@ -41,42 +41,31 @@ def patch_text() -> str:
     return resources.files(__package__).joinpath(PATCH_NAME).read_text()
 
 
-def _installed_version() -> str | None:
-    for dist in ("nemo-rl", "nemo_rl"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    try:
-        import nemo_rl
-    except ImportError:
-        return None
-    return getattr(nemo_rl, "__version__", None)
-
-
 def apply_patch(root: str | Path | None = None, *, check_only: bool = False, installed: str | None = None) -> str:
     """Apply (or check) the patch; returns ``"applied"``, ``"already applied"`` or ``"applies"``.
 
     Args:
         root: the directory holding ``nemo_rl/`` (default: where ``nemo_rl`` is imported from).
         check_only: only check that it applies.
-        installed: the NeMo-RL version (default: read from the installed distribution).
+        installed: the NeMo-RL version (default:
+            :func:`cwtrain.integrations.frameworks.installed_version`).
 
     Raises:
         CWTrainError: NeMo-RL is missing or not v0.7.0, or the patch does not apply.
     """
-    found = installed if installed is not None else _installed_version()
+    found = installed if installed is not None else installed_version(NEMO_RL)
     if found is None:
-        raise CWTrainError("NeMo-RL is not installed: the patch is for nemo_rl v" + NEMO_RL_VERSION)
+        raise CWTrainError(
+            f"NeMo-RL is not installed: the patch is for nemo_rl v{NEMO_RL_VERSION} ({NEMO_RL.where}); "
+            f"install the plug-in beside it with {install_line(NEMO_RL.plugin)}"
+        )
     if found.split("+")[0] != NEMO_RL_VERSION:
         raise CWTrainError(
             f"NeMo-RL {found} is installed; the coreweave patch is written for v{NEMO_RL_VERSION} only "
             "(use the recipe's image, or port the patch)"
         )
     if root is None:
-        import nemo_rl
-
-        root = Path(nemo_rl.__file__).resolve().parent.parent
+        root = Path(str(require(NEMO_RL).__file__)).resolve().parent.parent
     root = Path(root)
     grpo = root / "nemo_rl" / "algorithms" / "grpo.py"
     if not grpo.is_file():

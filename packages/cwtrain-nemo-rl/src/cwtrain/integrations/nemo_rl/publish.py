@@ -16,7 +16,9 @@ copied to the host, compressed and uploaded with
 :meth:`cwtrain.hotload.upload.SnapshotUpload.finish_share` (no index, nothing on disk).
 The served copy advances only on :meth:`RankPublisher.commit`, after the hot-load
 completed. The driver merges the ranks' :class:`ShareResult` objects and commits the
-index last with :func:`commit_index`.
+index last with :func:`commit_index`. :func:`hf_side_files` picks the small files of an HF
+checkpoint (config, generation config, tokenizer) that go beside the shards of a FULL
+snapshot or an exported checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,7 +39,27 @@ from cwtrain.hotload.torch import TorchDeltaEncoder, tensor_data
 from cwtrain.hotload.upload import SnapshotUpload
 from cwtrain.infra.s3 import ObjectStoreLike
 
-__all__ = ["PublishPlan", "RankPublisher", "ShareResult", "commit_index", "owned_layout"]
+__all__ = ["PublishPlan", "RankPublisher", "ShareResult", "commit_index", "hf_side_files", "owned_layout"]
+
+# Side files that match neither rule of hf_side_files but belong to a tokenizer.
+_TOKENIZER_FILES = ("merges.txt",)
+
+
+def hf_side_files(directory: str | Path) -> dict[str, bytes]:
+    """The small files of an HF checkpoint that go beside its shards, by name.
+
+    Every ``*.json`` file but the weight indexes (``*.index.json``, so never
+    ``model.safetensors.index.json``), every ``tokenizer*`` file and ``merges.txt``, from
+    the top of ``directory``; weights are never included.
+    """
+    files: dict[str, bytes] = {}
+    for item in sorted(Path(directory).iterdir()):
+        name = item.name
+        json_file = name.endswith(".json") and not name.endswith(".index.json")
+        wanted = json_file or name.startswith("tokenizer") or name in _TOKENIZER_FILES
+        if wanted and item.is_file():
+            files[name] = item.read_bytes()
+    return files
 
 
 @dataclass(frozen=True)

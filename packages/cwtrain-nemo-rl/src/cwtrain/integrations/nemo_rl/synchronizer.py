@@ -16,40 +16,40 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cwtrain.errors import CWTrainError, SnapshotError
+from cwtrain.errors import ConfigError, SnapshotError
 from cwtrain.hotload.chain import ChainCadence
+from cwtrain.hotload.identity import version_identity
 from cwtrain.hotload.loader import HotLoader
+from cwtrain.hotload.manifest import snapshot_manifest
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
-from cwtrain.integrations.nemo_rl._nemo import require
-from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig, HotLoadSettings
-from cwtrain.integrations.nemo_rl.publish import PublishPlan, ShareResult, commit_index
-from cwtrain.integrations.nvext import SERVED_IDENTITY_FILE
+from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.nemo_rl.config import HotLoadSettings
+from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
+from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
+from cwtrain.integrations.nemo_rl.publish import PublishPlan, ShareResult, commit_index, hf_side_files
+from cwtrain.integrations.nvext import write_served_identity
 
-WeightSynchronizer = require("nemo_rl.weight_sync.interfaces").WeightSynchronizer
+# NeMo-RL's base class, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
+WeightSynchronizer: Any = require(NEMO_RL, "nemo_rl.weight_sync.interfaces").WeightSynchronizer
 
 __all__ = ["HotLoadWeightSynchronizer", "run_on_all_workers"]
 
 log = logging.getLogger(__name__)
 
-# Small files of the HF checkpoint that go beside the shards of a FULL snapshot.
-_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")  # fmt: skip
 
-
-def run_on_all_workers(policy: Any, method: str, **kwargs: Any) -> list[Any]:
+def run_on_all_workers(policy: WorkerGroup, method: str, **kwargs: Any) -> list[Any]:
     """``policy.run_all_workers_single_data(method, **kwargs)`` with Ray futures resolved."""
-    results = policy.run_all_workers_single_data(method, **kwargs)
-    if results and type(results[0]).__name__ == "ObjectRef":
-        import ray
-
-        results = ray.get(list(results))
-    return list(results)
+    results = list(policy.run_all_workers_single_data(method, **kwargs))
+    ray = sys.modules.get("ray")  # Ray futures exist only where Ray was imported
+    if ray is not None and results and isinstance(results[0], ray.ObjectRef):
+        return list(ray.get(results))
+    return results
 
 
 class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
@@ -59,7 +59,8 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         policy: NeMo-RL's ``Policy`` (its workers must be cwtrain's, see
             :mod:`cwtrain.integrations.nemo_rl.worker`).
         generation: the :class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration`.
-        generation_config: ``policy.generation`` (for ``coreweave_cfg``).
+        generation_config: ``policy.generation`` (NeMo-RL's signature; the settings are
+            the ones ``generation`` read from it).
         hf_checkpoint: the HF checkpoint directory of the base model (its ``config.json``
             and tokenizer files go beside FULL snapshots).
         loader: a :class:`~cwtrain.hotload.loader.HotLoader` (default from the config).
@@ -67,20 +68,17 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
 
     def __init__(
         self,
-        policy: Any,
-        generation: Any,
+        policy: WorkerGroup,
+        generation: CoreWeaveGeneration,
         generation_config: Mapping[str, Any],
         *,
         hf_checkpoint: str | os.PathLike[str],
         loader: HotLoader | None = None,
     ) -> None:
-        settings = getattr(generation, "settings", None)
-        if not isinstance(settings, CoreWeaveConfig):
-            settings = CoreWeaveConfig.from_generation_config(generation_config)
-        self.settings: HotLoadSettings = settings.hotload
+        self.settings: HotLoadSettings = generation.settings.hotload
         if loader is None:
             if not self.settings.deployment_id:
-                raise CWTrainError(
+                raise ConfigError(
                     "no deployment to publish to: set policy.generation.coreweave_cfg.deployment_id "
                     "or CWTRAIN_HOTLOAD_DEPLOYMENT_ID"
                 )
@@ -122,10 +120,12 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         return self._served
 
     def identity_for(self, version: int) -> str:
-        """``<run_id>-v{N:06d}``."""
-        return f"{self.settings.run_id}-v{version:06d}"
+        """``<run_id>-v{N:06d}`` (:func:`cwtrain.hotload.identity.version_identity`)."""
+        return version_identity(self.settings.run_id, version)
 
-    def sync_weights(self, *, timer: Any = None, kv_scales: Any = None) -> dict[str, float]:
+    def sync_weights(
+        self, *, timer: object | None = None, kv_scales: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
         """Publish the current weights as the next version and wait until they are served.
 
         Raises:
@@ -138,14 +138,13 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         version = self.version
         full = self.cadence.is_full(version)
         identity = self.identity_for(version)
-        deployment = self.loader.deployment
-        assert deployment.hot_load is not None
+        store = self.loader.store
         plan = PublishPlan(
             identity=identity,
             full=full,
             previous_identity=None if full else self._served,
-            bucket=deployment.hot_load.bucket,
-            path_prefix=deployment.hot_load.path_prefix.strip("/"),
+            bucket=store.bucket,
+            path_prefix=store.path_prefix,
             upload_workers=self.settings.upload_workers,
         )
         metrics: dict[str, float] = {"hotload/version": float(version), "hotload/incremental": float(not full)}
@@ -188,7 +187,8 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         self.cadence.published(full=full)
         self._stale = False
         self.version += 1
-        self._write_served_identity(identity)
+        if self.settings.state_dir:
+            write_served_identity(self.settings.state_dir, identity)
         self._write_manifest(identity, results)
         metrics.update(
             {
@@ -207,36 +207,16 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         return PromptCachePolicy.parse(value) if value else None
 
     def _side_files(self) -> dict[str, bytes]:
-        files = {}
-        for name in _SIDE_FILES:
-            path = self.hf_checkpoint / name
-            if path.is_file():
-                files[name] = path.read_bytes()
+        files = hf_side_files(self.hf_checkpoint)
         if "config.json" not in files:
             raise SnapshotError(f"{self.hf_checkpoint}/config.json is missing: a FULL snapshot needs it")
         return files
-
-    def _write_served_identity(self, identity: str) -> None:
-        if not self.settings.state_dir:
-            return
-        directory = Path(self.settings.state_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".served_identity.")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(identity + "\n")
-        os.replace(tmp, directory / SERVED_IDENTITY_FILE)
 
     def _write_manifest(self, identity: str, results: list[ShareResult]) -> None:
         checksums: dict[str, str] = {}
         for result in results:
             checksums.update(result.checksums)
-        manifest = {
-            "checksum_format": "adler32",
-            "deployment_id": self.loader.deployment_id,
-            "identity": identity,
-            "run_id": self.settings.run_id,
-            "tensors": dict(sorted(checksums.items())),
-        }
+        manifest = snapshot_manifest(identity, self.loader.deployment_id, self.settings.run_id, checksums)
         try:
             self.loader.upload_manifest(identity, manifest)
         except Exception as exc:  # a manifest only helps resume; never fail the step for it

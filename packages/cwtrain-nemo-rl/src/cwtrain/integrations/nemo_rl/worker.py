@@ -21,18 +21,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
+import torch
 
-from cwtrain.integrations.nemo_rl._nemo import require
+from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
 
-_utils = require("nemo_rl.models.policy.utils")
-_dtensor = require("nemo_rl.models.policy.workers.dtensor_policy_worker_v2")
+_utils = require(NEMO_RL, "nemo_rl.models.policy.utils")
+_dtensor = require(NEMO_RL, "nemo_rl.models.policy.workers.dtensor_policy_worker_v2")
 
 __all__ = ["CoreWeaveDTensorPolicyWorker", "CoreWeaveMegatronPolicyWorker"]
 
 
 class _DTensorImpl(HotLoadWorkerMixin, _dtensor.DTensorPolicyWorkerV2Impl):  # type: ignore[misc,name-defined]
-    def cwtrain_params(self) -> Iterator[tuple[str, Any]]:
+    def cwtrain_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         return _dtensor.dtensor_params_generator(self.model, self.dtype)  # type: ignore[no-any-return]
 
 
@@ -43,12 +44,12 @@ CoreWeaveDTensorPolicyWorker = ray.remote(
 
 def _megatron() -> Any:
     try:
-        module = require("nemo_rl.models.policy.workers.megatron_policy_worker")
+        module = require(NEMO_RL, "nemo_rl.models.policy.workers.megatron_policy_worker")
     except ImportError:
         return None
 
     class _MegatronImpl(HotLoadWorkerMixin, module.MegatronPolicyWorkerImpl):  # type: ignore[misc,name-defined]
-        def cwtrain_params(self) -> Iterator[tuple[str, Any]]:
+        def cwtrain_params(self) -> Iterator[tuple[str, torch.Tensor]]:
             return self._iter_params_with_optional_kv_scales()  # type: ignore[no-any-return]
 
     return ray.remote(runtime_env=_utils.get_runtime_env_for_policy_worker("megatron_policy_worker"))(_MegatronImpl)

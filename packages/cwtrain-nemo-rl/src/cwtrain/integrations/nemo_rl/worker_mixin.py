@@ -13,7 +13,8 @@ through ``policy.run_all_workers_single_data(...)`` on every rank:
   users who want one (rank 0 writes; every rank iterates).
 
 A subclass provides :meth:`cwtrain_params` (the generator) and may override
-:meth:`cwtrain_rank`.
+:meth:`cwtrain_rank` (a worker that holds only its share calls
+``self.cwtrain_publisher().publish_share(...)`` itself).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from cwtrain.hotload.torch import tensor_data
-from cwtrain.integrations.nemo_rl.publish import PublishPlan, RankPublisher, ShareResult
+from cwtrain.integrations.nemo_rl.publish import PublishPlan, RankPublisher, ShareResult, hf_side_files
 
 __all__ = ["HotLoadWorkerMixin"]
 
@@ -43,31 +44,30 @@ class HotLoadWorkerMixin:
         raise NotImplementedError
 
     def cwtrain_rank(self) -> tuple[int, int]:
-        """``(rank, world_size)`` from torch.distributed, else ``self.rank`` / 1."""
+        """``(rank, world_size)`` from torch.distributed (``(0, 1)`` when it is not initialized)."""
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return int(getattr(self, "rank", 0)), int(getattr(self, "world_size", 1))
+        return 0, 1
 
-    def _cwtrain(self) -> RankPublisher:
+    def cwtrain_publisher(self) -> RankPublisher:
+        """This worker's :class:`RankPublisher` (a new one when the rank or world size changed)."""
         rank, world = self.cwtrain_rank()
-        if self._cwtrain_publisher is None or (self._cwtrain_publisher.rank, self._cwtrain_publisher.world_size) != (
-            rank,
-            world,
-        ):
-            self._cwtrain_publisher = RankPublisher(rank, world)
-        return self._cwtrain_publisher
+        publisher = self._cwtrain_publisher
+        if publisher is None or (publisher.rank, publisher.world_size) != (rank, world):
+            publisher = self._cwtrain_publisher = RankPublisher(rank, world)
+        return publisher
 
     def cwtrain_publish_share(self, plan: PublishPlan) -> ShareResult:
         """Encode and upload this rank's share of the weights (called on every rank)."""
-        return self._cwtrain().publish(self.cwtrain_params(), plan)
+        return self.cwtrain_publisher().publish(self.cwtrain_params(), plan)
 
     def cwtrain_commit_share(self) -> None:
         """The hot-load completed: the published weights are now the served copy."""
-        self._cwtrain().commit()
+        self.cwtrain_publisher().commit()
 
     def cwtrain_discard_share(self) -> None:
         """The hot-load failed: keep the previous served copy."""
-        self._cwtrain().discard()
+        self.cwtrain_publisher().discard()
 
     def export_hf_checkpoint(
         self,
@@ -82,7 +82,8 @@ class HotLoadWorkerMixin:
         Args:
             path: the output directory.
             allowed_names: only these tensors (default all).
-            config_dir: a directory whose ``*.json`` / tokenizer files are copied beside the shards.
+            config_dir: a directory whose config and tokenizer files
+                (:func:`~cwtrain.integrations.nemo_rl.publish.hf_side_files`) are copied beside the shards.
             shard_bytes: payload limit of one shard (HF-style 1-based names when several).
             dtypes: tensor name → torch dtype to cast to.
 
@@ -113,9 +114,7 @@ class HotLoadWorkerMixin:
         for file in snap.all_files:
             file.write_to(partial / file.name)
         if config_dir:
-            for item in Path(config_dir).iterdir():
-                wanted = item.suffix == ".json" or item.name.startswith("tokenizer")
-                if item.is_file() and wanted and item.name != "model.safetensors.index.json":
-                    (partial / item.name).write_bytes(item.read_bytes())
+            for name, data in hf_side_files(config_dir).items():
+                (partial / name).write_bytes(data)
         os.replace(partial, out)  # all or nothing: a crash leaves only the .partial directory
         return str(out)

@@ -28,6 +28,7 @@ from typing import Any
 from cwtrain.errors import CWTrainError, NotFoundError
 from cwtrain.infra import Deployment, InferenceClient, lifecycle
 from cwtrain.integrations.gym.collect import (
+    CheckedCollector,
     CollectionJob,
     CollectionResult,
     Collector,
@@ -158,9 +159,8 @@ def evaluate(
         raise CWTrainError("num_repeats, limit and concurrency must be at least 1")
     lifecycle.refuse_placeholders(request, source)
     step = collector or GymCLICollector()
-    check = getattr(step, "check", None)
-    if callable(check):
-        check()  # e.g. Gym missing: say so before a deployment is created for nothing
+    if isinstance(step, CheckedCollector):
+        step.check()  # e.g. Gym missing: say so before a deployment is created for nothing
     deployment_id = str(request.get("id") or "") or str(uuid.uuid4())
     _refuse_existing(client, deployment_id)
     log.info("temporary deployment %r: id %s", request.get("name"), deployment_id)

@@ -1,0 +1,168 @@
+"""What ``cwtrain demo`` shows: one line per step while it runs, then the summary.
+
+:func:`cwtrain.local.demo.run_demo` records one :class:`StepRecord` per step and hands
+each to a :class:`LiveDisplay` (stderr); at the end :func:`summarize` turns the records
+into the JSON document ``cwtrain demo`` prints on stdout, and :func:`print_summary`
+prints its table on stderr::
+
+    display = LiveDisplay(sys.stderr, total=40)
+    display.row(record)                               # step   3/40  reward  0.250 █████···  ...
+    summary = summarize(asdict(config), records, seconds, teardown, deployment_id)
+    print_summary(summary, sys.stderr)                # summary  value / -------  ----- / ...
+
+The reward goal (``reward_goal_met``): the final mean reward is at least 0.5 and at least
+twice the first.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+__all__ = ["LiveDisplay", "StepRecord", "print_summary", "summarize"]
+
+
+@dataclass
+class StepRecord:
+    """One row of the live display and the summary."""
+
+    step: int
+    identity: str
+    snapshot_type: str
+    mean_reward: float | None
+    snapshot_bytes: int
+    tensors_changed: int
+    publish_seconds: float
+    hot_load_seconds: float
+    replicas_serving: int
+    served_identities: list[str] = field(default_factory=list)
+    logprob_gap: float | None = None
+    rollout_seconds: float = 0.0
+    train_seconds: float = 0.0
+    rollout_retries: int = 0
+
+
+def _bar(value: float, width: int = 20) -> str:
+    filled = round(max(0.0, min(1.0, value)) * width)
+    return "█" * filled + "·" * (width - filled)
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:7.1f} KiB"
+
+
+class LiveDisplay:
+    """The live lines on a stream (stderr).
+
+    Args:
+        stream: where the lines go.
+        total: the number of training steps (shown as ``step k/total``).
+    """
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream = stream
+        self.total = total
+
+    def say(self, text: str) -> None:
+        """One line, flushed."""
+        print(text, file=self.stream, flush=True)
+
+    def row(self, rec: StepRecord) -> None:
+        """The line of one step: reward, snapshot type and size, latencies, what is served."""
+        reward = "   —  " if rec.mean_reward is None else f"{rec.mean_reward:6.3f}"
+        bar = _bar(rec.mean_reward or 0.0)
+        self.say(
+            f"step {rec.step:>3}/{self.total}  reward {reward} {bar}  {rec.snapshot_type:<11} "
+            f"{_kib(rec.snapshot_bytes)}  publish {rec.publish_seconds * 1000:6.0f} ms  "
+            f"hot-load {rec.hot_load_seconds * 1000:5.0f} ms  rollout {rec.rollout_seconds * 1000:5.0f} ms  "
+            f"train {rec.train_seconds * 1000:4.0f} ms  serving {rec.identity} on {rec.replicas_serving}"
+        )
+
+
+def summarize(
+    config: Mapping[str, Any], records: list[StepRecord], seconds: float, teardown: float, deployment_id: str
+) -> dict[str, Any]:
+    """The summary document of a run.
+
+    Args:
+        config: the run's settings as JSON (with ``replicas``).
+        records: one record per step, step 0 (the baseline) first.
+        seconds: the whole run's wall time.
+        teardown: the seconds spent deleting the deployment and gateway.
+        deployment_id: the deployment the run published to.
+    """
+    rewards = [r.mean_reward for r in records if r.mean_reward is not None]
+    published = [r for r in records if r.snapshot_type != "SKIPPED"]
+    deltas = [r for r in published if r.snapshot_type == "INCREMENTAL"]
+    fulls = [r for r in published if r.snapshot_type == "FULL"]
+    first = rewards[0] if rewards else 0.0
+    final = rewards[-1] if rewards else 0.0
+    met = final >= 0.5 and final >= 2 * first
+    return {
+        "config": dict(config),
+        "deployment_id": deployment_id,
+        "first_reward": first,
+        "final_reward": final,
+        "reward_goal_met": met,
+        "rewards": rewards,
+        "published": len(published),
+        "full_snapshots": len(fulls),
+        "delta_snapshots": len(deltas),
+        "median_delta_bytes": statistics.median(r.snapshot_bytes for r in deltas) if deltas else None,
+        "median_full_bytes": statistics.median(r.snapshot_bytes for r in fulls) if fulls else None,
+        "median_publish_seconds": statistics.median(r.publish_seconds for r in published) if published else None,
+        "median_hot_load_seconds": statistics.median(r.hot_load_seconds for r in published) if published else None,
+        "max_hot_load_seconds": max((r.hot_load_seconds for r in published), default=None),
+        "median_rollout_seconds": statistics.median(r.rollout_seconds for r in records[1:])
+        if len(records) > 1
+        else None,
+        "median_train_seconds": statistics.median(r.train_seconds for r in records[1:]) if len(records) > 1 else None,
+        "final_identity": published[-1].identity if published else "initial",
+        "every_replica_served_every_version": all(r.replicas_serving == config["replicas"] for r in published),
+        "rollouts_served_by_latest": all(
+            r.served_identities == [records[i - 1].identity] for i, r in enumerate(records) if i > 0
+        ),
+        "rollout_retries": sum(r.rollout_retries for r in records),
+        "teardown_seconds": teardown,
+        "total_seconds": seconds,
+        "steps": [asdict(r) for r in records],
+    }
+
+
+def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
+    """The summary table and the verdict line."""
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{value * 1000:.0f} ms"
+
+    def size(value: float | None) -> str:
+        return "—" if value is None else _kib(int(value)).strip()
+
+    rows = [
+        ("steps", str(summary["config"]["steps"])),
+        ("first mean reward", f"{summary['first_reward']:.3f}"),
+        ("final mean reward", f"{summary['final_reward']:.3f}"),
+        ("snapshots (FULL / delta)", f"{summary['full_snapshots']} / {summary['delta_snapshots']}"),
+        ("median delta size", size(summary["median_delta_bytes"])),
+        ("median FULL size", size(summary["median_full_bytes"])),
+        ("median publish", ms(summary["median_publish_seconds"])),
+        ("median hot-load (all replicas)", ms(summary["median_hot_load_seconds"])),
+        (
+            "median rollout / train per step",
+            f"{ms(summary['median_rollout_seconds'])} / {ms(summary['median_train_seconds'])}",
+        ),
+        ("final identity", summary["final_identity"]),
+        ("every replica on every version", "yes" if summary["every_replica_served_every_version"] else "NO"),
+        ("rollouts from the latest version", "yes" if summary["rollouts_served_by_latest"] else "NO"),
+        ("total time", f"{summary['total_seconds']:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("", file=stream)
+    print(f"{'summary'.ljust(width)}  value", file=stream)
+    print(f"{'-' * width}  {'-' * 24}", file=stream)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}", file=stream)
+    verdict = "reward climbed" if summary["reward_goal_met"] else "reward did NOT reach the goal (≥ 0.5 and ≥ 2× first)"
+    print(f"\n{verdict}; everything torn down.", file=stream, flush=True)
