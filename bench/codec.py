@@ -318,7 +318,7 @@ def big_diff(args: argparse.Namespace) -> int:
         peak, wall, answer = cli_peak_rss(argv, env)
         summary = json.loads(answer) if answer.lstrip().startswith("{") else {}
         others: dict[str, dict[str, float]] = {}
-        if args.big_apply_verify:  # owned by issue 16; measured, not changed here
+        if args.big_apply_verify:  # the same delta through `snapshot verify --base` and `snapshot apply`
             for name, command in (
                 ("verify", ["snapshot", "verify", str(scratch / "delta"), "--base", str(scratch / "old")]),
                 (
