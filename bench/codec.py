@@ -18,8 +18,13 @@ units in the last place. Then, in one run, on the same bytes:
 
 Ratios are throughput ratios (``a/c`` = time(c) / time(a)), from wall time and, as a
 check that survives a busy machine, from this process's CPU time; goals: ``a/d`` and
-``b/d`` >= 0.85, ``a/c`` and ``b/c`` >= 4 on 2 cores. ``--memory`` also runs (a) in a child
-process and reports its peak RSS.
+``b/d`` >= 0.85, ``a/c`` and ``b/c`` >= 4 on 2 cores. ``--memory`` also runs, each in a
+child process whose peak RSS (``VmHWM``) is read at its exit, on the same checkpoint:
+(a) ``diff``; ``apply`` of (a)'s delta to the old checkpoint (``write_applied_snapshot``,
+what ``cwtrain snapshot apply`` runs); ``verify`` of the delta against the old checkpoint
+(``verify_snapshot_dir``, what ``cwtrain snapshot verify --base`` runs). Each must stay
+within the memory budget (``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, default 1 GiB, passed on to
+the children) + 1 GiB; the verdict is printed.
 
 ``--big SIZE`` measures instead the peak memory of ``cwtrain snapshot diff`` on a checkpoint
 of SIZE (issue 20: 16 GiB must stay within ``CWTRAIN_HOTLOAD_MEMORY_BUDGET`` + 1 GiB). The
@@ -57,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.codec import DeltaEncoder, memory_budget_from_env
 from cwtrain.hotload.decode import default_workers
 from cwtrain.hotload.delta import open_checkpoint, write_delta
 from cwtrain.hotload.format import INDEX_NAME, adler32
@@ -211,20 +216,40 @@ def rest(base: Path, new: Path, workers: int) -> int:
             return len(list(pool.map(one, sorted(new_ckpt.tensors))))
 
 
+_PEAK = "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])"
+
+
+def _peak_rss(code: str, *args: str) -> int:
+    """Peak RSS (bytes) of a child process running ``code`` with ``args`` (its VmHWM, read at exit)."""
+    done = subprocess.run([sys.executable, "-c", f"{code}; {_PEAK}", *args], check=True, capture_output=True, text=True)
+    return int(done.stdout.split()[-1]) * 1024
+
+
 def child_peak_rss(base: Path, new: Path, out: Path, workers: int) -> int:
     """Peak RSS (bytes) of a child process that only runs write_delta (its VmHWM, read at exit)."""
     code = (
         "import sys; from cwtrain.hotload.delta import write_delta; "
-        "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4])); "
-        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])"
+        "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4]))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(base), str(new), str(out), str(workers)],
-        check=True,
-        capture_output=True,
-        text=True,
+    return _peak_rss(code, str(base), str(new), str(out), str(workers))
+
+
+def child_peak_rss_apply(base: Path, delta: Path, out: Path, workers: int) -> int:
+    """Peak RSS (bytes) of a child that applies ``delta`` to ``base`` into ``out`` (``snapshot apply``)."""
+    code = (
+        "import sys; from cwtrain.hotload.delta import write_applied_snapshot; "
+        "write_applied_snapshot(sys.argv[1], sys.argv[2], sys.argv[3], workers=int(sys.argv[4]))"
     )
-    return int(done.stdout.split()[-1]) * 1024
+    return _peak_rss(code, str(base), str(delta), str(out), str(workers))
+
+
+def child_peak_rss_verify(base: Path, delta: Path, workers: int) -> int:
+    """Peak RSS (bytes) of a child that verifies ``delta`` against ``base`` (``snapshot verify --base``)."""
+    code = (
+        "import sys; from cwtrain.hotload.decode import verify_snapshot_dir; "
+        "r = verify_snapshot_dir(sys.argv[2], base=sys.argv[1], workers=int(sys.argv[3])); assert r.verified == r.tensors"
+    )
+    return _peak_rss(code, str(base), str(delta), str(workers))
 
 
 BIG_TENSOR = 256 << 20
@@ -293,7 +318,7 @@ def big_diff(args: argparse.Namespace) -> int:
         peak, wall, answer = cli_peak_rss(argv, env)
         summary = json.loads(answer) if answer.lstrip().startswith("{") else {}
         others: dict[str, dict[str, float]] = {}
-        if args.big_apply_verify:  # owned by issue 16; measured, not changed here
+        if args.big_apply_verify:  # the same delta through `snapshot verify --base` and `snapshot apply`
             for name, command in (
                 ("verify", ["snapshot", "verify", str(scratch / "delta"), "--base", str(scratch / "old")]),
                 (
@@ -398,11 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         t_c, cpu_c = best(lambda: naive(scratch / "old", scratch / "new"), args.repeat)
         t_d, cpu_d = best(lambda: ceiling(xors, args.workers), args.repeat)
         t_e, cpu_e = best(lambda: rest(scratch / "old", scratch / "new", args.workers), args.repeat)
-        peak = (
-            child_peak_rss(scratch / "old", scratch / "new", scratch / "delta-mem", args.workers)
-            if args.memory
-            else None
-        )
+        peaks: dict[str, int] = {}
+        if args.memory:
+            peaks["diff"] = child_peak_rss(scratch / "old", scratch / "new", scratch / "delta-mem", args.workers)
+            peaks["apply"] = child_peak_rss_apply(
+                scratch / "old", scratch / "delta-mem", scratch / "applied", args.workers
+            )
+            peaks["verify"] = child_peak_rss_verify(scratch / "old", scratch / "delta-mem", args.workers)
+        budget = memory_budget_from_env()
 
         wall = {"a": t_a, "b": t_b, "c": t_c, "d": t_d, "e": t_e}
         cpu = {"a": cpu_a, "b": cpu_b, "c": cpu_c, "d": cpu_d, "e": cpu_e}
@@ -421,7 +449,11 @@ def main(argv: list[str] | None = None) -> int:
             "bound_a/d": t_d / (t_d + t_e),
             "cpu_bound_a/d": cpu_d / (cpu_d + cpu_e),
             "delta_percent_of_full": 100.0 * payload / total,
-            "peak_rss_bytes_a": peak,
+            "peak_rss_bytes_a": peaks.get("diff"),
+            "peak_rss_bytes": peaks or None,
+            "memory_budget": budget,
+            "memory_limit_bytes": budget + (1 << 30),
+            "within_memory_limit": all(peak <= budget + (1 << 30) for peak in peaks.values()) if peaks else None,
         }
         if args.json:
             print(json.dumps(result, indent=2))
@@ -445,8 +477,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<28}{result['ratios'][name]:>10.2f}{result['cpu_ratios'][name]:>8.2f}")
             print(f"{'bound a/d = d / (d + e)':<28}{result['bound_a/d']:>10.2f}{result['cpu_bound_a/d']:>8.2f}")
             print(f"delta size {result['delta_percent_of_full']:.2f} % of full")
-            if peak is not None:
-                print(f"peak RSS of (a) {peak / 2**20:.0f} MiB")
+            if peaks:
+                shown = ", ".join(f"{name} {peak / 2**20:.0f} MiB" for name, peak in peaks.items())
+                verdict = "pass" if result["within_memory_limit"] else "FAIL"
+                print(
+                    f"peak RSS: {shown} (limit: budget {budget / 2**20:.0f} MiB + 1 GiB = "
+                    f"{result['memory_limit_bytes'] / 2**20:.0f} MiB: {verdict})"
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

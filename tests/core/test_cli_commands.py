@@ -638,9 +638,22 @@ def test_error_table_gives_one_line_and_the_exit_code(
     assert (got, out, err) == (code, None, line + "\n")
 
 
-def test_other_errors_are_bugs_and_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
-    _raising(monkeypatch, RuntimeError("bug"))
-    with pytest.raises(RuntimeError, match="bug"):
+def test_other_errors_are_bugs_reported_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _raising(monkeypatch, RuntimeError("bug\nsecond line"))
+    monkeypatch.delenv("CWTRAIN_DEBUG", raising=False)
+    code, out, err = run(capsys, "hotload", "cancel", "h")
+    assert (code, out) == (1, None)
+    assert err == (
+        "error: internal error (RuntimeError: bug second line); this is a bug in cwtrain: "
+        "rerun with -v and report the traceback\n"
+    )
+
+
+def test_only_non_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    _raising(monkeypatch, SystemExit(3))
+    with pytest.raises(SystemExit):
         main(["hotload", "cancel", "h"])
 
 
@@ -669,5 +682,6 @@ def test_a_bad_debug_variable_is_a_configuration_error(
 def test_the_table_is_the_one_main_uses() -> None:
     from cwtrain.cli.errors import ERROR_EXITS, find_exit
 
-    assert [row.code for row in ERROR_EXITS] == [130, 1, 1, 1]
-    assert find_exit(ConfigError("x")) is ERROR_EXITS[1] and find_exit(RuntimeError()) is None
+    assert [row.code for row in ERROR_EXITS] == [130, 1, 1, 1, 1]
+    assert find_exit(ConfigError("x")) is ERROR_EXITS[1] and find_exit(RuntimeError()) is ERROR_EXITS[-1]
+    assert find_exit(SystemExit(0)) is None

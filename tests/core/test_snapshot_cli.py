@@ -57,8 +57,9 @@ def test_diff_apply_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         "unchecked": 0,
         "result": "ok",
     }
-    code, verified, _ = _run(capsys, "snapshot", "verify", str(tmp_path / "d"))
-    assert code == 0 and verified["type"] == "INCREMENTAL" and verified["unchecked"] == 1  # type: ignore[index]
+    code, verified, err = _run(capsys, "snapshot", "verify", str(tmp_path / "d"))  # no Adler-32 without the base
+    assert code == 1 and verified["type"] == "INCREMENTAL" and verified["unchecked"] == 1  # type: ignore[index]
+    assert verified["result"] == "unverified" and err.count("error:") == 1 and "--base" in err  # type: ignore[index]
     code, verified, _ = _run(capsys, "snapshot", "verify", str(tmp_path / "d"), "--base", str(base))
     assert code == 0 and verified["verified"] == 1  # type: ignore[index]
 

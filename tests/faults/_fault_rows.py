@@ -74,4 +74,55 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "clients built with defaults, then with the explicit opt-outs",
         "verification on by default for the API and the store; turning it off needs an option and warns",
     ),
+    "decode-memory": (
+        "deltas that expand past their size, checkpoints larger than the memory budget",
+        "snapshot verify of frames declaring 1 TiB or 1 GiB in a few KB; snapshot apply and verify --base with "
+        "a 64 MiB budget on a 192 MiB checkpoint; a shard truncated while verify reads it",
+        "each decode bounded by the declared size and streamed: peak RSS under the checkpoint size; a clear SnapshotError",
+    ),
+    "decode-fuzz": (
+        "malformed snapshot bytes (fuzzed)",
+        "hypothesis, fixed seed and budget: safetensors headers, delta indexes, zstd frames, byte flips in a delta",
+        "nothing escapes but a SnapshotError; a frame never decodes past its declared size",
+    ),
+    "secret-forms": (
+        "secrets in other forms",
+        "an AWS key and an API header value with a trailing newline, a password in the API URL, a bad token",
+        "the error line shows no form of any secret (raw, stripped, repr, bytes, percent-encoded, URL userinfo)",
+    ),
+    "cli-crash": (
+        "inputs that crashed the CLI",
+        "a non-ASCII or control-character token, header or origin (fuzzed), an exception no row knows",
+        "one error line, exit 1 or 2, no traceback",
+    ),
+    "out-link": (
+        "an output path that is a link",
+        "snapshot diff --out a link to an empty directory, to a file, to nothing",
+        "the output lands where the link points, or the path is refused before any work",
+    ),
+    "many-tensors": (
+        "a checkpoint of many zero-size tensors",
+        "snapshot diff and hotload inspect of 2,000 and 16,000 tensors, zero bytes in all",
+        "progress throttled to a few lines; time grows linearly with the tensor count",
+    ),
+    "id-escape": (
+        "resource ids holding URL syntax",
+        "get, delete and cancel of ids with ?, #, % and :, and of the id parameters",
+        "the id is sent percent-encoded as one path segment: no other resource is addressed",
+    ),
+    "identity-chars": (
+        "identities with control characters or bidi overrides",
+        "U+202E, U+200B, NUL, newline and others in identities and predecessors",
+        "refused before anything is written or sent",
+    ),
+    "metadata-clash": (
+        "a tensor named like a __metadata__ entry",
+        'a tensor `format` beside `"format": "pt"` written as a FULL with checksums, applied, or encoded',
+        "refused with a SnapshotError; the entry is never overwritten",
+    ),
+    "verify-nothing": (
+        "snapshot verify with nothing it can check",
+        "a FULL without checksums, a delta without --base, an empty delta",
+        "exit 1 with the reason and result unverified; never ok",
+    ),
 }

@@ -59,6 +59,7 @@ from cwtrain.hotload.format import (
     SINGLE_FILE_NAME,
     SnapshotFile,
     adler32,
+    checksum_metadata,
     full_shard_name,
     local_index_bytes,
     serialize_index,
@@ -721,6 +722,8 @@ class FullSnapshotPlan:
                 self._meta[shard] = dict(shard_metadata_by_shard[shard])
             else:
                 self._meta[shard] = dict(shard_metadata) if shard_metadata is not None else {"format": "pt"}
+            # a tensor named like a non-checksum entry ("format") is refused before any byte is read
+            checksum_metadata(self._meta[shard], dict.fromkeys((e.name for e in entries), "0" * 8), source=shard)
         #: Shard file names, in the order :meth:`build` should be called (first shard first).
         self.shards: list[str] = list(groups)
         self.total_size = sum(t.nbytes for t in tensors.values())
@@ -739,9 +742,7 @@ class FullSnapshotPlan:
         missing = {e.name: self._tensors[e.name] for e in entries if e.name not in self.checksums}
         if missing:
             self.checksums.update(self._encoder.checksums(missing, stats=self._stats))
-        meta = dict(self._meta[shard])
-        for entry in entries:
-            meta[entry.name] = self.checksums[entry.name]
+        meta = checksum_metadata(self._meta[shard], {e.name: self.checksums[e.name] for e in entries}, source=shard)
         buffers: list[Buffer] = [encode_header(entries, meta)]
         for entry in sorted(entries, key=lambda e: e.begin):
             data = self._tensors[entry.name].data

@@ -52,9 +52,11 @@ __all__ = [
     "adler32",
     "adler32_hex",
     "check_delta_metadata",
+    "checksum_metadata",
     "full_shard_name",
     "generated_index_bytes",
     "index_metadata",
+    "is_checksum",
     "is_delta_index",
     "local_index_bytes",
     "parse_index",
@@ -91,6 +93,36 @@ def adler32(data: Buffer, value: int = 1) -> int:
 def adler32_hex(data: Buffer) -> str:
     """Adler-32 of ``data`` as 8 lowercase hex digits (the shard ``__metadata__`` form)."""
     return f"{adler32(data):08x}"
+
+
+def is_checksum(text: str) -> bool:
+    """Whether ``text`` has the form of a shard checksum: 8 lowercase hex digits."""
+    return len(text) == 8 and all(c in "0123456789abcdef" for c in text)
+
+
+def checksum_metadata(
+    existing: Mapping[str, str] | None, checksums: Mapping[str, str], *, source: str
+) -> dict[str, str]:
+    """A shard's ``__metadata__`` with one Adler-32 per tensor (section 3.3).
+
+    Existing entries come first; a tensor's existing checksum is updated in place, the
+    others are appended in the order of ``checksums``.
+
+    Raises:
+        SnapshotError: a tensor is named like an existing entry that is not a checksum
+            (a tensor ``format`` beside ``"format": "pt"``): its checksum would replace
+            that entry, and readers could not tell the two apart.
+    """
+    metadata = dict(existing or {})
+    clashes = [name for name in checksums if name in metadata and not is_checksum(metadata[name])]
+    if clashes:
+        shown = ", ".join(f"{name!r} (= {metadata[name][:40]!r})" for name in clashes[:3])
+        raise SnapshotError(
+            f"{source}: tensor names clash with the shard's __metadata__ entries {shown}; a checksum "
+            "would overwrite them: rename the tensors or drop those entries"
+        )
+    metadata.update(checksums)
+    return metadata
 
 
 # ------------------------------------------------------------------------------- files
@@ -153,8 +185,8 @@ def parse_index(raw: Buffer, *, source: str) -> dict[str, Any]:
     """
     try:
         obj = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SnapshotError(f"{source}: invalid index JSON ({exc})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SnapshotError(f"{source}: invalid index JSON ({str(exc)[:200]})") from None
     if not isinstance(obj, dict):
         raise SnapshotError(f"{source}: the index must be a JSON object")
     metadata = obj.get("metadata")
@@ -166,9 +198,28 @@ def parse_index(raw: Buffer, *, source: str) -> dict[str, Any]:
     if not isinstance(weight_map, dict):
         raise SnapshotError(f"{source}: index needs a weight_map object")
     for tensor, shard in weight_map.items():
-        if not isinstance(shard, str) or not shard.endswith(".safetensors") or "/" in shard or shard.startswith("."):
-            raise SnapshotError(f"{source}: tensor {tensor!r} maps to {shard!r}, not an immediate *.safetensors file")
+        if (
+            not isinstance(shard, str)
+            or not shard.endswith(".safetensors")
+            or "/" in shard
+            or "\0" in shard
+            or shard.startswith(".")
+            or not shard.isprintable()
+            or not _encodable(shard)
+        ):
+            shown = repr(shard)[:80]
+            raise SnapshotError(
+                f"{source}: tensor {tensor[:80]!r} maps to {shown}, not an immediate *.safetensors file"
+            )
     return obj
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_index_file(path: str | Path) -> dict[str, Any]:
