@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Buffer, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import zstandard
@@ -76,6 +76,7 @@ __all__ = [
     "DeltaEncoder",
     "EncodeStats",
     "EncodedSnapshot",
+    "FullOptions",
     "FullSnapshotPlan",
     "ShardSink",
     "TensorResult",
@@ -271,6 +272,31 @@ def _read(source: TensorSource, offset: int, length: int, scratch: U8Array) -> U
             done += got
         return view
     return as_uint8(source)[offset : offset + length]
+
+
+class FullOptions(TypedDict, total=False):
+    """How :meth:`DeltaEncoder.encode_full` and :meth:`~DeltaEncoder.plan_full` lay out a FULL snapshot.
+
+    Attributes:
+        layout: tensor → shard file name; default one ``model.safetensors`` up to
+            ``shard_bytes``, else HF-style 1-based ``model-{i:05d}-of-{N:05d}``.
+        shard_metadata: ``__metadata__`` entries before the checksums (default
+            ``{"format": "pt"}``).
+        index_meta: the index ``metadata`` to keep; ``total_size`` and
+            ``checksum_format`` are set (appended when new).
+        checksums: Adler-32s already known (else computed).
+        shard_entries: exact header entries per shard (header order and data offsets of
+            a source checkpoint, so the bytes equal a rewrite of it); the layout is taken
+            from them.
+        shard_metadata_by_shard: ``__metadata__`` per shard, overriding ``shard_metadata``.
+    """
+
+    layout: Mapping[str, str] | None
+    shard_metadata: Mapping[str, str] | None
+    index_meta: Mapping[str, Any] | None
+    checksums: Mapping[str, str] | None
+    shard_entries: Mapping[str, Sequence[TensorEntry]] | None
+    shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None
 
 
 class DeltaEncoder:
@@ -480,63 +506,25 @@ class DeltaEncoder:
             out[result.name] = f"{result.adler:08x}"
         return {name: out[name] for name in tensors}
 
-    def encode_full(
-        self,
-        tensors: Mapping[str, TensorData],
-        *,
-        layout: Mapping[str, str] | None = None,
-        shard_metadata: Mapping[str, str] | None = None,
-        index_meta: Mapping[str, Any] | None = None,
-        checksums: Mapping[str, str] | None = None,
-        shard_entries: Mapping[str, Sequence[TensorEntry]] | None = None,
-        shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None = None,
-    ) -> EncodedSnapshot:
+    def encode_full(self, tensors: Mapping[str, TensorData], **options: Unpack[FullOptions]) -> EncodedSnapshot:
         """A FULL snapshot with checksums (spec 3.3) from tensors in memory.
 
         Args:
             tensors: the weights, in the order they are written.
-            layout: tensor → shard file name; default one ``model.safetensors`` up to
-                ``shard_bytes``, else HF-style 1-based ``model-{i:05d}-of-{N:05d}``.
-            shard_metadata: ``__metadata__`` entries before the checksums
-                (default ``{"format": "pt"}``).
-            index_meta: the index ``metadata`` to keep; ``total_size`` and
-                ``checksum_format`` are set (appended when new).
-            checksums: Adler-32s already known (else computed).
-            shard_entries: exact header entries per shard (header order and data
-                offsets of a source checkpoint, so the bytes equal a rewrite of it);
-                the layout is taken from them.
-            shard_metadata_by_shard: ``__metadata__`` per shard, overriding
-                ``shard_metadata``.
+            **options: the layout and metadata, as :class:`FullOptions` describes.
 
         Raises:
             SnapshotError: a tensor without a shard, or one that does not match its entry.
         """
         start = time.perf_counter()
-        plan = self.plan_full(
-            tensors,
-            layout=layout,
-            shard_metadata=shard_metadata,
-            index_meta=index_meta,
-            checksums=checksums,
-            shard_entries=shard_entries,
-            shard_metadata_by_shard=shard_metadata_by_shard,
-        )
-        if checksums is None:
+        plan = self.plan_full(tensors, **options)
+        if options.get("checksums") is None:
             plan.checksums.update(self.checksums(tensors))  # one pool run over every tensor
         files = [plan.build(shard) for shard in plan.shards]
         return plan.snapshot(files, seconds=time.perf_counter() - start)
 
     def plan_full(
-        self,
-        tensors: Mapping[str, TensorData],
-        *,
-        layout: Mapping[str, str] | None = None,
-        shard_metadata: Mapping[str, str] | None = None,
-        index_meta: Mapping[str, Any] | None = None,
-        checksums: Mapping[str, str] | None = None,
-        shard_entries: Mapping[str, Sequence[TensorEntry]] | None = None,
-        shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None = None,
-        stats: StageStats | None = None,
+        self, tensors: Mapping[str, TensorData], *, stats: StageStats | None = None, **options: Unpack[FullOptions]
     ) -> FullSnapshotPlan:
         """The streaming form of :meth:`encode_full` (same arguments, same bytes).
 
@@ -554,17 +542,7 @@ class DeltaEncoder:
         Raises:
             SnapshotError: a tensor without a shard, or one that does not match its entry.
         """
-        return FullSnapshotPlan(
-            self,
-            tensors,
-            layout=layout,
-            shard_metadata=shard_metadata,
-            index_meta=index_meta,
-            checksums=checksums,
-            shard_entries=shard_entries,
-            shard_metadata_by_shard=shard_metadata_by_shard,
-            stats=stats,
-        )
+        return FullSnapshotPlan(self, tensors, stats=stats, **options)
 
     # -- machinery
 
@@ -677,14 +655,15 @@ class FullSnapshotPlan:
         encoder: DeltaEncoder,
         tensors: Mapping[str, TensorData],
         *,
-        layout: Mapping[str, str] | None,
-        shard_metadata: Mapping[str, str] | None,
-        index_meta: Mapping[str, Any] | None,
-        checksums: Mapping[str, str] | None,
-        shard_entries: Mapping[str, Sequence[TensorEntry]] | None,
-        shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None,
-        stats: StageStats | None,
+        stats: StageStats | None = None,
+        **options: Unpack[FullOptions],
     ) -> None:
+        layout = options.get("layout")
+        shard_metadata = options.get("shard_metadata")
+        index_meta = options.get("index_meta")
+        checksums = options.get("checksums")
+        shard_entries = options.get("shard_entries")
+        shard_metadata_by_shard = options.get("shard_metadata_by_shard")
         self._encoder = encoder
         self._tensors = tensors
         self._stats = stats
