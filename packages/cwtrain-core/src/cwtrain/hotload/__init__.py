@@ -11,18 +11,7 @@ resolved on first use so that importing this package stays cheap.
 
 from __future__ import annotations
 
-from cwtrain.hotload.errors import (
-    HotLoadError,
-    HotLoadFailedError,
-    HotLoadTimeoutError,
-    HotLoadVerificationError,
-    MirrorError,
-    SnapshotAccessError,
-    SnapshotChecksumError,
-    SnapshotConflictError,
-    SnapshotError,
-    SnapshotNotFoundError,
-)
+from cwtrain.hotload import errors
 from cwtrain.lazy import lazy_exports
 
 _LAZY = {
@@ -43,20 +32,10 @@ _LAZY = {
 __all__ = [
     "DeltaEncoder",
     "DeltaReport",
-    "HotLoadError",
-    "HotLoadFailedError",
-    "HotLoadTimeoutError",
-    "HotLoadVerificationError",
     "HotLoader",
-    "MirrorError",
     "ProgressEvent",
-    "SnapshotAccessError",
-    "SnapshotChecksumError",
-    "SnapshotConflictError",
-    "SnapshotError",
     "SnapshotInfo",
     "SnapshotStore",
-    "SnapshotNotFoundError",
     "WeightMirror",
     "check_snapshot_access",
     "delta_index_for_upload",
@@ -64,5 +43,7 @@ __all__ = [
     "snapshot_prefix",
     "upload_snapshot",
 ]
+__all__ += errors.__all__  # the snapshot and hot-load errors (cwtrain.errors' classes)
+_LAZY.update(dict.fromkeys(errors.__all__, "cwtrain.hotload.errors"))
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -40,20 +40,17 @@ import os
 from collections.abc import Buffer, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
 from cwtrain.hotload.format import (
     CHECKSUM_FORMAT,
-    INDEX_NAME,
-    SINGLE_FILE_NAME,
     check_delta_metadata,
-    generated_index_bytes,
     index_metadata,
     is_checksum,
     is_delta_index,
-    parse_index,
+    read_directory_index,
 )
 from cwtrain.hotload.frames import (
     MAX_WINDOW_BYTES,
@@ -68,10 +65,11 @@ from cwtrain.hotload.frames import (
     tensor_checksum,
     zstd_frame_size,
 )
-from cwtrain.hotload.safetensors import SafetensorsHeader, TensorEntry, header_of_bytes, read_header, read_header_at
+from cwtrain.hotload.safetensors import SafetensorsHeader, TensorEntry, header_of_bytes, read_header_at
 from cwtrain.hotload.tensors import FileRegion, TensorData
 
 __all__ = [
+    "DeltaOptions",
     "DeltaTensor",
     "MAX_WINDOW_BYTES",
     "MemoryBudget",
@@ -205,15 +203,35 @@ def delta_tensors(
     return out
 
 
+class DeltaOptions(TypedDict, total=False):
+    """How :func:`apply_delta` and :func:`verify_delta` read a delta.
+
+    Attributes:
+        base_version: when given, the index ``metadata.base_version`` must equal it.
+        workers: decode threads (default: CPUs available).
+        source: how errors name the delta (a path or URI; default ``"delta"``).
+        memory_budget: bytes the decoders may hold (default ``CWTRAIN_HOTLOAD_MEMORY_BUDGET``).
+    """
+
+    base_version: str | None
+    workers: int | None
+    source: str
+    memory_budget: int | None
+
+
+def _delta_jobs(
+    base: Mapping[str, TensorData], index: Mapping[str, Any], shards: Mapping[str, ShardData], options: DeltaOptions
+) -> tuple[list[DeltaTensor], MemoryBudget]:
+    source = options.get("source", "delta")
+    jobs = delta_tensors(base, index, shards, base_version=options.get("base_version"), source=source)
+    return jobs, MemoryBudget(options.get("memory_budget"))
+
+
 def apply_delta(
     base: Mapping[str, TensorData],
     index: Mapping[str, Any],
     shards: Mapping[str, ShardData],
-    *,
-    base_version: str | None = None,
-    workers: int | None = None,
-    source: str = "delta",
-    memory_budget: int | None = None,
+    **options: Unpack[DeltaOptions],
 ) -> dict[str, TensorData]:
     """Apply a delta to ``base`` and return the new weights; ``base`` is not modified.
 
@@ -224,23 +242,19 @@ def apply_delta(
         base: the predecessor's tensors.
         index: the delta's parsed index (``metadata`` with ``delta_encoding``).
         shards: shard name → shard bytes (or file region).
-        base_version: when given, the index ``metadata.base_version`` must equal it.
-        workers: decode threads (default: CPUs available).
-        source: how errors name the delta (a path or URI).
-        memory_budget: bytes the decoders may hold (default ``CWTRAIN_HOTLOAD_MEMORY_BUDGET``).
+        **options: base version check, threads, error naming and memory (:class:`DeltaOptions`).
 
     Raises:
         SnapshotError: wrong encoding, wrong base version, missing shard or tensor,
             malformed or truncated frame, a size that does not match the base.
         SnapshotChecksumError: an Adler-32 does not match.
     """
-    jobs = delta_tensors(base, index, shards, base_version=base_version, source=source)
-    budget = MemoryBudget(memory_budget)
+    jobs, budget = _delta_jobs(base, index, shards, options)
 
     def decode(job: DeltaTensor) -> tuple[str, U8Array]:
         return job.name, apply_payload(base[job.name].data, job.payload, job.expected, where=job.where, budget=budget)
 
-    results = run_parallel(decode, jobs, workers)
+    results = run_parallel(decode, jobs, options.get("workers"))
     out = dict(base)
     for name, data in results:
         old = base[name]
@@ -252,11 +266,7 @@ def verify_delta(
     base: Mapping[str, TensorData],
     index: Mapping[str, Any],
     shards: Mapping[str, ShardData],
-    *,
-    base_version: str | None = None,
-    workers: int | None = None,
-    source: str = "delta",
-    memory_budget: int | None = None,
+    **options: Unpack[DeltaOptions],
 ) -> list[str]:
     """Check that a delta applies to ``base`` (every frame, every Adler-32) without keeping the result.
 
@@ -269,14 +279,13 @@ def verify_delta(
     Raises:
         SnapshotError: as :func:`apply_delta`.
     """
-    jobs = delta_tensors(base, index, shards, base_version=base_version, source=source)
-    budget = MemoryBudget(memory_budget)
+    jobs, budget = _delta_jobs(base, index, shards, options)
 
     def check(job: DeltaTensor) -> str:
         stream_payload(job.payload, base[job.name].data, expected=job.expected, where=job.where, budget=budget)
         return job.name
 
-    return run_parallel(check, jobs, workers)
+    return run_parallel(check, jobs, options.get("workers"))
 
 
 def verify_frames(
@@ -449,17 +458,8 @@ def read_snapshot_dir(path: str | Path) -> SnapshotDir:
     root = Path(path)
     if not root.is_dir():
         raise SnapshotNotFoundError(f"{root}: not a directory")
-    index_path = root / INDEX_NAME
-    generated = False
-    if index_path.is_file():
-        index = parse_index(index_path.read_bytes(), source=str(index_path))
-    elif (root / SINGLE_FILE_NAME).is_file():
-        header = read_header(root / SINGLE_FILE_NAME)
-        index = parse_index(generated_index_bytes(header), source=str(root / SINGLE_FILE_NAME))
-        generated = True
-    else:
-        raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no {SINGLE_FILE_NAME})")
-    snap = SnapshotDir(root, index, {}, generated)
+    index, generated, _ = read_directory_index(root)
+    snap = SnapshotDir(root, index, {}, generated is not None)
     try:
         for shard in dict.fromkeys(index["weight_map"].values()):
             shard_path = root / shard

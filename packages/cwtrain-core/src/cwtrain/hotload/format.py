@@ -35,10 +35,10 @@ import zlib
 from collections.abc import Buffer, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.safetensors import SafetensorsHeader
+from cwtrain.hotload.safetensors import SafetensorsHeader, read_header
 
 __all__ = [
     "CHECKSUM_FORMAT",
@@ -51,6 +51,7 @@ __all__ = [
     "SnapshotFile",
     "adler32",
     "adler32_hex",
+    "DirectoryIndex",
     "check_delta_metadata",
     "checksum_metadata",
     "full_shard_name",
@@ -60,6 +61,7 @@ __all__ = [
     "is_delta_index",
     "local_index_bytes",
     "parse_index",
+    "read_directory_index",
     "read_index_file",
     "serialize_index",
     "shard_name",
@@ -230,6 +232,39 @@ def read_index_file(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise SnapshotNotFoundError(f"{path}: no such index file") from None
     return parse_index(raw, source=str(path))
+
+
+class DirectoryIndex(NamedTuple):
+    """The index of a snapshot directory: its file's, or the one generated for a lone ``model.safetensors``.
+
+    Attributes:
+        parsed: the parsed index.
+        generated: the generated index's bytes (section 3.2), ``None`` when the directory has an index file.
+        header: the lone file's header when the index was generated.
+    """
+
+    parsed: dict[str, Any]
+    generated: bytes | None = None
+    header: SafetensorsHeader | None = None
+
+
+def read_directory_index(root: str | Path) -> DirectoryIndex:
+    """The index of the snapshot directory ``root`` (sections 3.1 and 3.2).
+
+    Raises:
+        SnapshotNotFoundError: neither ``model.safetensors.index.json`` nor a lone
+            ``model.safetensors``.
+        SnapshotError: the index, or the lone file's header, is invalid.
+    """
+    root = Path(root)
+    index_path, single = root / INDEX_NAME, root / SINGLE_FILE_NAME
+    if index_path.is_file():
+        return DirectoryIndex(parse_index(index_path.read_bytes(), source=str(index_path)))
+    if single.is_file():
+        header = read_header(single)
+        generated = generated_index_bytes(header)
+        return DirectoryIndex(parse_index(generated, source=f"{single} (generated index)"), generated, header)
+    raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no lone {SINGLE_FILE_NAME})")
 
 
 def index_metadata(index: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,11 +38,10 @@ from cwtrain.hotload.format import (
     INDEX_NAME,
     SINGLE_FILE_NAME,
     check_delta_metadata,
-    generated_index_bytes,
     index_metadata,
     is_checksum,
     is_delta_index,
-    parse_index,
+    read_directory_index,
     upload_index_bytes,
 )
 from cwtrain.hotload.identity import identity_for_base_version, validate_identity
@@ -153,16 +152,8 @@ def inspect_snapshot(
     names = {f.name for f in files}
     if "adapter_config.json" in names and SINGLE_FILE_NAME not in names:
         raise SnapshotError(f"{root}: is a LoRA adapter (adapter_config.json); merge it into the base model first")
-    generated: bytes | None = None
-    known = {}
-    if INDEX_NAME in names:
-        index = parse_index((root / INDEX_NAME).read_bytes(), source=str(root / INDEX_NAME))
-    elif SINGLE_FILE_NAME in names:
-        known[SINGLE_FILE_NAME] = read_header(root / SINGLE_FILE_NAME)
-        generated = generated_index_bytes(known[SINGLE_FILE_NAME])
-        index = parse_index(generated, source=f"{root / SINGLE_FILE_NAME} (generated index)")
-    else:
-        raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no lone {SINGLE_FILE_NAME})")
+    index, generated, lone_header = read_directory_index(root)
+    known = {SINGLE_FILE_NAME: lone_header} if lone_header is not None else {}
     index_path = root / INDEX_NAME
     weight_map: dict[str, str] = index["weight_map"]
     delta = is_delta_index(index)

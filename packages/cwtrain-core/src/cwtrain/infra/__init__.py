@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cwtrain.errors import LifecycleError
-from cwtrain.infra import lifecycle
+from cwtrain.infra import enums, lifecycle
 from cwtrain.infra.client import (
     DEFAULT_BASE_URL,
     TOKEN_ENV_VAR,
@@ -32,17 +32,7 @@ from cwtrain.infra.client import (
     InferenceClient,
     token_from_env,
 )
-from cwtrain.infra.enums import (
-    ChecksumFormat,
-    CompressionFormat,
-    ConditionStatus,
-    HotLoadState,
-    PromptCachePolicy,
-    ReplicaState,
-    ResourceStatus,
-    SnapshotType,
-    TransitionMode,
-)
+from cwtrain.infra.enums import *  # noqa: F403  (every API enum, listed in enums.__all__)
 from cwtrain.infra.lifecycle import (
     delete_deployment,
     delete_gateway,
@@ -72,26 +62,17 @@ __all__ = [
     "DEFAULT_S3_ENDPOINT",
     "TOKEN_ENV_VAR",
     "TOKEN_ENV_VARS",
-    "ChecksumFormat",
-    "CompressionFormat",
     "Condition",
-    "ConditionStatus",
     "Deployment",
     "Gateway",
     "HotLoad",
     "HotLoadConfig",
     "HotLoadReplica",
-    "HotLoadState",
     "IncrementalSnapshotMetadata",
     "InferenceClient",
     "LifecycleError",
     "ObjectStore",
-    "PromptCachePolicy",
-    "ReplicaState",
-    "ResourceStatus",
     "SnapshotRef",
-    "SnapshotType",
-    "TransitionMode",
     "delete_deployment",
     "delete_gateway",
     "endpoints",
@@ -103,6 +84,7 @@ __all__ = [
     "wait_for_deployment",
     "wait_for_gateway",
 ]
+__all__ += enums.__all__
 
 _LAZY = {"s3_client": "cwtrain.infra.s3", "object_store": "cwtrain.infra.s3", "DEFAULT_S3_ENDPOINT": "cwtrain.infra.s3"}
 
