@@ -23,7 +23,13 @@ import logging
 import sys
 from typing import Any
 
-from cwtrain.cli.options import add_delete_command, client_from_args, command_group, delete_resource, positive_float
+from cwtrain.cli.options import (
+    add_create_command,
+    add_delete_command,
+    client_from_args,
+    command_group,
+    delete_resource,
+)
 from cwtrain.cli.output import emit
 from cwtrain.errors import APIError, LifecycleError, TransportError
 from cwtrain.infra import lifecycle
@@ -38,12 +44,7 @@ def register(subparsers: Any) -> None:
     """Add the ``deployment`` group to the ``cwtrain`` parser."""
     commands = command_group(subparsers, "deployment", "create, inspect and delete Dedicated Inference deployments")
 
-    p = commands.add_parser("create", help="create a deployment from a CreateDeploymentRequest JSON file")
-    p.add_argument("-f", "--file", required=True, help="request JSON file, '-' for stdin")
-    p.add_argument("--wait", action="store_true", help="wait until STATUS_READY")
-    p.add_argument("--timeout", type=positive_float, default=3600.0, help="seconds to wait (3600)")
-    p.add_argument("--poll-interval", type=positive_float, default=10.0, help="seconds between polls (10)")
-    p.set_defaults(func=_deployment_create)
+    add_create_command(commands, "deployment", "CreateDeploymentRequest", _deployment_create, timeout=3600.0)
 
     p = commands.add_parser("get", help="show a deployment, its endpoints and rollout base URL")
     p.add_argument("id", metavar="ID")

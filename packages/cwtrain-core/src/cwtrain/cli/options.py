@@ -80,13 +80,30 @@ def command_group(subparsers: Any, name: str, help_text: str, description: str |
     return commands
 
 
+def add_wait_options(parser: argparse.ArgumentParser, *, until: str, timeout: float, poll_interval: float) -> None:
+    """``--wait`` (until ``until``), ``--timeout S`` and ``--poll-interval S`` with these defaults."""
+    parser.add_argument("--wait", action="store_true", help=f"wait until {until}")
+    parser.add_argument("--timeout", type=positive_float, default=timeout, help=f"seconds to wait ({timeout:g})")
+    parser.add_argument(
+        "--poll-interval", type=positive_float, default=poll_interval, help=f"seconds between polls ({poll_interval:g})"
+    )
+
+
+def add_create_command(
+    commands: Any, resource: str, request: str, handler: Callable[[argparse.Namespace], int], *, timeout: float
+) -> None:
+    """The ``create -f FILE [--wait] [--timeout S] [--poll-interval S]`` command of a resource."""
+    p = commands.add_parser("create", help=f"create a {resource} from a {request} JSON file")
+    p.add_argument("-f", "--file", required=True, help="request JSON file, '-' for stdin")
+    add_wait_options(p, until="STATUS_READY", timeout=timeout, poll_interval=10.0 if timeout > 600 else 5.0)
+    p.set_defaults(func=handler)
+
+
 def add_delete_command(commands: Any, resource: str, handler: Callable[[argparse.Namespace], int]) -> None:
     """The ``delete ID [--wait] [--timeout S] [--poll-interval S] [--ignore-not-found]`` command."""
     p = commands.add_parser("delete", help=f"delete a {resource}")
     p.add_argument("id", metavar="ID")
-    p.add_argument("--wait", action="store_true", help="wait until the API answers NOT_FOUND")
-    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds to wait (600)")
-    p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    add_wait_options(p, until="the API answers NOT_FOUND", timeout=600.0, poll_interval=5.0)
     p.add_argument("--ignore-not-found", action="store_true", help="exit 0 when it does not exist")
     p.set_defaults(func=handler)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cwtrain.errors import LifecycleError
-from cwtrain.infra import enums, lifecycle
+from cwtrain.infra import enums, lifecycle, models
 from cwtrain.infra.client import (
     DEFAULT_BASE_URL,
     TOKEN_ENV_VAR,
@@ -41,16 +41,7 @@ from cwtrain.infra.lifecycle import (
     wait_for_deployment,
     wait_for_gateway,
 )
-from cwtrain.infra.models import (
-    Condition,
-    Deployment,
-    Gateway,
-    HotLoad,
-    HotLoadConfig,
-    HotLoadReplica,
-    IncrementalSnapshotMetadata,
-    SnapshotRef,
-)
+from cwtrain.infra.models import *  # noqa: F403  (every API model, listed in models.__all__)
 from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.lazy import lazy_exports
 
@@ -62,17 +53,9 @@ __all__ = [
     "DEFAULT_S3_ENDPOINT",
     "TOKEN_ENV_VAR",
     "TOKEN_ENV_VARS",
-    "Condition",
-    "Deployment",
-    "Gateway",
-    "HotLoad",
-    "HotLoadConfig",
-    "HotLoadReplica",
-    "IncrementalSnapshotMetadata",
     "InferenceClient",
     "LifecycleError",
     "ObjectStore",
-    "SnapshotRef",
     "delete_deployment",
     "delete_gateway",
     "endpoints",
@@ -84,7 +67,7 @@ __all__ = [
     "wait_for_deployment",
     "wait_for_gateway",
 ]
-__all__ += enums.__all__
+__all__ += enums.__all__ + models.__all__
 
 _LAZY = {"s3_client": "cwtrain.infra.s3", "object_store": "cwtrain.infra.s3", "DEFAULT_S3_ENDPOINT": "cwtrain.infra.s3"}
 
