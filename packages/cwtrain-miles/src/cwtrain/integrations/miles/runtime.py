@@ -31,6 +31,11 @@ __all__ = ["MilesRuntime", "PostSaveTarget", "reset"]
 class PostSaveTarget(Protocol):
     """What ``post_save_hook`` calls on each save (a ``PostSavePublisher``)."""
 
+    @property
+    def run_id(self) -> str:
+        """The run id of the identities it publishes."""
+        ...
+
     def __call__(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
         """Publish the HF export of ``rollout_id``; returns ``hotload/*`` metrics."""
         ...
