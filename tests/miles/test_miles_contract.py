@@ -237,15 +237,20 @@ def test_post_save_metrics_reach_miles_tracking(
     export = _export(Path(args.save_hf.format(rollout_id=0)), nudge(tiny_weights(), ["lm_head.weight"], 0))
     hook(args, 0, "/ckpt", str(export))
     assert tracking.INITS == [False] and tracking.DEFINED == [("hotload", "hotload/step")]
-    ((metrics, step, key),) = tracking.RECORDS
+    (baseline, step0, key0), (metrics, step, key) = tracking.RECORDS  # one record per version
+    assert (step0, key0, baseline["hotload/chain_cut"]) == (0.0, "hotload/step", 1.0)
     assert (step, key) == (1.0, "hotload/step") and metrics["hotload/incremental"] == 1.0
     assert metrics["hotload/publish_seconds"] >= 0 and metrics["hotload/served_version"] == 1.0
 
 
 def test_rollout_class_refuses_the_session_server(miles_stubs: Path, tmp_path: Path, fake: FakeCompletions) -> None:
     """miles has --use-session-server (slime does not): its sessions bypass the completions cwtrain sends."""
-    with pytest.raises(ConfigError, match="--use-session-server"):
-        _build(miles_args(tmp_path, use_session_server="v2"))
+    from cwtrain.integrations.miles.rollout import REFUSED_FLAGS
+
+    assert REFUSED_FLAGS[-1] == "--use-session-server"
+    for flag, value in [(flag, "my.module.attr") for flag in REFUSED_FLAGS[:-1]] + [(REFUSED_FLAGS[-1], "v2")]:
+        with pytest.raises(ConfigError, match=flag):
+            _build(miles_args(tmp_path, **{flag[2:].replace("-", "_"): value}))
     assert fake.bodies == []
 
 

@@ -191,3 +191,23 @@ def test_the_served_version_of_another_run_is_not_this_runs(slime_stubs: Path, t
     assert served_version(args, {}) is None  # the run is weights-k3x9q2
     (state / "served_identity").write_text("weights-k3x9q2-v000012")
     assert served_version(args, {}) == 12
+
+
+@pytest.mark.parametrize("flag", __import__("cwtrain.integrations.slime.rollout", fromlist=["x"]).REFUSED_FLAGS)
+def test_every_flag_listed_as_refused_is_refused(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions, flag: str
+) -> None:
+    args = slime_args(tmp_path, tmp_path / "hf", **{flag[2:].replace("-", "_"): "my.module.attr"})
+    with pytest.raises(ConfigError, match=flag):
+        _call(args)
+
+
+def test_slime_is_not_said_to_refuse_a_flag_it_does_not_have() -> None:
+    """slime has no --use-session-server (miles does): the stand-in namespace and the docs follow slime."""
+    from cwtrain.integrations.slime.rollout import REFUSED_FLAGS
+
+    assert "--use-session-server" not in REFUSED_FLAGS
+    assert not hasattr(slime_args(Path("/tmp"), Path("/tmp/hf")), "use_session_server")
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "slime.md").read_text(encoding="utf-8")
+    refused = docs[docs.index("Refused, naming the flag") :].split("\n\n", 1)[0]
+    assert "--use-session-server" not in refused and all(flag in refused for flag in REFUSED_FLAGS)

@@ -86,15 +86,26 @@ class PostSavePublisher:
         return self.publisher.config.run_id
 
     def __call__(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
+        """Publish the export of ``rollout_id``; returns the metrics of :meth:`publish`, merged."""
+        merged: dict[str, float] = {}
+        for record in self.publish(args, rollout_id, hf_checkpoint_dir):
+            merged.update(record)
+        return merged
+
+    def publish(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> list[dict[str, float]]:
         """Publish the export of ``rollout_id`` (the baseline first, on the first call).
 
         An export without the ``.complete`` marker is not published (see the module docstring).
+
+        Returns:
+            one ``hotload/*`` record per version handled: the baseline's (first call only),
+            then this export's.
         """
         from cwtrain.hotload.delta import write_delta
 
-        metrics: dict[str, float] = {}
+        records: list[dict[str, float]] = []
         if self._previous is None:
-            metrics.update(self.publisher.publish_baseline(args))
+            records.append(self.publisher.publish_baseline(args))
             self._previous = Path(str(args.hf_checkpoint))
         version = int(rollout_id) + 1
         base_version = self.publisher.last_version
@@ -109,21 +120,21 @@ class PostSavePublisher:
                 COMPLETE_MARKER,
                 self.publisher.served_identity,
             )
-            metrics.update(self.publisher.state_metrics({"skipped_incomplete": 1.0}, version))
-            return metrics
+            records.append(self.publisher.state_metrics({"skipped_incomplete": 1.0}, version))
+            return records
         staging = self.publisher.state_dir / "post-save" / f"weight_v{version:06d}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.parent.mkdir(parents=True, exist_ok=True)
         write_delta(self._previous, export, staging, version=f"{version:06d}", base_version=f"{base_version:06d}")
         try:
-            metrics.update(
+            records.append(
                 self.publisher.publish_version(args, staging, version, cadence_position=self.exports_published + 1)
             )
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.exports_published += 1
         self._previous = export
-        return metrics
+        return records
 
 
 def post_save_hook(
@@ -157,6 +168,8 @@ def post_save_hook(
             "the post-save hook publishes the HF export of each save: pass --save-hf DIR_WITH_{rollout_id}"
         )
     publisher = MilesRuntime.current().post_save(lambda: PostSavePublisher.from_env(args))
-    metrics = publisher(args, rollout_id, hf_checkpoint_dir)
-    log_metrics(args, metrics, run_id=publisher.run_id)
-    return metrics
+    merged: dict[str, float] = {}
+    for record in publisher.publish(args, rollout_id, hf_checkpoint_dir):
+        log_metrics(args, record, run_id=publisher.run_id)
+        merged.update(record)
+    return merged

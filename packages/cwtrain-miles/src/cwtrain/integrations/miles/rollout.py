@@ -27,6 +27,7 @@ from typing import Any, cast
 from cwtrain.errors import ConfigError
 from cwtrain.integrations.frameworks import MILES, install_line, require
 from cwtrain.integrations.slime import SlimeRuntime
+from cwtrain.integrations.slime.rollout import REFUSED_FLAGS as SLIME_REFUSED_FLAGS
 from cwtrain.integrations.slime.rollout import (
     DataSource,
     RewardHooks,
@@ -37,9 +38,15 @@ from cwtrain.integrations.slime.rollout import (
     trainer_sampler,
 )
 
-__all__ = ["MILES_MISSING", "generate_rollout", "make_rollout_fn_cls"]
+__all__ = ["MILES_MISSING", "REFUSED_FLAGS", "generate_rollout", "make_rollout_fn_cls"]
 
 log = logging.getLogger(__name__)
+
+REFUSED_FLAGS: tuple[str, ...] = (*SLIME_REFUSED_FLAGS, "--use-session-server")
+"""miles' flags the rollout function refuses: slime's, and miles' own session server.
+
+Every one is a flag of miles' parser (the contract suite checks).
+"""
 
 MILES_MISSING = (
     "cwtrain.integrations.miles.CoreWeaveRolloutFn runs inside miles "

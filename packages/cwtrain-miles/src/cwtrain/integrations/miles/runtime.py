@@ -36,8 +36,8 @@ class PostSaveTarget(Protocol):
         """The run id of the identities it publishes."""
         ...
 
-    def __call__(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
-        """Publish the HF export of ``rollout_id``; returns ``hotload/*`` metrics."""
+    def publish(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> list[dict[str, float]]:
+        """Publish the HF export of ``rollout_id``; returns one ``hotload/*`` record per version handled."""
         ...
 
 

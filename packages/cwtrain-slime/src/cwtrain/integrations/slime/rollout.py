@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from cwtrain.integrations.rollout import CompletionSampler, Prompt, SamplingParams
 
 __all__ = [
+    "REFUSED_FLAGS",
     "DataSource",
     "RewardHooks",
     "generate_rollout",
@@ -79,6 +80,18 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+REFUSED_FLAGS: tuple[str, ...] = (
+    "--custom-generate-function-path",
+    "--dynamic-sampling-filter-path",
+    "--rollout-sample-filter-path",
+    "--rollout-all-samples-process-path",
+)
+"""slime's flags the rollout function refuses: they replace the part of the rollout cwtrain owns.
+
+Every one is a flag of slime's parser (the contract suite checks); ``--over-sampling-batch-size``
+is refused only above ``--rollout-batch-size``.
+"""
 
 _IDENTITY_VERSION = re.compile(r"-v(\d{6,})$")
 
