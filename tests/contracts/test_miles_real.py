@@ -150,13 +150,14 @@ def test_coreweave_rollout_fn_through_miles_loaders_and_conversion(
 
     args = rf.namespace(parsed["args"], rollout_batch_size=2, over_sampling_batch_size=2, n_samples_per_prompt=3)
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "contract")
-    source = load_function(args.data_source_path)(args)  # miles' own, over the recipe's data
-    fn = load_rollout_function(RolloutFnConstructorInput(args=args, data_source=source), args.rollout_function_path)
-    assert isinstance(fn, InferenceRolloutFn) and type(fn).__name__ == "CoreWeaveRolloutFn"
-    assert fn.state.generate_fn_semaphore._value > 0  # miles sized it 0 (no rollout GPUs); replaced
     with FakeCompletions(identity="contract-v000004", length=5) as fake:
         monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", fake.base_url)
         monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", "Qwen3-4B")
+        source = load_function(args.data_source_path)(args)  # miles' own, over the recipe's data
+        input = RolloutFnConstructorInput(args=args, data_source=source)
+        fn = load_rollout_function(input, args.rollout_function_path)
+        assert isinstance(fn, InferenceRolloutFn) and type(fn).__name__ == "CoreWeaveRolloutFn"
+        assert fn.state.generate_fn_semaphore._value > 0  # miles sized it 0 (no rollout GPUs); replaced
         output = call_rollout_function(fn, RolloutFnTrainInput(rollout_id=0, weight_version=3))
         assert len(fake.bodies) == 2 and all(body["n"] == 3 for body in fake.bodies)
     assert isinstance(output, RolloutFnTrainOutput) and [len(g) for g in output.samples] == [3, 3]
@@ -293,9 +294,13 @@ def _export(directory: Path, weights: dict[str, Any], *, complete: bool) -> Path
 
 
 def test_the_post_save_hook_publishes_complete_exports_and_nothing_for_the_critic(
-    parsed: dict[str, Any], tmp_path: Path, stack: Any, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+    parsed: dict[str, Any],
+    miles_src: Path,
+    tmp_path: Path,
+    stack: Any,
+    stack_env: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from miles.backends.megatron_utils.actor import MegatronTrainRayActor
     from miles.utils.hf_config import HF_EXPORT_COMPLETE_MARKER
     from miles.utils.misc import load_function
 
@@ -304,7 +309,9 @@ def test_the_post_save_hook_publishes_complete_exports_and_nothing_for_the_criti
     from cwtrain.local.model import load_checkpoint, write_base_checkpoint
 
     assert COMPLETE_MARKER == HF_EXPORT_COMPLETE_MARKER
-    assert "hf_checkpoint_dir" in inspect.getsource(MegatronTrainRayActor.save_model)  # the only call site
+    # the only call site, MegatronTrainRayActor.save_model (read, not imported: it needs miles' sglang fork)
+    call_site = (miles_src / "miles" / "backends" / "megatron_utils" / "actor.py").read_text(encoding="utf-8")
+    assert "post_save_hook(self.args, rollout_id, checkpoint_dir, hf_checkpoint_dir)" in call_site
     run = f"real-miles-save-{os.getpid()}"
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", run)
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))

@@ -87,6 +87,7 @@ def _worker(rank: int, config: dict[str, Any]) -> None:
 
             torch.cuda.current_device = lambda: "cpu"
         module.ray.get = lambda refs, **kwargs: [] if not refs else None  # no engines to pull
+        dist.barrier()  # (WORLD) creating a group waits its timeout for the others: start together
         init_gloo_group()
         args = argparse.Namespace(**config["args"], rank=rank)
         if config.get("init_hook"):
