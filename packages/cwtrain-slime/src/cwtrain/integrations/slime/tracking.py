@@ -104,7 +104,7 @@ def _log_miles(module: ModuleType, args: argparse.Namespace, record: dict[str, f
     with _lock:
         if not getattr(module, "_cwtrain_hotload_step", False):  # once per process's tracking module
             module.define_step_key_metric_group("hotload", STEP_KEY)
-            module._cwtrain_hotload_step = True
+            setattr(module, "_cwtrain_hotload_step", True)  # noqa: B010 - a marker on miles' module
     module.log(args, record, step_key=STEP_KEY)
     run = _wandb_run()
     if run is not None and identity is not None:
