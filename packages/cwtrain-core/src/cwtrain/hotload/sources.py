@@ -166,16 +166,17 @@ class BufferPool:
 
     def give(self, view: memoryview) -> None:
         """Return a view from :meth:`take` (it is released; its buffer may be handed out again)."""
-        buffer = view.obj
-        capacity = len(buffer)  # type: ignore[arg-type]
+        buffer: Any = view.obj
+        capacity = len(buffer)
+        reusable = True
         try:
             view.release()
         except BufferError:  # something still holds the view: let the buffer go with it
-            buffer = None
+            reusable = False
         with self._cond:
             self.used -= capacity
             self._cond.notify_all()
-        if buffer is not None:
+        if reusable:
             _SPARE.push(buffer, capacity, self.limit)
 
 
@@ -331,9 +332,9 @@ class FileSource(ObjectSource):
 
     def _changed(self, what: str) -> SnapshotError:
         return SnapshotError(
-            f"{self.path}: the file changed while it was being published ({what}); nothing of it is "
-            "published. Write a checkpoint completely before publishing it and leave it unchanged until "
-            "the publish returns, then publish again"
+            f"{self.path}: the file changed while it was being published ({what}); the snapshot index is "
+            "not written. Write a checkpoint completely before publishing it and leave it unchanged until "
+            "the publish returns, then publish it again"
         )
 
     def verify_unchanged(self) -> None:
@@ -344,18 +345,18 @@ class FileSource(ObjectSource):
         """
         current: list[tuple[int, int, int, int, int]] = []
         try:
+            current.append(_signature(os.stat(self.path)))  # first: a replaced file is named as such
             if self._fd is not None:
                 current.append(_signature(os.fstat(self._fd)))
-            current.append(_signature(os.stat(self.path)))
         except OSError as exc:
             raise self._changed(f"it can no longer be read: {exc.strerror or exc}") from exc
         for now in current:
             if now != self._signature:
                 size, _, _, inode, device = self._signature
-                if now[0] != size:
-                    what = f"size {size} -> {now[0]} bytes"
-                elif (now[3], now[4]) != (inode, device):
+                if (now[3], now[4]) != (inode, device):
                     what = "it was replaced by another file"
+                elif now[0] != size:
+                    what = f"size {size} -> {now[0]} bytes"
                 else:
                     what = "it was modified: mtime/ctime changed"
                 raise self._changed(what)
@@ -489,6 +490,7 @@ class _KeptReading(Reading):
         self._pool = pool
         self._cancelled = cancelled
         self._parts: dict[int, memoryview] = {}
+        self._parts_lock = threading.Lock()  # done() runs on the threads that sent the parts
         self._handed_back = False
         self._fallback: _RereadReading | None = None
         step = max(1, part_size)
@@ -523,15 +525,16 @@ class _KeptReading(Reading):
         if self._fallback is not None:
             self._fallback.done(body)
             return
-        for offset, buffer in list(self._parts.items()):
-            if body.views and body.views[0] is buffer:
-                del self._parts[offset]
-                self._handed_back = True
-                self._pool.give(buffer)
-                return
+        with self._parts_lock:
+            found = next((o for o, b in self._parts.items() if body.views and body.views[0] is b), None)
+            buffer = self._parts.pop(found) if found is not None else None
+            self._handed_back = self._handed_back or buffer is not None
+        if buffer is not None:
+            self._pool.give(buffer)
 
     def md5_hex(self, offset: int, length: int) -> str:
-        buffer = self._parts.get(offset)
+        with self._parts_lock:
+            buffer = self._parts.get(offset)
         if buffer is not None and buffer.nbytes == length:
             digest = hashlib.md5(usedforsecurity=False)
             digest.update(buffer)
@@ -555,7 +558,8 @@ class _KeptReading(Reading):
             self._source.verify_unchanged()
 
     def _release(self) -> None:
-        parts, self._parts = self._parts, {}
+        with self._parts_lock:
+            parts, self._parts = self._parts, {}
         for buffer in parts.values():
             self._pool.give(buffer)
 
