@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from cwtrain.errors import SnapshotError
+from cwtrain.hotload import buffers as pool_module
 from cwtrain.hotload import sources
-from cwtrain.hotload.sources import BufferPool, ObjectSource, release_read_buffers
+from cwtrain.hotload.buffers import BufferPool, release_read_buffers
+from cwtrain.hotload.sources import ObjectSource
 
 MIB = 1 << 20
 
@@ -142,14 +144,14 @@ def test_pool_hands_out_everything_a_reading_needs_at_once_and_reuses_buffers(tm
     first.close()
     waiter.join(10)
     assert got and pool.used == 3 * MIB
-    buffers = {id(view.obj) for view in got[0]._parts.values()}  # type: ignore[attr-defined]
+    kept = {id(view.obj) for view in got[0]._parts.values()}  # type: ignore[attr-defined]
     got[0].close()
-    assert sources._SPARE.total == 3 * MIB  # kept for the next reading
+    assert pool_module._SPARE.total == 3 * MIB  # kept for the next reading
     again = ObjectSource.from_path(paths[0]).reading(part_size=MIB, pool=pool)
-    assert {id(view.obj) for view in again._parts.values()} == buffers  # type: ignore[attr-defined]
+    assert {id(view.obj) for view in again._parts.values()} == kept  # type: ignore[attr-defined]
     again.close()
     release_read_buffers()
-    assert sources._SPARE.total == 0
+    assert pool_module._SPARE.total == 0
 
 
 def test_waiting_for_buffers_stops_when_cancelled() -> None:

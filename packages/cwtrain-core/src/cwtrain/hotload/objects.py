@@ -5,7 +5,7 @@ snapshot). It follows spec ``snapshot-format.md`` section 7 for a single key:
 
 * **Hash what is sent.** The bytes come from an :class:`ObjectSource` (the encoder's
   buffers, or a file read with ``pread``, never memory-mapped). A file is read once into
-  buffers from a :class:`~cwtrain.hotload.sources.BufferPool`, hashed as it is read, and
+  buffers from a :class:`~cwtrain.hotload.buffers.BufferPool`, hashed as it is read, and
   its request bodies are those same buffers; a file larger than the pool is hashed first
   and re-read part by part with a second, in-order SHA-256 that must equal the first
   before CompleteMultipartUpload (see :mod:`cwtrain.hotload.sources`). A file that shrinks,
@@ -52,7 +52,8 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from cwtrain.errors import ConfigError, SnapshotChecksumError, SnapshotConflictError, SnapshotError
-from cwtrain.hotload.sources import BufferPool, ObjectSource, Reading
+from cwtrain.hotload.buffers import BufferPool
+from cwtrain.hotload.sources import ObjectSource, Reading
 from cwtrain.infra.objectstore import (
     ConditionalConflictError,
     ObjectStore,

@@ -39,13 +39,13 @@ before publishing it, and leave it alone until the publish returns.
 **Cost** (client CPU, 2-core VM, ``bench/upload.py``): the SHA-256 (about 0.56 CPU-s/GB
 with SHA-NI), one copy out of the page cache (``pread``, about 0.13), and the send of the
 buffers; files larger than the pool pay a second read and a second SHA-256. Buffers are
-reused across parts and files (:class:`BufferPool`), so no page is faulted in twice.
+reused across parts, files and uploads (:mod:`cwtrain.hotload.buffers`), so a publish
+after the first faults in no new pages.
 """
 
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import stat
 import threading
@@ -55,129 +55,14 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.errors import SnapshotError
+from cwtrain.hotload.buffers import BufferPool, release_read_buffers
 from cwtrain.infra.objectstore import Payload
 
-__all__ = ["BufferPool", "ObjectSource", "Reading", "release_read_buffers"]
+__all__ = ["BufferPool", "ObjectSource", "Reading", "release_read_buffers"]  # the pool re-exported from buffers
 
 #: Bytes read (and hashed) per ``pread``: large enough to keep syscalls rare, small enough
 #: to hash each piece while it is still in the CPU cache.
 READ_CHUNK = 8 << 20
-_MIB = 1 << 20
-
-
-def _allocate(capacity: int) -> Any:
-    """A zeroed buffer: anonymous memory (pre-faulted in one call where the OS can), else a bytearray."""
-    if capacity < _MIB or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return bytearray(capacity)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(-1, capacity, flags=flags)
-
-
-class _Spare:
-    """Idle read buffers of this process, kept for the next part, file or upload.
-
-    Fresh memory costs about as much CPU as the SHA-256 of its bytes (one page fault and a
-    zero-fill per 4 KiB page), so buffers outlive the pool that made them: at most the
-    largest pool limit seen are kept idle; :func:`release_read_buffers` frees them.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.free: dict[int, list[Any]] = {}
-        self.total = 0
-        self.cap = 0
-
-    def pop(self, capacity: int) -> Any:
-        with self.lock:
-            spare = self.free.get(capacity)
-            if not spare:
-                return None
-            self.total -= capacity
-            return spare.pop()
-
-    def push(self, buffer: Any, capacity: int, cap: int) -> None:
-        with self.lock:
-            self.cap = max(self.cap, cap)
-            if capacity < _MIB or self.total + capacity > self.cap:
-                return
-            self.free.setdefault(capacity, []).append(buffer)
-            self.total += capacity
-
-    def clear(self) -> None:
-        with self.lock:
-            self.free.clear()
-            self.total = 0
-            self.cap = 0
-
-
-_SPARE = _Spare()
-
-
-def release_read_buffers() -> None:
-    """Free the idle read buffers this process keeps for its next upload (at most one memory budget)."""
-    _SPARE.clear()
-
-
-class BufferPool:
-    """Read buffers, at most ``limit`` bytes of them out at once.
-
-    A request larger than the limit waits until nothing else is out (so one part always
-    fits). Buffers handed back stay allocated for the next part, file or upload of this
-    process (at most ``limit`` bytes idle; :func:`release_read_buffers` frees them): a
-    reused buffer costs no page faults and no zero-fill.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = max(1, int(limit))
-        self.used = 0
-        self._cond = threading.Condition()
-
-    @staticmethod
-    def _capacity(nbytes: int) -> int:
-        return nbytes if nbytes < _MIB else -(-nbytes // _MIB) * _MIB
-
-    def take(self, nbytes: int, cancelled: threading.Event | None = None) -> memoryview:
-        """A writable view of ``nbytes`` bytes (blocks while the pool is used up).
-
-        Raises:
-            SnapshotError: ``cancelled`` was set while waiting.
-        """
-        return self.take_all([nbytes], cancelled)[0]
-
-    def take_all(self, sizes: Sequence[int], cancelled: threading.Event | None = None) -> list[memoryview]:
-        """Views of the given sizes, all at once (never some of them while waiting for the rest).
-
-        Raises:
-            SnapshotError: ``cancelled`` was set while waiting.
-        """
-        capacities = [self._capacity(max(1, n)) for n in sizes]
-        total = sum(capacities)
-        with self._cond:
-            while self.used and self.used + total > self.limit:
-                if cancelled is not None and cancelled.is_set():
-                    raise SnapshotError("upload cancelled")
-                self._cond.wait(0.25)
-            self.used += total
-        views = []
-        for nbytes, capacity in zip(sizes, capacities, strict=True):
-            buffer = _SPARE.pop(capacity)
-            views.append(memoryview(buffer if buffer is not None else _allocate(capacity))[:nbytes])
-        return views
-
-    def give(self, view: memoryview) -> None:
-        """Return a view from :meth:`take` (it is released; its buffer may be handed out again)."""
-        buffer: Any = view.obj
-        capacity = len(buffer)
-        reusable = True
-        try:
-            view.release()
-        except BufferError:  # something still holds the view: let the buffer go with it
-            reusable = False
-        with self._cond:
-            self.used -= capacity
-            self._cond.notify_all()
-        if reusable:
-            _SPARE.push(buffer, capacity, self.limit)
 
 
 # ------------------------------------------------------------------------ sources
@@ -519,7 +404,7 @@ class _KeptReading(Reading):
         buffer = self._parts.get(offset)
         if buffer is None or buffer.nbytes != length:
             raise SnapshotError(f"{self._source.path}: no part buffer for bytes {offset}..{offset + length}")
-        return Payload((buffer,))
+        return Payload((buffer,), file=self._pool.file_of(buffer))
 
     def done(self, body: Payload) -> None:
         if self._fallback is not None:
@@ -612,7 +497,7 @@ class _RereadReading(Reading):
         self._next = offset + length
         with self._lock:
             self._out.append(buffer)
-        return Payload((buffer,))
+        return Payload((buffer,), file=self._pool.file_of(buffer))
 
     def done(self, body: Payload) -> None:
         with self._lock:

@@ -73,6 +73,7 @@ from typing import Any
 from cwtrain.config import env_int
 from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, UsageError
 from cwtrain.hotload.access import check_snapshot_access
+from cwtrain.hotload.buffers import BufferPool
 from cwtrain.hotload.format import INDEX_NAME
 from cwtrain.hotload.identity import snapshot_prefix, validate_identity
 from cwtrain.hotload.objects import (
@@ -83,7 +84,6 @@ from cwtrain.hotload.objects import (
     check_part_size,
     head_object,
 )
-from cwtrain.hotload.sources import BufferPool
 from cwtrain.infra.objectstore import ObjectStore, ObjectStoreStatusError, OpenUpload
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
