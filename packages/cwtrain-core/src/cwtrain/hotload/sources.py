@@ -404,7 +404,7 @@ class _KeptReading(Reading):
         buffer = self._parts.get(offset)
         if buffer is None or buffer.nbytes != length:
             raise SnapshotError(f"{self._source.path}: no part buffer for bytes {offset}..{offset + length}")
-        return Payload((buffer,), file=self._pool.file_of(buffer))
+        return Payload((buffer,))
 
     def done(self, body: Payload) -> None:
         if self._fallback is not None:
@@ -497,7 +497,7 @@ class _RereadReading(Reading):
         self._next = offset + length
         with self._lock:
             self._out.append(buffer)
-        return Payload((buffer,), file=self._pool.file_of(buffer))
+        return Payload((buffer,))
 
     def done(self, body: Payload) -> None:
         with self._lock:

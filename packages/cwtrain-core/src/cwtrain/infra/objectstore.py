@@ -215,17 +215,13 @@ class Payload:
     Args:
         views: the bytes, in order (flat ``"B"`` memory views), kept alive and unchanged
             by the caller until the request returns.
-        file: ``(fd, offset)`` when the views are also the bytes of open file ``fd`` from
-            ``offset`` on, a file only the caller writes (cwtrain's read buffers are
-            ``memfd`` files); a store may then send from the file (``sendfile``).
     """
 
-    __slots__ = ("file", "size", "views")
+    __slots__ = ("size", "views")
 
-    def __init__(self, views: Sequence[memoryview], *, file: tuple[int, int] | None = None) -> None:
+    def __init__(self, views: Sequence[memoryview]) -> None:
         self.views = tuple(views)
         self.size = sum(v.nbytes for v in self.views)
-        self.file = file
 
     def __len__(self) -> int:
         return self.size

@@ -48,10 +48,7 @@ without copies. :func:`as_object_store` wraps a raw boto3 client the same way, s
 
 **Sending bodies without copies** (:mod:`cwtrain.infra.s3_send`): a store's
 :class:`~cwtrain.infra.objectstore.Payload` bodies go out as the caller's memory views
-(the very buffers whose SHA-256 was computed), and over plain HTTP (a loopback store, the
-LOTA cache) buffers that are ``memfd`` files go out with ``sendfile``; the clients
-:func:`s3_client` builds are prepared for that before their first request.
-``put(..., sha256=...)`` sends that digest
+(the very buffers whose SHA-256 was computed). ``put(..., sha256=...)`` sends that digest
 as ``ChecksumSHA256`` (``x-amz-checksum-sha256`` with ``x-amz-sdk-checksum-algorithm:
 SHA256``): the store verifies the body against it (``BadDigest`` otherwise), and botocore
 computes nothing of its own. ``head(..., checksum=True)`` asks for the stored checksum
@@ -93,7 +90,7 @@ from cwtrain.infra.objectstore import (
     UploadedPart,
     status_error,
 )
-from cwtrain.infra.s3_send import S3Client, install_sendfile, install_zero_copy, request_body
+from cwtrain.infra.s3_send import S3Client, install_zero_copy, request_body
 
 __all__ = [
     "DEFAULT_S3_ENDPOINT",
@@ -319,7 +316,6 @@ def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None
         "s3", endpoint_url=endpoint, region_name=region, config=config, **boto3_kwargs
     )
     _shared_loader()  # drop the data path boto3 just appended again
-    install_sendfile(client)
     return client
 
 
