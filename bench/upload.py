@@ -27,8 +27,9 @@ new mappings, so every 64 MiB part (the size CoreWeave's store asks for, at leas
 costs the server a page fault and a zero-fill per 4 KiB, while the managed transfer's
 8 MiB parts reuse heap memory: measured on this VM, 256 MiB in 64 MiB parts took 5.6 s
 against 3.6 s in 8 MiB parts, and 2.2 s against 2.0 s with the threshold raised. By
-default the server runs with ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1073741824``
-(both sides meet the same server; ``--server-malloc default`` keeps glibc's behaviour).
+default the server runs with glibc's mmap and trim thresholds raised (``GLIBC_TUNABLES``,
+:data:`SERVER_TUNABLES`); both sides meet the same server, and ``--server-malloc default``
+keeps glibc's behaviour.
 The setting reaches the server process only: the variable is read when a process starts.
 
 Goals (issue 20 item 4): cwtrain at most 0.8 CPU-s/GB, and its wall time no longer than the
@@ -64,7 +65,7 @@ from cwtrain.local.objectstore import DEFAULT_REGION, MotoS3Server
 BUCKET = "bench-upload"
 MIB = 1 << 20
 CPU_GOAL = 0.8
-SERVER_TUNABLES = "glibc.malloc.mmap_threshold=1073741824"
+SERVER_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296"
 OURS = "cwtrain"
 MANAGED = "managed transfer"
 HASHED = "SHA-256 + managed transfer"
