@@ -186,12 +186,10 @@ def _refused_digest(exc: ObjectStoreStatusError, key: str) -> SnapshotChecksumEr
     """The error for a store that refused a body's checksum (nothing was stored), else ``None``."""
     if exc.code not in DIGEST_MISMATCH_CODES:
         return None
-    error = SnapshotChecksumError(
+    return SnapshotChecksumError(
         f"{key}: the store received other bytes than the ones hashed ({exc.code}: the request's checksum did "
         "not match its body) and stored nothing; the snapshot index is not written. Publish again"
     )
-    error.__cause__ = exc
-    return error
 
 
 def conditional_writes_supported() -> bool:
@@ -322,7 +320,10 @@ class ObjectWriter:
         if isinstance(exc, StoreNotImplementedError):
             _warn_unconditional()
             return "retry"
-        raise _refused_digest(exc, key) or exc
+        refused = _refused_digest(exc, key)
+        if refused is not None:
+            raise refused from exc
+        raise exc
 
     def _verify_stored(self, key: str, source: ObjectSource, sha256: str) -> None:
         """HEAD the object just written: its size, ``cwtrain-sha256`` and store checksum are what was hashed."""
@@ -408,7 +409,10 @@ class ObjectWriter:
         try:
             etag = self.s3.upload_part(self.bucket, key, upload_id, number, body)
         except ObjectStoreStatusError as exc:
-            raise _refused_digest(exc, key) or exc from None
+            refused = _refused_digest(exc, key)
+            if refused is None:
+                raise
+            raise refused from exc
         progress(len(body))
         return etag
 
