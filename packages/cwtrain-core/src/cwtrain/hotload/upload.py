@@ -47,8 +47,10 @@ the index goes out). Every stored object is checked with a HEAD against what was
 **Concurrency and memory.** ``workers`` objects upload in parallel and ``workers`` parts
 are in flight across them (``CWTRAIN_HOTLOAD_UPLOAD_WORKERS`` in the integrations). Files
 on disk are read into at most ``memory_budget`` bytes of buffers
-(``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, 1 GiB); in the streaming form :meth:`SnapshotUpload.add`
-also blocks while the encoded bytes in flight exceed that budget. Part size:
+(``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, 1 GiB), which stay allocated for the next publish of
+the process (fresh memory costs as much CPU as hashing it;
+:func:`cwtrain.hotload.buffers.release_read_buffers` frees them); in the streaming form
+:meth:`SnapshotUpload.add` also blocks while the encoded bytes in flight exceed that budget. Part size:
 ``part_size`` or ``CWTRAIN_HOTLOAD_PART_SIZE`` (64 MiB, at least 50 MB).
 
 **Progress.** ``on_progress(nbytes)`` is called from worker threads with every confirmed
