@@ -59,6 +59,21 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "a single-replica deployment's replica killed after FULL + 30 deltas (no peer: it replays the chain)",
         "it serves the trainer's exact weights (log-probs equal to the trainer's)",
     ),
+    "torn-upload": (
+        "a shard rewritten in place (same size) while it is published",
+        "the loopback S3 proxy rewrites the shard when the publish has opened it, while its parts are sent, once its object is stored, or between the hash pass and the re-read of a file larger than the memory budget",
+        "SnapshotError naming the file; no index; its multipart upload aborted; every stored object equals its cwtrain-sha256",
+    ),
+    "truncated-shard": (
+        "a shard truncated while it is published",
+        "the proxy truncates the shard under a publisher process (upload_snapshot, HotLoader.upload), while its parts are sent, and during the re-read of a file larger than the budget",
+        "no SIGBUS: SnapshotError naming the file, exit 1; no index; no unfinished multipart upload",
+    ),
+    "stored-mismatch": (
+        "the store receives or records other bytes than were hashed",
+        "the proxy flips a byte of a PutObject body (and, like S3, checks bodies against x-amz-checksum-sha256), or rewrites the cwtrain-sha256 of a multipart upload",
+        "the body is refused (BadDigest) or the HEAD after the write disagrees: SnapshotChecksumError naming the object; no index",
+    ),
     "bad-input": (
         "bad input (fuzzed)",
         "hypothesis: request files, index JSON, safetensors headers, identities, variable values, timeouts",
