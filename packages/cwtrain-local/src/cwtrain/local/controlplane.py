@@ -224,9 +224,9 @@ class _Handler(JSONHandler):
             if match is None:
                 continue
             known = True
+            what = _KINDS.get(route.split("/")[1], "id")
+            ids = [check_resource_id(unquote(group), what) for group in match.groups()]
             if verb == method:
-                what = _KINDS.get(route.split("/")[1], "id")
-                ids = [check_resource_id(unquote(group), what) for group in match.groups()]
                 return handler(self.server.state, ids, query, body)
         path = unquote(route)[:200]
         if known:
