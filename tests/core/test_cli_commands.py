@@ -267,7 +267,16 @@ def test_failed_hot_load_is_printed_and_exits_1(fake: FakeAPI, capsys: pytest.Ca
     fake.add_deployment()
     fake.fail_identities.add("bad")
     code, hot, err = run(
-        capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "bad", "--poll-interval", "0.01", "--no-verify"
+        capsys,
+        "hotload",
+        "trigger",
+        "--deployment",
+        "dep-1",
+        "--identity",
+        "bad",
+        "--poll-interval",
+        "0.01",
+        "--no-verify",
     )
     assert code == 1
     assert hot["status"]["state"] == "FAILED"
