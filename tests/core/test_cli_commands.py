@@ -223,7 +223,9 @@ def test_usage_errors_exit_2(fake: FakeAPI, capsys: pytest.CaptureFixture[str], 
 
 def test_trigger_no_wait_then_wait_status_list(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     fake.add_deployment()
-    code, hot, err = run(capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "a", "--no-wait")
+    code, hot, err = run(
+        capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "a", "--no-wait", "--no-verify"
+    )
     assert code == 0, err
     assert hot["status"]["state"] == "PENDING" and hot["spec"]["type"] == "FULL"
     body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
@@ -253,6 +255,7 @@ def test_trigger_delta_with_reset_prompt_cache(fake: FakeAPI, capsys: pytest.Cap
         "--reset-prompt-cache",
         "--poll-interval",
         "0.01",
+        "--no-verify",
     )
     assert code == 0 and hot["spec"]["type"] == "INCREMENTAL"
     body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
@@ -264,7 +267,16 @@ def test_failed_hot_load_is_printed_and_exits_1(fake: FakeAPI, capsys: pytest.Ca
     fake.add_deployment()
     fake.fail_identities.add("bad")
     code, hot, err = run(
-        capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "bad", "--poll-interval", "0.01"
+        capsys,
+        "hotload",
+        "trigger",
+        "--deployment",
+        "dep-1",
+        "--identity",
+        "bad",
+        "--poll-interval",
+        "0.01",
+        "--no-verify",
     )
     assert code == 1
     assert hot["status"]["state"] == "FAILED"

@@ -49,6 +49,16 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "one byte of an uploaded FULL shard's tensor data inverted before the hot-load",
         "hot-load FAILED with a reason; replicas keep serving the previous identity; a re-published FULL recovers",
     ),
+    "flip-full-object": (
+        "a flipped byte in a stored plain FULL snapshot (no Adler-32s)",
+        "one byte of an uploaded checkpoint's tensor data inverted, its cwtrain-sha256 metadata kept, then the hot-load triggered",
+        "replicas refuse it naming the object (FAILED) and keep serving the previous identity; `hotload trigger` refuses it before creating a hot-load unless --no-verify",
+    ),
+    "error-recovery": (
+        "a corrupt delta in the chain a restarted replica must replay",
+        "one byte of a served delta inverted, then the deployment's only replica killed: it restarts cold and cannot catch up",
+        "STATUS_ERROR whose reason names the replica and the object; a rollback to the intact FULL is accepted and brings READY back, serving that FULL's bytes",
+    ),
     "replica-killed": (
         "a replica killed during a hot-load",
         "SIGKILL of one replica right after the hot-load reached it",
@@ -73,6 +83,21 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "the store receives or records other bytes than were hashed",
         "the proxy flips a byte of a PutObject body (and, like S3, checks bodies against x-amz-checksum-sha256), or rewrites the cwtrain-sha256 of a multipart upload",
         "the body is refused (BadDigest) or the HEAD after the write disagrees: SnapshotChecksumError naming the object; no index",
+    ),
+    "local-auth": (
+        "unauthenticated callers of the local stack",
+        "requests without a token or with a wrong one to the control plane, a gateway and a replica (/admin/hotload, /v1/completions, /health), some declaring a 1 GiB body they never send",
+        "401 in each server's error shape before a byte of the body is read; the replica keeps its identity",
+    ),
+    "local-bodies": (
+        "malformed or oversized request bodies",
+        "Content-Length abc, -1, 1e11 and 10^11, two framings, bad chunk sizes, an oversized chunked body, a body cut short, to the control plane, a gateway and a replica",
+        "400 or 413 in each server's error shape, at once and without a traceback; the server keeps answering",
+    ),
+    "local-ids": (
+        "resource ids that are not one plain path segment",
+        "GET and DELETE of escaped ids holding ?, /, % or control characters, and a create with the id parameters",
+        "invalid_argument naming the id; nothing is looked up, deleted or created",
     ),
     "bad-input": (
         "bad input (fuzzed)",

@@ -19,15 +19,17 @@ SEED = 3
 TOK = Tokenizer()
 WEIGHTS = init_weights(seed=SEED)
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+TOKEN = "engine-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[httpx.Client]:
     replica = Replica("solo", MODEL, None, model_root="s3://models/tiny")
     replica.set_served(ServedWeights.build("initial", ModelConfig(), to_tensor_data(WEIGHTS)))
-    server = ReplicaServer(replica).start()
+    server = ReplicaServer(replica, token=TOKEN).start()
     try:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
+        with httpx.Client(base_url=server.url, timeout=60, headers=AUTH) as client:
             yield client
     finally:
         server.stop()
@@ -329,7 +331,7 @@ def test_models_card_unknown_model_and_chunked_bodies(engine: httpx.Client) -> N
             "POST",
             "/v1/chat/completions",
             body=iter([body[:10], body[10:]]),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **AUTH},
             encode_chunked=True,
         )
         response = conn.getresponse()
@@ -341,7 +343,7 @@ def test_models_card_unknown_model_and_chunked_bodies(engine: httpx.Client) -> N
 
 def test_openai_client_reads_both_endpoints_streamed_and_not(engine: httpx.Client) -> None:
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=str(engine.base_url).rstrip("/") + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=str(engine.base_url).rstrip("/") + "/v1", api_key=TOKEN, max_retries=0)
     try:
         chunks = list(
             client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, stream=True, logprobs=True, seed=1)
@@ -370,12 +372,18 @@ def _raw(engine: httpx.Client, request: bytes) -> bytes:
 
 def test_http10_streams_unframed_and_bad_chunk_framing_is_a_400(engine: httpx.Client) -> None:
     body = json.dumps({"model": MODEL, "prompt": "a", "max_tokens": 2, "stream": True}).encode()
-    head = f"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     answer = _raw(engine, head.encode() + body)
     headers, _, events = answer.partition(b"\r\n\r\n")
     assert (
         b"Transfer-Encoding" not in headers and events.startswith(b"data: {") and events.endswith(b"data: [DONE]\n\n")
     )
-    bad = b"POST /tokenize HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    bad = (
+        f"POST /tokenize HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\n"
+        "Connection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    ).encode()
     refused = _raw(engine, bad)
-    assert refused.startswith(b"HTTP/1.1 400 ") and b"cannot be read" in refused
+    assert refused.startswith(b"HTTP/1.1 400 ") and b"malformed chunk size line" in refused

@@ -7,7 +7,7 @@
     cwtrain hotload publish [--deployment ID] --checkpoint DIR --identity ID [--previous-identity ID]
     cwtrain hotload publish [--deployment ID] --checkpoint NEW --base PREV --identity ID \
         --previous-identity PREV_ID [--keep DIR]                    # diff + publish in one pass
-    cwtrain hotload trigger [--deployment ID] --identity ID [--previous-identity ID]
+    cwtrain hotload trigger [--deployment ID] --identity ID [--previous-identity ID] [--no-verify]
     cwtrain hotload wait HOTLOAD_ID / status HOTLOAD_ID / cancel HOTLOAD_ID
     cwtrain hotload list [--deployment ID] [--limit 20]
     cwtrain hotload rollback [--deployment ID] --identity ID
@@ -17,6 +17,9 @@ exports it); with neither the command exits 2 with one ``error:`` line naming bo
 stdout: one JSON document (hot-load view, ``{"hot_load", "replicas"}``, snapshot info,
 ...); stderr: logs, upload progress (:class:`cwtrain.progress.ByteProgress`: drawn on a
 terminal or with ``--progress``, else one final line) and hot-load state changes.
+``trigger`` first reads the snapshot's stored objects back and checks each against the
+SHA-256 it was uploaded with (and a FULL snapshot's tensors against their Adler-32s),
+refusing a snapshot that changed since (exit 1); ``--no-verify`` skips that read.
 Exit 0 on success (also ``--no-wait``), 1 on any cwtrain error or when the printed
 hot-load ended FAILED/CANCELED, 2 on a usage error. ``cancel`` works on the local stack;
 the service answers ``unimplemented`` (exit 1) until it implements cancel. See
@@ -97,6 +100,11 @@ def register(subparsers: Any) -> None:
     p = commands.add_parser("trigger", help="create the hot-load of an uploaded snapshot and wait")
     _deployment(p)
     _identity_options(p)
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip reading the stored objects back to check their SHA-256 (and a FULL's Adler-32s) first",
+    )
     p.set_defaults(func=needs_deployment(_trigger))
 
     p = commands.add_parser("wait", help="wait until a hot-load ends")
@@ -250,6 +258,7 @@ def _trigger(args: argparse.Namespace) -> int:
                 previous_identity=args.previous_identity,
                 prompt_cache_policy=_policy(args),
                 timeout=budget.remaining,
+                verify=not args.no_verify,
             )
             return hot_load if args.no_wait else loader.wait(hot_load.id, timeout=max(budget.remaining, 1e-3))
 

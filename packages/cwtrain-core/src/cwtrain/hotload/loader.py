@@ -249,15 +249,21 @@ class HotLoader:
         hot_load_id: str | None = None,
         wait_for_active: bool = True,
         timeout: float | None = None,
+        verify: bool = False,
     ) -> HotLoad:
         """Create the hot-load of an uploaded snapshot, with single-flight handling.
 
         The type comes from ``info``, else ``snapshot_type``, else INCREMENTAL iff
-        ``previous_identity``. Does not wait for completion.
+        ``previous_identity``. Does not wait for completion. With ``verify``, the stored
+        objects of ``identity`` are first read back and checked against the SHA-256 each
+        was uploaded with, and a FULL snapshot's tensors against their Adler-32s
+        (:func:`cwtrain.hotload.verify_stored.verify_stored_snapshot`; skipped when no
+        index is stored). ``cwtrain hotload trigger`` verifies unless ``--no-verify``.
 
         Raises:
             SnapshotError: misuse (``previous_identity`` with ``info`` or with FULL,
                 INCREMENTAL without it, an invalid identity, a chain too long).
+            SnapshotChecksumError: with ``verify``, a stored object is not what was uploaded.
             HotLoadInProgressError: another hot-load was still running when the budget ran out.
         """
         validate_identity(identity)
@@ -269,6 +275,12 @@ class HotLoader:
             self._check_chain(identity, previous)
             incremental = IncrementalSnapshotMetadata(previous)
         policy = PromptCachePolicy.parse(prompt_cache_policy)
+        if verify:
+            from cwtrain.hotload.verify_stored import verify_stored_snapshot
+
+            checked = verify_stored_snapshot(self.store, identity)
+            if checked is not None:
+                log.info("verified %s: %d objects, %d tensors", checked.uri, checked.objects, checked.tensors)
         hot_load_id = hot_load_id or str(uuid.uuid4())
         budget = Budget(self.timeout if timeout is None else timeout)
         while True:

@@ -2,7 +2,7 @@
 
 Started by :class:`cwtrain.local.LocalStack` (or by hand)::
 
-    AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… AWS_REGION=US-EAST-04A \\
+    AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… AWS_REGION=US-EAST-04A CWTRAIN_LOCAL_REPLICA_TOKEN=… \\
     python -m cwtrain.local.replica --name r0 --port 8101 --s3-endpoint http://127.0.0.1:9000 \\
         --bucket weights --path-prefix hotload --model-name tiny \\
         --model-bucket models --model-path tiny/base [--peer http://127.0.0.1:8102]
@@ -23,11 +23,17 @@ then answers on ``127.0.0.1:<port>``:
 With ``stream: true`` the completions endpoints answer with server-sent events, each token's
 chunk sent as soon as the token is sampled.
 
+Every route, ``/health`` included, wants ``Authorization: Bearer <token>`` with the replica
+token from ``CWTRAIN_LOCAL_REPLICA_TOKEN`` (the stack makes one and gives it to the
+supervisor and the gateways; a replica started without it refuses to run): 401 otherwise,
+before a byte of the body is read. Bodies are bounded (:data:`MAX_BODY_BYTES`, 413).
+
 States: ``READY`` (serving), ``PENDING_UPDATE`` (hot-load accepted), ``UPDATING`` (reading and
 verifying), ``ERROR`` (the last hot-load failed: ``error_reason`` says why, the previous
 weights keep serving). A hot-load reads only the deltas after the served identity when it is
-in the chain, else the chain's FULL root and every delta after it (at most 63); every Adler-32
-is verified before the swap. The swap replaces one reference between requests: a request in
+in the chain, else the chain's FULL root and every delta after it (at most 63); every
+object's SHA-256 is checked against its ``cwtrain-sha256`` metadata as it is read, and every
+Adler-32 before the swap (:mod:`cwtrain.local.snapshots`). The swap replaces one reference between requests: a request in
 flight finishes on the weights it started with. Every completion names the identity that
 produced it in ``system_fingerprint`` and the ``x-cwtrain-snapshot-identity`` header.
 
@@ -44,6 +50,7 @@ of the process that started it.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import os
@@ -57,6 +64,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cwtrain.errors import UsageError
 from cwtrain.local.chat import chat_complete
 from cwtrain.local.completions import (
     SSE_CONTENT_TYPE,
@@ -66,7 +74,14 @@ from cwtrain.local.completions import (
     error_body,
     models_body,
 )
-from cwtrain.local.loopback import BackgroundServer, BodyError, JSONHandler, LoopbackHTTPServer
+from cwtrain.local.engines import TOKEN_VARIABLE
+from cwtrain.local.loopback import (
+    DEFAULT_MAX_BODY_BYTES,
+    BackgroundServer,
+    JSONHandler,
+    LoopbackHTTPServer,
+    RequestRefused,
+)
 from cwtrain.local.model import GeneratedSequence, TinyLM, TokenEvent
 from cwtrain.local.snapshots import (
     ChainLink,
@@ -78,9 +93,20 @@ from cwtrain.local.snapshots import (
 )
 from cwtrain.local.tokenization import detokenize, tokenize
 
-__all__ = ["ENGINE_ROUTES", "IDENTITY_HEADER", "Batcher", "Replica", "ReplicaServer", "main"]
+__all__ = [
+    "ENGINE_ROUTES",
+    "IDENTITY_HEADER",
+    "MAX_BODY_BYTES",
+    "TOKEN_VARIABLE",
+    "Batcher",
+    "Replica",
+    "ReplicaServer",
+    "main",
+]
 
 IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
+#: The longest request body a replica reads (as much as a gateway relays).
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 #: The POST routes a replica serves as an inference engine (the gateway relays exactly these).
 ENGINE_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 log = logging.getLogger("cwtrain.local.replica")
@@ -369,9 +395,18 @@ class Replica:
 
 class _Handler(JSONHandler):
     server: _Server
+    max_body_bytes = MAX_BODY_BYTES
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
+
+    def authenticate(self) -> None:
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.server.token.encode()):
+            raise RequestRefused(401, "missing or invalid replica token (Authorization: Bearer <token>)", code="401")
+
+    def refusal_body(self, error: RequestRefused) -> Any:
+        return error_body(error.message, error.status)
 
     def _json_body(self) -> Any:
         raw = self.read_body()
@@ -380,6 +415,11 @@ class _Handler(JSONHandler):
     def do_GET(self) -> None:
         replica = self.server.replica
         path = self.path.split("?", 1)[0]
+        try:
+            self.read_body()
+        except RequestRefused as exc:
+            self.refuse(exc)
+            return
         if path == "/health":
             doc = replica.health()
             self.send_json(200 if doc["identity"] is not None else 503, doc)
@@ -400,8 +440,8 @@ class _Handler(JSONHandler):
         path = self.path.split("?", 1)[0]
         try:
             body = self._json_body()
-        except BodyError as exc:
-            self.send_json(400, error_body(f"the request body cannot be read: {exc}", 400))
+        except RequestRefused as exc:
+            self.refuse(exc)
             return
         except ValueError as exc:
             self.send_json(400, error_body(f"the request body is not JSON: {exc}", 400))
@@ -426,8 +466,11 @@ class _Handler(JSONHandler):
 class _Server(LoopbackHTTPServer):
     request_queue_size = 256  # a split GRPO batch opens dozens of connections at once
 
-    def __init__(self, port: int, replica: Replica) -> None:
+    def __init__(self, port: int, replica: Replica, token: str) -> None:
+        if not token:
+            raise UsageError(f"replica {replica.name} needs a token ({TOKEN_VARIABLE}); every route requires it")
         self.replica = replica
+        self.token = token
         super().__init__(port, _Handler)
 
 
@@ -437,10 +480,11 @@ class ReplicaServer(BackgroundServer):
     Args:
         replica: The replica it serves.
         port: The port (a free one when 0).
+        token: The bearer token every request must carry (not empty).
     """
 
-    def __init__(self, replica: Replica, port: int = 0) -> None:
-        super().__init__(_Server(port, replica), f"replica-{replica.name}")
+    def __init__(self, replica: Replica, port: int = 0, *, token: str) -> None:
+        super().__init__(_Server(port, replica, token), f"replica-{replica.name}")
 
 
 def _s3_client(endpoint: str) -> Any:
@@ -460,8 +504,9 @@ def _s3_client(endpoint: str) -> Any:
     )
 
 
-def _copy_from_peer(peer: str, timeout: float = 30.0) -> ServedWeights:
-    with urllib.request.urlopen(peer.rstrip("/") + "/admin/weights", timeout=timeout) as resp:
+def _copy_from_peer(peer: str, token: str, timeout: float = 30.0) -> ServedWeights:
+    request = urllib.request.Request(peer.rstrip("/") + "/admin/weights", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
         return served_from_weights_file(resp.read())
 
 
@@ -484,6 +529,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a replica until SIGTERM/SIGINT; returns the exit code."""
     parent = os.getppid()  # before anything slow, so that a parent dying during start-up is noticed
     args = _parser().parse_args(argv)
+    token = os.environ.get(TOKEN_VARIABLE, "").strip()
+    if not token:
+        print(f"error: set {TOKEN_VARIABLE} to the token every request to this replica must carry", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s replica {args.name} %(levelname)s %(message)s")
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -493,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = SnapshotSource(_s3_client(args.s3_endpoint), args.bucket, args.path_prefix)
     root = f"s3://{args.model_bucket}/{args.model_path.strip('/')}"
     replica = Replica(args.name, args.model_name, source, apply_delay=args.apply_delay, model_root=root)
-    server = _Server(args.port, replica)
+    server = _Server(args.port, replica, token)
     stop = threading.Event()
 
     def _stop(signum: int, frame: Any) -> None:
@@ -508,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = None
         if args.peer:
             try:
-                served = _copy_from_peer(args.peer)
+                served = _copy_from_peer(args.peer, token)
                 log.info("copied %s from peer %s", served.identity, args.peer)
             except Exception as exc:
                 log.warning("cannot copy weights from peer %s (%s); loading the base checkpoint", args.peer, exc)

@@ -25,12 +25,14 @@ __all__ = [
     "GPU_COUNTS",
     "HOT_LOAD_ENGINE",
     "NAME_RE",
+    "RESERVED_IDS",
     "TERMINAL_HOT_LOAD_STATES",
     "ServiceError",
     "ENGINE_CONFIG_KEYS",
     "ENGINE_ENV_NAMES",
     "INSTANCE_TYPES",
     "check_identity",
+    "check_resource_id",
     "deployment_parameters",
     "enum_value",
     "new_id",
@@ -213,12 +215,29 @@ def check_identity(identity: Any, field: str = "identity") -> str:
     return identity
 
 
+#: Ids that name a route of their own (``GET /deployments/parameters``), so no resource may take them.
+RESERVED_IDS = frozenset({"parameters"})
+
+
+def check_resource_id(value: str, what: str) -> str:
+    """A resource id from a request path: 1-128 characters of ``[A-Za-z0-9._-]``, as ids are created.
+
+    Ids with ``?``, ``/``, ``%``, spaces or control characters (an unescaped or doubly
+    escaped path) are refused with ``invalid_argument`` rather than looked up.
+    """
+    if not _ID_RE.fullmatch(value):
+        raise _invalid(f"{what} {value[:80]!r} is not a valid id (1-128 characters of [A-Za-z0-9._-])")
+    return value
+
+
 def _client_id(body: Mapping[str, Any], key: str = "id") -> str:
     value = body.get(key)
     if value is None or value == "":
         return new_id()
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         raise _invalid(f"{key}: {value!r} is not a valid id (1-128 characters of [A-Za-z0-9._-])")
+    if value in RESERVED_IDS:
+        raise _invalid(f"{key}: {value!r} is reserved (it names a route of the API); choose another id")
     return value
 
 

@@ -4,7 +4,9 @@
 records for one organisation and applies the service's rules on every call: client-chosen
 ids with ``already_exists``, the hot-load deployment requirements (engine ``dynamo-vllm``,
 a ``hotLoad`` section with ``TRANSITION_MODE_ASYNC``, gateways in one zone, the
-organisation flag), single-flight hot-loads, chain resolution (oldest first from the last
+organisation flag), hot-loads only on READY deployments or ones in the recoverable
+STATUS_ERROR (:data:`HOT_LOADABLE`: a hot-load is how an ERROR deployment comes back),
+single-flight hot-loads, chain resolution (oldest first from the last
 FULL, at most :data:`~cwtrain.local.resources.API_MAX_CHAIN_DELTAS` deltas) and pagination
 with page tokens tied to the parent filter (:mod:`cwtrain.local.pages`). It starts no process: the
 :mod:`cwtrain.local.supervisor` drives the asynchronous transitions (CREATING → READY,
@@ -36,6 +38,7 @@ from cwtrain.local.resources import (
 
 __all__ = [
     "DEFAULT_ENGINES",
+    "HOT_LOADABLE",
     "DEFAULT_ZONES",
     "ControlPlaneState",
     "DeploymentRecord",
@@ -52,6 +55,10 @@ DEFAULT_ENGINES: Mapping[str, tuple[str, ...]] = {
 }
 
 ObjectExists = Callable[[str, str], bool]
+#: Deployment statuses that accept a hot-load. STATUS_ERROR (no replica serves the current
+#: weights, e.g. a corrupt object in the chain a restarted replica must replay) is
+#: recoverable, and a hot-load of an intact snapshot (a rollback, a FULL) is the way back.
+HOT_LOADABLE = frozenset({"STATUS_READY", "STATUS_ERROR"})
 
 
 class ControlPlaneState:
@@ -314,7 +321,7 @@ class ControlPlaneState:
                     "failed_precondition",
                     f"deployment {deployment.id} has no hotLoad section; hot-load can only be enabled at creation",
                 )
-            if deployment.status != "STATUS_READY":
+            if deployment.status not in HOT_LOADABLE:
                 raise ServiceError(
                     "failed_precondition",
                     f"deployment {deployment.id} is {deployment.status}, not STATUS_READY; wait until it is ready",
