@@ -18,11 +18,29 @@ units in the last place. Then, in one run, on the same bytes:
 
 Ratios are throughput ratios (``a/c`` = time(c) / time(a)), from wall time and, as a
 check that survives a busy machine, from this process's CPU time; goals: ``a/d`` and
-``b/d`` >= 0.85, ``a/c`` and ``b/c`` >= 4 on 2 cores. ``--memory`` also runs (a) in a child
-process and reports its peak RSS.
+``b/d`` >= 0.85, ``a/c`` and ``b/c`` >= 4 on 2 cores. ``--memory`` also runs, each in a
+child process whose peak RSS (``VmHWM``) is read at its exit, on the same checkpoint:
+(a) ``diff``; ``apply`` of (a)'s delta to the old checkpoint (``write_applied_snapshot``,
+what ``cwtrain snapshot apply`` runs); ``verify`` of the delta against the old checkpoint
+(``verify_snapshot_dir``, what ``cwtrain snapshot verify --base`` runs). Each must stay
+within the memory budget (``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, default 1 GiB, passed on to
+the children) + 1 GiB; the verdict is printed.
+
+``--big SIZE`` measures instead the peak memory of ``cwtrain snapshot diff`` on a checkpoint
+of SIZE (issue 20: 16 GiB must stay within ``CWTRAIN_HOTLOAD_MEMORY_BUDGET`` + 1 GiB). The
+two checkpoints are sparse safetensors files (holes read as zeros and take no space): 256
+MiB tensors plus a 1 GiB embedding (zstd's threaded path); in the new one, ``--big-dense``
+tensors are entirely new random bytes (their XOR does not compress, so each frame in
+flight is as large as its tensor: the worst case for memory) and every other tensor
+changes in its first 64 KiB. The CLI runs in a child process whose peak RSS (``VmHWM``)
+is read at exit; ``--budget`` sets the variable. Put ``--dir`` on a tmpfs (``/dev/shm``)
+or a disk with room for the dense bytes (twice ``--big-dense`` x 256 MiB).
+``--big-apply-verify`` also measures ``snapshot verify --base`` and ``snapshot apply`` (whose
+output is written dense: the whole checkpoint, so keep SIZE small on a small disk).
 
     .venv-3.12/bin/python bench/codec.py --size 64MiB        # quick check
     .venv-3.12/bin/python bench/codec.py                     # the full 0.5 GiB run
+    .venv-3.12/bin/python bench/codec.py --big 16GiB --dir /dev/shm --json
 """
 
 from __future__ import annotations
@@ -44,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.codec import DeltaEncoder, memory_budget_from_env
 from cwtrain.hotload.decode import default_workers
 from cwtrain.hotload.delta import open_checkpoint, write_delta
 from cwtrain.hotload.format import INDEX_NAME, adler32
@@ -198,20 +216,156 @@ def rest(base: Path, new: Path, workers: int) -> int:
             return len(list(pool.map(one, sorted(new_ckpt.tensors))))
 
 
+_PEAK = "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])"
+
+
+def _peak_rss(code: str, *args: str) -> int:
+    """Peak RSS (bytes) of a child process running ``code`` with ``args`` (its VmHWM, read at exit)."""
+    done = subprocess.run([sys.executable, "-c", f"{code}; {_PEAK}", *args], check=True, capture_output=True, text=True)
+    return int(done.stdout.split()[-1]) * 1024
+
+
 def child_peak_rss(base: Path, new: Path, out: Path, workers: int) -> int:
     """Peak RSS (bytes) of a child process that only runs write_delta (its VmHWM, read at exit)."""
     code = (
         "import sys; from cwtrain.hotload.delta import write_delta; "
-        "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4])); "
-        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])"
+        "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4]))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(base), str(new), str(out), str(workers)],
-        check=True,
-        capture_output=True,
-        text=True,
+    return _peak_rss(code, str(base), str(new), str(out), str(workers))
+
+
+def child_peak_rss_apply(base: Path, delta: Path, out: Path, workers: int) -> int:
+    """Peak RSS (bytes) of a child that applies ``delta`` to ``base`` into ``out`` (``snapshot apply``)."""
+    code = (
+        "import sys; from cwtrain.hotload.delta import write_applied_snapshot; "
+        "write_applied_snapshot(sys.argv[1], sys.argv[2], sys.argv[3], workers=int(sys.argv[4]))"
     )
-    return int(done.stdout.split()[-1]) * 1024
+    return _peak_rss(code, str(base), str(delta), str(out), str(workers))
+
+
+def child_peak_rss_verify(base: Path, delta: Path, workers: int) -> int:
+    """Peak RSS (bytes) of a child that verifies ``delta`` against ``base`` (``snapshot verify --base``)."""
+    code = (
+        "import sys; from cwtrain.hotload.decode import verify_snapshot_dir; "
+        "r = verify_snapshot_dir(sys.argv[2], base=sys.argv[1], workers=int(sys.argv[3])); assert r.verified == r.tensors"
+    )
+    return _peak_rss(code, str(base), str(delta), str(workers))
+
+
+BIG_TENSOR = 256 << 20
+BIG_EMBEDDING = 1 << 30
+BIG_TOUCH = 64 << 10
+
+
+def save_sparse(path: Path, sizes: dict[str, int], dense: dict[str, np.ndarray]) -> None:
+    """One U8 safetensors file of ``sizes``: holes, except the ``dense`` bytes at each tensor's start."""
+    entries, offset = [], 0
+    for name, size in sizes.items():
+        entries.append(TensorEntry(name, "U8", (size,), offset, offset + size))
+        offset += size
+    header = encode_header(entries, {"format": "pt"})
+    with open(path, "wb") as out:
+        out.write(header)
+        for entry in entries:
+            if entry.name in dense:
+                out.seek(len(header) + entry.begin)
+                out.write(memoryview(dense[entry.name]))
+        out.truncate(len(header) + offset)
+
+
+def write_sparse_pair(root: Path, size: int, dense_tensors: int, seed: int) -> tuple[int, int]:
+    """Checkpoints ``root/old`` and ``root/new`` of ``size`` bytes; returns (tensors, dense bytes written)."""
+    rng = np.random.default_rng(seed)
+    sizes = {"model.embed_tokens.weight": BIG_EMBEDDING}
+    for i in range(max(1, (size - BIG_EMBEDDING) // BIG_TENSOR)):
+        sizes[f"model.layers.{i}.weight"] = BIG_TENSOR
+    names = list(sizes)
+    dense: dict[str, np.ndarray] = {}
+    for i, name in enumerate(names):
+        whole = 0 < i <= dense_tensors
+        dense[name] = rng.integers(0, 256, sizes[name] if whole else BIG_TOUCH, dtype=np.uint8)
+    for side, content in (("old", {}), ("new", dense)):
+        (root / side).mkdir(parents=True)
+        save_sparse(root / side / "model.safetensors", sizes, content)
+        (root / side / "config.json").write_text("{}")
+    return len(sizes), sum(a.nbytes for a in dense.values())
+
+
+def cli_peak_rss(argv: list[str], env: dict[str, str]) -> tuple[int, float, str]:
+    """(peak RSS in bytes, wall seconds, its stdout before the RSS) of ``cwtrain <argv>`` in a child process."""
+    code = (
+        "import sys; from cwtrain.cli import main; code = main(sys.argv[1:]); "
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]); sys.exit(code)"
+    )
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"cwtrain {' '.join(argv)} failed:\n{done.stderr[-2000:]}")
+    lines = done.stdout.strip().splitlines()
+    return int(lines[-1]) * 1024, wall, "\n".join(lines[:-1])
+
+
+def big_diff(args: argparse.Namespace) -> int:
+    """``--big``: peak RSS of ``cwtrain snapshot diff`` on a sparse checkpoint of ``--big`` bytes."""
+    budget = args.budget
+    scratch = Path(tempfile.mkdtemp(prefix="cwtrain-bench-big-", dir=args.dir))
+    try:
+        tensors, dense = write_sparse_pair(scratch, args.big, args.big_dense, args.seed)
+        env = {**os.environ, "CWTRAIN_HOTLOAD_MEMORY_BUDGET": str(budget)}
+        argv = ["snapshot", "diff", str(scratch / "old"), str(scratch / "new"), "--out", str(scratch / "delta")]
+        argv += ["--version", "2", "--base-version", "1", "--workers", str(args.workers)]
+        peak, wall, answer = cli_peak_rss(argv, env)
+        summary = json.loads(answer) if answer.lstrip().startswith("{") else {}
+        others: dict[str, dict[str, float]] = {}
+        if args.big_apply_verify:  # the same delta through `snapshot verify --base` and `snapshot apply`
+            for name, command in (
+                ("verify", ["snapshot", "verify", str(scratch / "delta"), "--base", str(scratch / "old")]),
+                (
+                    "apply",
+                    [
+                        "snapshot",
+                        "apply",
+                        str(scratch / "old"),
+                        str(scratch / "delta"),
+                        "--out",
+                        str(scratch / "applied"),
+                        "--base-version",
+                        "1",
+                    ],
+                ),
+            ):
+                other_peak, other_wall, _ = cli_peak_rss(command, env)
+                others[name] = {"seconds": other_wall, "peak_rss_bytes": other_peak}
+        result = {
+            "checkpoint_bytes": args.big,
+            "tensors": tensors,
+            "dense_bytes_in_new": dense,
+            "memory_budget": budget,
+            "workers": args.workers,
+            "load_average": os.getloadavg()[0],
+            "diff_seconds": wall,
+            "diff_gb_per_s": args.big / wall / 1e9,
+            "payload_bytes": summary.get("payload_bytes"),
+            "peak_rss_bytes": peak,
+            "limit_bytes": budget + (1 << 30),
+            "within_limit": peak <= budget + (1 << 30),
+            "others": others,
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(
+            f"snapshot diff of a {args.big / 2**30:.0f} GiB checkpoint ({tensors} tensors, {dense / 2**20:.0f} MiB of "
+            f"new dense bytes), budget {budget / 2**20:.0f} MiB, {args.workers} workers: {wall:.1f} s, "
+            f"peak RSS {peak / 2**20:.0f} MiB (limit budget + 1 GiB = {result['limit_bytes'] / 2**20:.0f} MiB: "
+            f"{'pass' if result['within_limit'] else 'FAIL'})"
+        )
+        for name, figures in others.items():
+            print(f"snapshot {name}: {figures['seconds']:.1f} s, peak RSS {figures['peak_rss_bytes'] / 2**20:.0f} MiB")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true", help="also measure (a)'s peak RSS in a child process")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--big", type=parse_size, default=None, help="peak RSS of `snapshot diff` at this size")
+    parser.add_argument("--big-dense", type=int, default=4, help="--big: tensors of new random bytes (4)")
+    parser.add_argument("--budget", type=parse_size, default=1 << 30, help="--big: the memory budget (1GiB)")
+    parser.add_argument(
+        "--big-apply-verify", action="store_true", help="--big: also `snapshot verify --base` and `snapshot apply`"
+    )
     args = parser.parse_args(argv)
+    if args.big is not None:
+        return big_diff(args)
 
     scratch = Path(tempfile.mkdtemp(prefix="cwtrain-bench-codec-", dir=args.dir))
     try:
@@ -261,11 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         t_c, cpu_c = best(lambda: naive(scratch / "old", scratch / "new"), args.repeat)
         t_d, cpu_d = best(lambda: ceiling(xors, args.workers), args.repeat)
         t_e, cpu_e = best(lambda: rest(scratch / "old", scratch / "new", args.workers), args.repeat)
-        peak = (
-            child_peak_rss(scratch / "old", scratch / "new", scratch / "delta-mem", args.workers)
-            if args.memory
-            else None
-        )
+        peaks: dict[str, int] = {}
+        if args.memory:
+            peaks["diff"] = child_peak_rss(scratch / "old", scratch / "new", scratch / "delta-mem", args.workers)
+            peaks["apply"] = child_peak_rss_apply(
+                scratch / "old", scratch / "delta-mem", scratch / "applied", args.workers
+            )
+            peaks["verify"] = child_peak_rss_verify(scratch / "old", scratch / "delta-mem", args.workers)
+        budget = memory_budget_from_env()
 
         wall = {"a": t_a, "b": t_b, "c": t_c, "d": t_d, "e": t_e}
         cpu = {"a": cpu_a, "b": cpu_b, "c": cpu_c, "d": cpu_d, "e": cpu_e}
@@ -284,7 +449,11 @@ def main(argv: list[str] | None = None) -> int:
             "bound_a/d": t_d / (t_d + t_e),
             "cpu_bound_a/d": cpu_d / (cpu_d + cpu_e),
             "delta_percent_of_full": 100.0 * payload / total,
-            "peak_rss_bytes_a": peak,
+            "peak_rss_bytes_a": peaks.get("diff"),
+            "peak_rss_bytes": peaks or None,
+            "memory_budget": budget,
+            "memory_limit_bytes": budget + (1 << 30),
+            "within_memory_limit": all(peak <= budget + (1 << 30) for peak in peaks.values()) if peaks else None,
         }
         if args.json:
             print(json.dumps(result, indent=2))
@@ -308,8 +477,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<28}{result['ratios'][name]:>10.2f}{result['cpu_ratios'][name]:>8.2f}")
             print(f"{'bound a/d = d / (d + e)':<28}{result['bound_a/d']:>10.2f}{result['cpu_bound_a/d']:>8.2f}")
             print(f"delta size {result['delta_percent_of_full']:.2f} % of full")
-            if peak is not None:
-                print(f"peak RSS of (a) {peak / 2**20:.0f} MiB")
+            if peaks:
+                shown = ", ".join(f"{name} {peak / 2**20:.0f} MiB" for name, peak in peaks.items())
+                verdict = "pass" if result["within_memory_limit"] else "FAIL"
+                print(
+                    f"peak RSS: {shown} (limit: budget {budget / 2**20:.0f} MiB + 1 GiB = "
+                    f"{result['memory_limit_bytes'] / 2**20:.0f} MiB: {verdict})"
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

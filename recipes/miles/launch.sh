@@ -7,11 +7,16 @@
 # ConfigMap and the cwtrain-api-token Secret as environment variables. Steps:
 #   1. refuse settings that still hold a <placeholder>
 #   2. install cwtrain, check the snapshot prefix is writable (preflight)
-#   3. fetch the base model and DAPO-Math-17k, convert the model for Megatron
+#   3. fetch the base model and DAPO-Math-17k, take the model flags from miles' own
+#      utility, convert the model for Megatron, write the zero-engine --sglang-config
 #   4. start Ray on this node (secrets reach its workers through the environment,
 #      never a command line) and run train.py (sync) or train_async.py (one step ahead)
 # miles needs no patch: its update_weights() runs the updater and cwtrain's hook
 # even with no local engine.
+# CWTRAIN_DRY_RUN=1 stops after the settings check and prints the training command as JSON
+# ({"script", "argv", "runtime_env"}) instead: nothing is installed, fetched or started;
+# FRAMEWORK_DIR must hold a miles checkout (its model-args utility gives the model flags).
+# The contract tests run that command through miles' own argument parser.
 set -euo pipefail
 
 log() { printf '[cwtrain-miles %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -31,6 +36,7 @@ done
 [[ -n "${COREWEAVE_API_TOKEN:-}" ]] || fail "COREWEAVE_API_TOKEN is empty: create the cwtrain-api-token Secret (README step 4)"
 
 WORK_DIR=${WORK_DIR:-/work}
+FRAMEWORK_DIR="${FRAMEWORK_DIR:-/root/miles}"
 HF_DIR="$WORK_DIR/hf/base"
 DATA_DIR="$WORK_DIR/data"
 TORCH_DIST="$WORK_DIR/torch_dist"
@@ -47,20 +53,22 @@ case "${MILES_MODE:-sync}" in
   *) fail "MILES_MODE must be sync or one-step-ahead, not '${MILES_MODE}'" ;;
 esac
 
-# ---------------------------------------------------------------- 2. cwtrain
-log "installing ${CWTRAIN_PACKAGES} from ${CWTRAIN_GIT}"
-cwtrain_reqs=()
-for package in $CWTRAIN_PACKAGES; do cwtrain_reqs+=("$package @ ${CWTRAIN_GIT}#subdirectory=packages/$package"); done
-python3 -m pip install --no-cache-dir --quiet "${cwtrain_reqs[@]}"
-log "checking that the trainer can list, read and write the snapshot prefix"
-python3 -m cwtrain.integrations.preflight
+DRY_RUN="${CWTRAIN_DRY_RUN:-0}"
+if [[ "$DRY_RUN" != 1 ]]; then
+  # -------------------------------------------------------------- 2. cwtrain
+  log "installing ${CWTRAIN_PACKAGES} from ${CWTRAIN_GIT}"
+  cwtrain_reqs=()
+  for package in $CWTRAIN_PACKAGES; do cwtrain_reqs+=("$package @ ${CWTRAIN_GIT}#subdirectory=packages/$package"); done
+  python3 -m pip install --no-cache-dir --quiet "${cwtrain_reqs[@]}"
+  log "checking that the trainer can list, read and write the snapshot prefix"
+  python3 -m cwtrain.integrations.preflight
 
-# ---------------------------------------------------------------- 3. model and data
-log "fetching ${BASE_MODEL} and ${DATASET_REPO}"
-if [[ "$BASE_MODEL" == s3://* ]]; then # a copy in the bucket (the trainer may read under hotload/)
-  python3 -m cwtrain.integrations.launch stage-model "$BASE_MODEL" "$HF_DIR"
-fi
-python3 - <<'PY'
+  # -------------------------------------------------------------- 3. model and data
+  log "fetching ${BASE_MODEL} and ${DATASET_REPO}"
+  if [[ "$BASE_MODEL" == s3://* ]]; then # a copy in the bucket (the trainer may read under hotload/)
+    python3 -m cwtrain.integrations.launch stage-model "$BASE_MODEL" "$HF_DIR"
+  fi
+  python3 - <<'PY'
 import os
 
 from huggingface_hub import snapshot_download
@@ -70,16 +78,25 @@ if not os.environ["BASE_MODEL"].startswith("s3://"):
     snapshot_download(os.environ["BASE_MODEL"], local_dir=f"{work}/hf/base")
 snapshot_download(os.environ["DATASET_REPO"], repo_type="dataset", local_dir=f"{work}/data")
 PY
-[[ -f "$DATA_DIR/$DATASET_FILE" ]] || fail "the dataset has no $DATASET_FILE; set DATASET_FILE"
-
-cd "$FRAMEWORK_DIR"
-# shellcheck disable=SC1091
-source scripts/models/qwen3-4B.sh # defines MODEL_ARGS
-if [[ ! -d "$TORCH_DIST" ]]; then
-  log "converting the checkpoint for Megatron"
-  PYTHONPATH="$MEGATRON_DIR" python3 tools/convert_hf_to_torch_dist.py "${MODEL_ARGS[@]}" \
-    --hf-checkpoint "$HF_DIR" --save "$TORCH_DIST"
+  [[ -f "$DATA_DIR/$DATASET_FILE" ]] || fail "the dataset has no $DATASET_FILE; set DATASET_FILE"
 fi
+
+[[ -d "$FRAMEWORK_DIR/miles" ]] || fail "FRAMEWORK_DIR ($FRAMEWORK_DIR) holds no miles checkout"
+cd "$FRAMEWORK_DIR"
+# miles keeps its model flags in Python (scripts/models/*.py) and prints them on one line
+MODEL_ARGS_LINE="$(python3 miles/utils/external_utils/model_args_utils.py qwen3-4B)" ||
+  fail "miles could not print the qwen3-4B model flags (miles/utils/external_utils/model_args_utils.py)"
+read -ra MODEL_ARGS <<<"$MODEL_ARGS_LINE"
+if [[ "$DRY_RUN" != 1 && ! -d "$TORCH_DIST" ]]; then
+  log "converting the checkpoint for Megatron"
+  CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONPATH="$MEGATRON_DIR" python3 tools/convert_hf_to_torch_dist.py \
+    "${MODEL_ARGS[@]}" --hf-checkpoint "$HF_DIR" --save "$TORCH_DIST"
+fi
+
+# No local engines: --rollout-num-gpus 0 alone fails miles' server-group check (a group needs GPUs);
+# a model with no server groups starts only the router, and update_weights still runs the hook
+SGLANG_CONFIG="$WORK_DIR/sglang-zero-engines.yaml"
+printf 'sglang:\n  - name: default\n    server_groups: []\n' >"$SGLANG_CONFIG"
 
 # ---------------------------------------------------------------- 4. train
 export CWTRAIN_HOTLOAD_STATE_DIR="${CWTRAIN_HOTLOAD_STATE_DIR:-$DISK_DIR-hotload}"
@@ -98,14 +115,16 @@ TRAIN_ARGS=(
   --entropy-coef 0.00 --eps-clip 0.2 --eps-clip-high 0.28
   --optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
   # Megatron on this node's GPUs; no rollout GPUs: the deployment samples
-  --actor-num-nodes 1 --actor-num-gpus-per-node "$TRAIN_GPUS" --rollout-num-gpus 0
+  --actor-num-nodes 1 --actor-num-gpus-per-node "$TRAIN_GPUS" --rollout-num-gpus 0 --sglang-config "$SGLANG_CONFIG"
   --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 1
   --context-parallel-size 1 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
   --use-dynamic-batch-size --max-tokens-per-gpu 9216
   --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
   --attention-softmax-in-fp32 --attention-backend flash
-  # rank 0 uploads and hot-loads while the other ranks wait in a gloo barrier: outlast CWTRAIN_HOTLOAD_TIMEOUT
+  # NCCL and WORLD groups; the gloo group the other ranks wait in while rank 0 publishes gets
+  # max(this, 2 x CWTRAIN_HOTLOAD_TIMEOUT) from cwtrain's init hook (torch's default would be 30 minutes)
   --distributed-timeout-minutes "$DISTRIBUTED_TIMEOUT_MINUTES"
+  --custom-megatron-init-path cwtrain.integrations.miles.init_hook
   # cwtrain: XOR+zstd deltas with Adler-32, published by the post-write hook; rollouts from the deployment
   --update-weight-transfer-mode disk-delta --update-weight-disk-dir "$DISK_DIR"
   --update-weight-local-checkpoint-dir "$LOCAL_DIR"
@@ -114,10 +133,24 @@ TRAIN_ARGS=(
   --rollout-function-path cwtrain.integrations.miles.CoreWeaveRolloutFn
 )
 
+# Megatron's argument check (run by train.py itself) needs CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor
+# parallelism; the runtime environment reaches the job's entrypoint and every Ray worker
+RUNTIME_ENV="{\"env_vars\": {\"PYTHONPATH\": \"${MEGATRON_DIR}\", \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\"}}"
+if [[ "$DRY_RUN" == 1 ]]; then
+  python3 - "$TRAIN_SCRIPT" "$RUNTIME_ENV" "${TRAIN_ARGS[@]}" <<'PY'
+import json
+import sys
+
+script, runtime_env, *argv = sys.argv[1:]
+print(json.dumps({"script": script, "argv": argv, "runtime_env": json.loads(runtime_env)}))
+PY
+  exit 0
+fi
+
 log "starting Ray (${TRAIN_GPUS} GPUs)"
 ray start --head --node-ip-address 127.0.0.1 --num-gpus "$TRAIN_GPUS" --disable-usage-stats
 trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
 log "training: ${TRAIN_SCRIPT} (snapshots s3://<bucket>/hotload/${CWTRAIN_HOTLOAD_RUN_ID}-v*)"
 ray job submit --address http://127.0.0.1:8265 \
-  --runtime-env-json "{\"env_vars\": {\"PYTHONPATH\": \"${MEGATRON_DIR}\"}}" \
+  --runtime-env-json "$RUNTIME_ENV" \
   -- python3 "$TRAIN_SCRIPT" "${TRAIN_ARGS[@]}"

@@ -14,6 +14,10 @@
 #   4. fetch the base model and DAPO-Math-17k, convert the model for Megatron
 #   5. start Ray on this node (secrets reach its workers through the environment,
 #      never a command line) and run slime's synchronous train.py
+# CWTRAIN_DRY_RUN=1 stops after the settings check and prints the training command as JSON
+# ({"script", "argv", "runtime_env"}) instead: nothing is cloned, installed, fetched or
+# started; FRAMEWORK_DIR must then hold a slime checkout (its model script gives the model
+# flags). The contract tests run that command through slime's own argument parser.
 set -euo pipefail
 
 log() { printf '[cwtrain-slime %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -41,35 +45,17 @@ LOCAL_DIR="$WORK_DIR/weights-local" # the updater's local checkpoint
 mkdir -p "$WORK_DIR"
 
 TRAIN_SCRIPT=train.py
-FRAMEWORK_DIR="$WORK_DIR/slime"
+FRAMEWORK_DIR="${FRAMEWORK_DIR:-$WORK_DIR/slime}"
 PATCH=/opt/cwtrain/patches/slime-standalone-publish.patch
+DRY_RUN="${CWTRAIN_DRY_RUN:-0}"
 
-# ---------------------------------------------------------------- 2. slime, patched
-if [[ ! -d "$FRAMEWORK_DIR/.git" ]]; then
-  log "checking out slime ${SLIME_COMMIT}"
-  git clone --quiet "$SLIME_REPO" "$FRAMEWORK_DIR"
-  git -C "$FRAMEWORK_DIR" checkout --quiet "$SLIME_COMMIT"
-  if ! git -C "$FRAMEWORK_DIR" apply --check "$PATCH"; then
-    fail "the recipe patch does not apply to slime ${SLIME_COMMIT} (it was written against 624b824 / v0.3.1); see README 'Patch'"
+# ---------------------------------------------------------------- 4. model and data (a function: after step 3)
+fetch_model_and_data() {
+  log "fetching ${BASE_MODEL} and ${DATASET_REPO}"
+  if [[ "$BASE_MODEL" == s3://* ]]; then # a copy in the bucket (the trainer may read under hotload/)
+    python3 -m cwtrain.integrations.launch stage-model "$BASE_MODEL" "$HF_DIR"
   fi
-  git -C "$FRAMEWORK_DIR" apply "$PATCH"
-fi
-python3 -m pip install --no-cache-dir --quiet --no-deps -e "$FRAMEWORK_DIR"
-
-# ---------------------------------------------------------------- 3. cwtrain
-log "installing ${CWTRAIN_PACKAGES} from ${CWTRAIN_GIT}"
-cwtrain_reqs=()
-for package in $CWTRAIN_PACKAGES; do cwtrain_reqs+=("$package @ ${CWTRAIN_GIT}#subdirectory=packages/$package"); done
-python3 -m pip install --no-cache-dir --quiet "${cwtrain_reqs[@]}"
-log "checking that the trainer can list, read and write the snapshot prefix"
-python3 -m cwtrain.integrations.preflight
-
-# ---------------------------------------------------------------- 4. model and data
-log "fetching ${BASE_MODEL} and ${DATASET_REPO}"
-if [[ "$BASE_MODEL" == s3://* ]]; then # a copy in the bucket (the trainer may read under hotload/)
-  python3 -m cwtrain.integrations.launch stage-model "$BASE_MODEL" "$HF_DIR"
-fi
-python3 - <<'PY'
+  python3 - <<'PY'
 import os
 
 from huggingface_hub import snapshot_download
@@ -79,15 +65,41 @@ if not os.environ["BASE_MODEL"].startswith("s3://"):
     snapshot_download(os.environ["BASE_MODEL"], local_dir=f"{work}/hf/base")
 snapshot_download(os.environ["DATASET_REPO"], repo_type="dataset", local_dir=f"{work}/data")
 PY
-[[ -f "$DATA_DIR/$DATASET_FILE" ]] || fail "the dataset has no $DATASET_FILE; set DATASET_FILE"
+  [[ -f "$DATA_DIR/$DATASET_FILE" ]] || fail "the dataset has no $DATASET_FILE; set DATASET_FILE"
+}
+
+# ---------------------------------------------------------------- 2. slime, patched
+if [[ "$DRY_RUN" == 1 ]]; then
+  [[ -d "$FRAMEWORK_DIR" ]] || fail "CWTRAIN_DRY_RUN=1 needs a slime checkout in FRAMEWORK_DIR ($FRAMEWORK_DIR)"
+elif [[ ! -d "$FRAMEWORK_DIR/.git" ]]; then
+  log "checking out slime ${SLIME_COMMIT}"
+  git clone --quiet "$SLIME_REPO" "$FRAMEWORK_DIR"
+  git -C "$FRAMEWORK_DIR" checkout --quiet "$SLIME_COMMIT"
+  if ! git -C "$FRAMEWORK_DIR" apply --check "$PATCH"; then
+    fail "the recipe patch does not apply to slime ${SLIME_COMMIT} (it was written against 624b824 / v0.3.1); see README 'Patch'"
+  fi
+  git -C "$FRAMEWORK_DIR" apply "$PATCH"
+fi
+if [[ "$DRY_RUN" != 1 ]]; then
+  python3 -m pip install --no-cache-dir --quiet --no-deps -e "$FRAMEWORK_DIR"
+
+  # -------------------------------------------------------------- 3. cwtrain
+  log "installing ${CWTRAIN_PACKAGES} from ${CWTRAIN_GIT}"
+  cwtrain_reqs=()
+  for package in $CWTRAIN_PACKAGES; do cwtrain_reqs+=("$package @ ${CWTRAIN_GIT}#subdirectory=packages/$package"); done
+  python3 -m pip install --no-cache-dir --quiet "${cwtrain_reqs[@]}"
+  log "checking that the trainer can list, read and write the snapshot prefix"
+  python3 -m cwtrain.integrations.preflight
+  fetch_model_and_data
+fi
 
 cd "$FRAMEWORK_DIR"
 # shellcheck disable=SC1091
 source scripts/models/qwen3-4B.sh # defines MODEL_ARGS
-if [[ ! -d "$TORCH_DIST" ]]; then
+if [[ "$DRY_RUN" != 1 && ! -d "$TORCH_DIST" ]]; then
   log "converting the checkpoint for Megatron"
-  PYTHONPATH="$MEGATRON_DIR" python3 tools/convert_hf_to_torch_dist.py "${MODEL_ARGS[@]}" \
-    --hf-checkpoint "$HF_DIR" --save "$TORCH_DIST"
+  CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONPATH="$MEGATRON_DIR" python3 tools/convert_hf_to_torch_dist.py \
+    "${MODEL_ARGS[@]}" --hf-checkpoint "$HF_DIR" --save "$TORCH_DIST"
 fi
 
 # ---------------------------------------------------------------- 5. train
@@ -113,8 +125,10 @@ TRAIN_ARGS=(
   --use-dynamic-batch-size --max-tokens-per-gpu 9216
   --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
   --attention-softmax-in-fp32 --attention-backend flash
-  # rank 0 uploads and hot-loads while the other ranks wait in a gloo barrier: outlast CWTRAIN_HOTLOAD_TIMEOUT
+  # NCCL and WORLD groups; the gloo group the other ranks wait in while rank 0 publishes gets
+  # max(this, 2 x CWTRAIN_HOTLOAD_TIMEOUT) from cwtrain's init hook (torch's default would be 30 minutes)
   --distributed-timeout-minutes "$DISTRIBUTED_TIMEOUT_MINUTES"
+  --custom-megatron-init-path cwtrain.integrations.slime.init_hook
   # cwtrain: XOR+zstd deltas with Adler-32, published by the post-write hook even with
   # no local engine (the patch's flag); rollouts from the deployment
   --update-weight-mode delta --update-weight-transport disk --update-weight-disk-dir "$DISK_DIR"
@@ -125,10 +139,24 @@ TRAIN_ARGS=(
   --rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout
 )
 
+# Megatron's argument check (run by train.py itself) needs CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor
+# parallelism; the runtime environment reaches the job's entrypoint and every Ray worker
+RUNTIME_ENV="{\"env_vars\": {\"PYTHONPATH\": \"${MEGATRON_DIR}\", \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\"}}"
+if [[ "$DRY_RUN" == 1 ]]; then
+  python3 - "$TRAIN_SCRIPT" "$RUNTIME_ENV" "${TRAIN_ARGS[@]}" <<'PY'
+import json
+import sys
+
+script, runtime_env, *argv = sys.argv[1:]
+print(json.dumps({"script": script, "argv": argv, "runtime_env": json.loads(runtime_env)}))
+PY
+  exit 0
+fi
+
 log "starting Ray (${TRAIN_GPUS} GPUs)"
 ray start --head --node-ip-address 127.0.0.1 --num-gpus "$TRAIN_GPUS" --disable-usage-stats
 trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
 log "training: ${TRAIN_SCRIPT} (snapshots s3://<bucket>/hotload/${CWTRAIN_HOTLOAD_RUN_ID}-v*)"
 ray job submit --address http://127.0.0.1:8265 \
-  --runtime-env-json "{\"env_vars\": {\"PYTHONPATH\": \"${MEGATRON_DIR}\"}}" \
+  --runtime-env-json "$RUNTIME_ENV" \
   -- python3 "$TRAIN_SCRIPT" "${TRAIN_ARGS[@]}"

@@ -122,10 +122,21 @@ class FakeAPI:
         if path == "/gateways/parameters":
             return _ok({"zones": ["US-EAST-04A"]})
         if path == "/deployments/parameters":
-            return _ok({"engines": [{"engine": "dynamo-vllm"}], "gatewayIds": q.get_list("gatewayIds")})
+            return _ok(
+                {
+                    "gatewayIds": q.get_list("gatewayIds") or list(self.gateways),
+                    "runtimeParameters": {
+                        "runtimeVersions": {"dynamo-vllm": {"versions": ["1.2.3"]}},
+                        "runtimeConfigOptions": {"dynamo-vllm": {"allowedKeys": ["max-model-len"]}},
+                    },
+                    "resourceParameters": {"instanceTypes": ["H100_80GB_SXM5"]},
+                }
+            )
         for kind, store in (("gateway", self.gateways), ("deployment", self.deployments)):
             if path == f"/{kind}s" and method == "GET":
-                return _ok({"items": list(store.values())})
+                parent = q.get("parentGatewayId")
+                items = [r for r in store.values() if not parent or parent in r["spec"].get("gatewayIds", ())]
+                return _ok({"items": items})
             if path == f"/{kind}s" and method == "POST":
                 rid = body["id"]
                 if rid in store or any(r["spec"]["name"] == body["name"] for r in store.values()):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,12 @@ REQUEST = {
     "traffic": {"weight": 100},
     "hotLoad": {"bucket": "w", "pathPrefix": "hotload", "transitionMode": "TRANSITION_MODE_ASYNC"},
 }
+
+
+@pytest.fixture(autouse=True)
+def no_deployment_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands see ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` only where a test sets it."""
+    monkeypatch.delenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", raising=False)
 
 
 @pytest.fixture
@@ -141,9 +148,45 @@ def test_deployment_delete_results(fake: FakeAPI, capsys: pytest.CaptureFixture[
 
 def test_parameters_are_printed_unchanged(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "deployment", "parameters", "--gateway", "a", "--gateway", "b")
-    assert code == 0 and out == {"engines": [{"engine": "dynamo-vllm"}], "gatewayIds": ["a", "b"]}
+    assert code == 0 and out == {
+        "gatewayIds": ["a", "b"],
+        "runtimeParameters": {
+            "runtimeVersions": {"dynamo-vllm": {"versions": ["1.2.3"]}},
+            "runtimeConfigOptions": {"dynamo-vllm": {"allowedKeys": ["max-model-len"]}},
+        },
+        "resourceParameters": {"instanceTypes": ["H100_80GB_SXM5"]},
+    }
     code, out, _ = run(capsys, "gateway", "parameters")
     assert code == 0 and out == {"zones": ["US-EAST-04A"]}
+
+
+def test_deployment_list_is_get_for_each_and_filters_by_gateway(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.add_gateway("gw-2", endpoint="gw2.example.com")
+    fake.add_deployment("dep-1")
+    fake.add_deployment("dep-2")
+    fake.deployments["dep-2"]["spec"]["gatewayIds"] = ["gw-2", "gw-1"]
+    code, listed, err = run(capsys, "deployment", "list")
+    assert code == 0, err
+    views = []
+    for deployment_id in ("dep-1", "dep-2"):
+        views.append(run(capsys, "deployment", "get", deployment_id)[1])
+    assert listed == views  # the same view as `get`, key for key
+    assert listed[1]["endpoints"] == ["gw2.example.com", "gw1.example.com"]
+    assert listed[1]["rollout_base_url"] == "https://gw2.example.com/v1"
+    code, only, _ = run(capsys, "deployment", "list", "--gateway", "gw-2")
+    assert code == 0 and [d["id"] for d in only] == ["dep-2"]
+    assert ("GET", "/deployments", None) in fake.calls
+    code, none, _ = run(capsys, "deployment", "list", "--gateway", "gw-nowhere")
+    assert code == 0 and none == []
+
+
+def test_gateway_list_is_get_for_each(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.add_gateway("gw-2", endpoint="gw2.example.com")
+    code, listed, err = run(capsys, "gateway", "list")
+    assert code == 0, err
+    assert listed == [run(capsys, "gateway", "get", gid)[1] for gid in ("gw-1", "gw-2")]
 
 
 def test_gateway_commands(fake: FakeAPI, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -180,7 +223,9 @@ def test_usage_errors_exit_2(fake: FakeAPI, capsys: pytest.CaptureFixture[str], 
 
 def test_trigger_no_wait_then_wait_status_list(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     fake.add_deployment()
-    code, hot, err = run(capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "a", "--no-wait")
+    code, hot, err = run(
+        capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "a", "--no-wait", "--no-verify"
+    )
     assert code == 0, err
     assert hot["status"]["state"] == "PENDING" and hot["spec"]["type"] == "FULL"
     body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
@@ -210,6 +255,7 @@ def test_trigger_delta_with_reset_prompt_cache(fake: FakeAPI, capsys: pytest.Cap
         "--reset-prompt-cache",
         "--poll-interval",
         "0.01",
+        "--no-verify",
     )
     assert code == 0 and hot["spec"]["type"] == "INCREMENTAL"
     body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
@@ -221,7 +267,16 @@ def test_failed_hot_load_is_printed_and_exits_1(fake: FakeAPI, capsys: pytest.Ca
     fake.add_deployment()
     fake.fail_identities.add("bad")
     code, hot, err = run(
-        capsys, "hotload", "trigger", "--deployment", "dep-1", "--identity", "bad", "--poll-interval", "0.01"
+        capsys,
+        "hotload",
+        "trigger",
+        "--deployment",
+        "dep-1",
+        "--identity",
+        "bad",
+        "--poll-interval",
+        "0.01",
+        "--no-verify",
     )
     assert code == 1
     assert hot["status"]["state"] == "FAILED"
@@ -240,6 +295,55 @@ def test_cancel_is_unimplemented(fake: FakeAPI, capsys: pytest.CaptureFixture[st
     fake.add_hot_load("h", "a")
     code, out, err = run(capsys, "hotload", "cancel", "h")
     assert code == 1 and out is None and err.startswith("error: unimplemented")
+
+
+DEPLOYMENT_COMMANDS = [
+    ["hotload", "publish", "--checkpoint", "ckpt", "--identity", "x"],
+    ["hotload", "trigger", "--identity", "x", "--no-wait"],
+    ["hotload", "list"],
+    ["hotload", "rollback", "--identity", "x"],
+    ["hotload", "check"],
+]
+
+
+@pytest.mark.parametrize("argv", DEPLOYMENT_COMMANDS, ids=lambda argv: argv[1])
+def test_a_missing_deployment_is_one_usage_line_naming_the_option_and_the_variable(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "  ")  # blank counts as unset
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out is None and not fake.calls
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: no deployment: pass --deployment ID or set CWTRAIN_HOTLOAD_DEPLOYMENT_ID")
+    text = " ".join(_help(capsys, *argv[:2]).split())
+    assert re.search(r"--deployment ID [^-]*\(default: \$CWTRAIN_HOTLOAD_DEPLOYMENT_ID\)", text)
+
+
+def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main([*argv, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", DEPLOYMENT_COMMANDS[1:], ids=lambda argv: argv[1])
+def test_deployment_defaults_to_the_variable_local_up_exports(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    fake.add_deployment("dep-env")
+    fake.add_hot_load("h0", "x", deployment="dep-env")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep-env")
+    asked: list[str] = []  # the first request of each run: URL and body
+    handle = fake.handle
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        asked.append(f"{request.url} {request.content.decode()}")
+        return handle(request)
+
+    monkeypatch.setattr(fake, "handle", recording)
+    run(capsys, *argv)  # check fails later (no object store here): what matters is whom it asked
+    assert asked and "dep-env" in asked[0], asked
+    asked.clear()
+    run(capsys, *argv, "--deployment", "dep-1")  # the option beats the variable
+    assert asked and "dep-1" in asked[0] and "dep-env" not in asked[0], asked
 
 
 def test_rollback_of_unknown_identity(fake: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
@@ -332,7 +436,12 @@ def test_check_with_bucket_and_prefix(
         "result": "ok",
     }
     code, _, err = run(capsys, "hotload", "check")
-    assert code == 1 and "needs --deployment" in err
+    assert code == 2 and err == (
+        "error: no deployment: pass --deployment ID or set CWTRAIN_HOTLOAD_DEPLOYMENT_ID, "
+        "or give --bucket B [--prefix P]\n"
+    )
+    code, _, err = run(capsys, "hotload", "check", "--bucket", bucket, "--deployment", "d")
+    assert code == 2 and "not allowed with argument" in err
 
 
 # ------------------------------------------------------------ publish (the library's)
@@ -411,6 +520,104 @@ def test_publish_of_a_failing_hot_load_prints_it_and_exits_1(
     assert err.strip().splitlines()[-1].startswith("error: hot-load ") and "checksum mismatch" in err
 
 
+def _stored(s3: Any, bucket: str, prefix: str) -> dict[str, bytes]:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+    return {o["Key"].rsplit("/", 1)[1]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
+
+
+def test_publish_with_base_is_diff_plus_publish_in_one_pass(
+    fake: FakeAPI,
+    publishing: list[dict[str, Any]],
+    s3_bucket: tuple[Any, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    import numpy as np
+    from codec_helpers import save_checkpoint
+
+    import cwtrain.hotload.delta
+
+    s3, bucket = s3_bucket
+    rng = np.random.default_rng(7)
+    weights = {f"layer{i}.w": rng.standard_normal((64, 32)).astype(np.float32) for i in range(4)}
+    base = save_checkpoint(tmp_path / "step-0", weights, shards=2)
+    weights["layer1.w"][3] += 1.0  # two of four tensors change
+    weights["layer3.w"][:, 5] *= 2.0
+    new = save_checkpoint(tmp_path / "step-1", weights, shards=2)
+    for did, prefix in (("dep-1", "hotload"), ("dep-2", "other"), ("dep-3", "kept")):
+        fake.add_deployment(did)
+        fake.deployments[did]["spec"]["hotLoad"].update(bucket=bucket, pathPrefix=prefix)
+        fake.add_hot_load(f"h0-{did}", "run-v000000", deployment=did)
+    identity = ["--identity", "run-v000001", "--previous-identity", "run-v000000", "--poll-interval", "0.01"]
+    before = sorted(tmp_path.rglob("*"))
+
+    def no_disk(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("publish --base without --keep wrote a directory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cwtrain.hotload.delta, "staged_directory", no_disk)
+        code, hot, err = run(
+            capsys, "hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(new), "--base", str(base),
+            *identity,
+        )  # fmt: skip
+    assert code == 0, err
+    assert hot["status"]["state"] == "COMPLETED" and hot["spec"]["type"] == "INCREMENTAL"
+    assert hot["spec"]["incremental_snapshot_metadata"]["previous_snapshot_identity"] == "run-v000000"
+    assert publishing[-1]["base"] is not None  # the library's in-memory delta path
+    assert sorted(tmp_path.rglob("*")) == before  # no delta directory, no staging left behind
+    one_pass = _stored(s3, bucket, "hotload/run-v000001")
+
+    code, _, err = run(
+        capsys, "snapshot", "diff", str(base), str(new), "--out", str(tmp_path / "delta"), *identity[:4]
+    )  # fmt: skip
+    assert code == 0, err
+    code, hot, err = run(
+        capsys, "hotload", "publish", "--deployment", "dep-2", "--checkpoint", str(tmp_path / "delta"), *identity[:2],
+        *identity[4:],
+    )  # fmt: skip
+    assert code == 0 and hot["spec"]["type"] == "INCREMENTAL", err
+    two_steps = _stored(s3, bucket, "other/run-v000001")
+    assert sorted(one_pass) == ["model-00000-of-00001.safetensors", "model.safetensors.index.json"]
+    assert one_pass == two_steps  # the same objects, byte for byte
+
+    code, hot, err = run(
+        capsys, "hotload", "publish", "--deployment", "dep-3", "--checkpoint", str(new), "--base", str(base),
+        "--keep", str(tmp_path / "kept"), *identity,
+    )  # fmt: skip
+    assert code == 0 and hot["status"]["state"] == "COMPLETED", err
+    assert _stored(s3, bucket, "kept/run-v000001") == one_pass
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "kept").iterdir()}
+    assert kept == {p.name: p.read_bytes() for p in (tmp_path / "delta").iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--keep", "k"], "error: --keep DIR needs --base DIR (it keeps the delta publish computes)\n"),
+        (["--base", "b"], "error: --base needs --previous-identity ID (the identity whose weights --base holds)\n"),
+    ],
+)
+def test_publish_base_and_keep_usage(
+    fake: FakeAPI, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    argv = ["hotload", "publish", "--deployment", "dep-1", "--checkpoint", "c", "--identity", "i", *options]
+    code, out, err = run(capsys, *argv)
+    assert (code, out, err) == (2, None, message) and not fake.calls
+
+
+def test_publish_base_of_identical_checkpoints_publishes_nothing(
+    fake: FakeAPI, publishing: list[dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    argv = ["hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(ckpt), "--base", str(ckpt)]
+    code, out, err = run(capsys, *argv, "--identity", "b", "--previous-identity", "a", "--keep", str(tmp_path / "k"))
+    assert code == 1 and out is None and "an empty delta is never published" in err
+    code, out, err = run(capsys, *argv, "--identity", "b", "--previous-identity", "a")
+    assert code == 1 and out is None and "no tensor changed between 'a' and 'b'" in err
+    assert not [c for c in fake.calls if c[:2] == ("POST", "/hotLoads")]
+
+
 # -------------------------------------------------------------------- error table
 
 
@@ -443,9 +650,22 @@ def test_error_table_gives_one_line_and_the_exit_code(
     assert (got, out, err) == (code, None, line + "\n")
 
 
-def test_other_errors_are_bugs_and_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
-    _raising(monkeypatch, RuntimeError("bug"))
-    with pytest.raises(RuntimeError, match="bug"):
+def test_other_errors_are_bugs_reported_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _raising(monkeypatch, RuntimeError("bug\nsecond line"))
+    monkeypatch.delenv("CWTRAIN_DEBUG", raising=False)
+    code, out, err = run(capsys, "hotload", "cancel", "h")
+    assert (code, out) == (1, None)
+    assert err == (
+        "error: internal error (RuntimeError: bug second line); this is a bug in cwtrain: "
+        "rerun with -v and report the traceback\n"
+    )
+
+
+def test_only_non_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    _raising(monkeypatch, SystemExit(3))
+    with pytest.raises(SystemExit):
         main(["hotload", "cancel", "h"])
 
 
@@ -474,5 +694,6 @@ def test_a_bad_debug_variable_is_a_configuration_error(
 def test_the_table_is_the_one_main_uses() -> None:
     from cwtrain.cli.errors import ERROR_EXITS, find_exit
 
-    assert [row.code for row in ERROR_EXITS] == [130, 1, 1, 1]
-    assert find_exit(ConfigError("x")) is ERROR_EXITS[1] and find_exit(RuntimeError()) is None
+    assert [row.code for row in ERROR_EXITS] == [130, 1, 1, 1, 1]
+    assert find_exit(ConfigError("x")) is ERROR_EXITS[1] and find_exit(RuntimeError()) is ERROR_EXITS[-1]
+    assert find_exit(SystemExit(0)) is None

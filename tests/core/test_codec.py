@@ -391,13 +391,13 @@ def test_in_flight_work_stays_within_the_budget() -> None:
             self.running = 0
             self.peak = 0
 
-        def _encode_one(self, name, new, old):  # type: ignore[no-untyped-def]
+        def _encode_one(self, name, new, old, stats):  # type: ignore[no-untyped-def]
             with self.lock:
                 self.running += new.nbytes
                 self.peak = max(self.peak, self.running)
             _time.sleep(0.01)
             try:
-                return super()._encode_one(name, new, old)
+                return super()._encode_one(name, new, old, stats)
             finally:
                 with self.lock:
                     self.running -= new.nbytes

@@ -186,7 +186,7 @@ def test_checkpoint_checksums_match_zlib(tmp_path: Path) -> None:
 
 def test_write_full_snapshot_rewrites_headers_only(tmp_path: Path) -> None:
     weights = _weights()
-    src = save_checkpoint(tmp_path / "src", weights, shards=2, metadata={"format": "pt", "step": "stale"})
+    src = save_checkpoint(tmp_path / "src", weights, shards=2, metadata={"format": "pt", "step": "0badc0de"})
     (src / "tokenizer.json").write_text("{}")
     (src / "stray.safetensors").write_bytes(b"not referenced")
     dest = write_full_snapshot(src, tmp_path / "full")
@@ -205,7 +205,7 @@ def test_write_full_snapshot_rewrites_headers_only(tmp_path: Path) -> None:
         existing = list(before.metadata or {})
         assert list(meta)[: len(existing)] == existing and meta["format"] == "pt"  # existing entries first
         assert list(meta)[len(existing) :] == [n for n in after.tensors if n not in existing]
-        if "step" in after.tensors:  # an existing entry named like a tensor is updated in place
+        if "step" in after.tensors:  # an existing (stale) checksum of a tensor is updated in place
             assert meta["step"] == f"{zlib.adler32(weights['step'].tobytes()):08x}"
         src_bytes = (src / shard).read_bytes()[before.data_start :]
         assert (dest / shard).read_bytes()[after.data_start :] == src_bytes

@@ -83,7 +83,7 @@ def test_byte_progress_draws_upload_events_and_ends_the_line_once() -> None:
     screen = Terminal()
     progress = ByteProgress("uploading run-v000003", stream=screen, interval=0.0)
     progress(ProgressEvent.uploading("run-v000003", 5, 10, 1.0))
-    assert screen.getvalue().rsplit("\r", 1)[-1].startswith("\x1b[Kuploading run-v000003: 5 B/10 B (50%) ")
+    assert screen.getvalue().rsplit("\r", 1)[-1].startswith("\x1b[Kuploading run-v000003: 5 B/10 B (50%)")
     progress(ProgressEvent.uploading("run-v000003", 10, 10, 2.0))
     progress(ProgressEvent.uploading("run-v000003", 10, 10, 2.0))  # a repeated last event draws nothing
     progress(_hot_load_event())  # the loader logs the hot-load itself
@@ -91,18 +91,19 @@ def test_byte_progress_draws_upload_events_and_ends_the_line_once() -> None:
     text = screen.getvalue()
     assert text.count("\n") == 1 and text.endswith("\n")
     last = text.rstrip("\n").rsplit("\r", 1)[-1]
-    assert "10 B/10 B (100%)" in last and "/s ETA" in last
+    assert last == "\x1b[Kuploading run-v000003: 10 B/10 B (100%) 5 B/s in 2.0s"  # measured, not estimated
     assert (progress.done, progress.total) == (10, 10)
 
 
-def test_byte_progress_logs_when_not_a_terminal(caplog: pytest.LogCaptureFixture) -> None:
-    progress = ByteProgress("uploading y", stream=io.StringIO(), log_interval=3600.0)
+def test_byte_progress_logs_one_final_line_when_not_a_terminal(caplog: pytest.LogCaptureFixture) -> None:
+    stream = io.StringIO()
+    progress = ByteProgress("uploading y", stream=stream)
     with caplog.at_level("INFO", logger="cwtrain.progress"):
-        progress(ProgressEvent.uploading("y", 1, 4, 0.1))  # first one: drawn (nothing drawn yet)
-        progress(ProgressEvent.uploading("y", 2, 4, 0.2))  # within the log interval: not drawn
-        progress(ProgressEvent.uploading("y", 4, 4, 0.3))  # the last one: always drawn
+        for done, elapsed in ((1, 0.1), (2, 5.0), (3, 30.0)):
+            progress(ProgressEvent.uploading("y", done, 4, elapsed))  # not drawn, however far apart
+        progress(ProgressEvent.uploading("y", 4, 4, 40.0))  # the last one: one line
     lines = [r.getMessage() for r in caplog.records if r.name == "cwtrain.progress"]
-    assert len(lines) == 2 and "4 B/4 B (100%)" in lines[-1]
+    assert lines == ["uploading y: 4 B/4 B (100%) 0 B/s in 40s"] and stream.getvalue() == ""
     assert caplog.records[-1].progress == {"label": "uploading y", "done": 4, "total": 4}  # type: ignore[attr-defined]
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import mmap
 import pickle
 import socket
 import threading
@@ -14,7 +17,7 @@ from _s3_proxy import S3Proxy
 from botocore.config import Config
 
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.sources import ObjectSource
+from cwtrain.hotload.sources import BufferPool, ObjectSource
 from cwtrain.hotload.store import SnapshotStore
 from cwtrain.infra import InferenceClient
 from cwtrain.infra import objectstore as os_
@@ -211,37 +214,42 @@ def sendfile_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int | Non
     return calls
 
 
-def test_mapped_files_go_out_with_sendfile_and_memory_as_views(
+def test_file_bytes_go_out_from_the_buffers_they_were_hashed_in_with_their_sha256_checksum(
     s3_bucket: tuple[Any, str], store: Boto3ObjectStore, tmp_path: Path, sendfile_calls: list[tuple[int, int | None]]
 ) -> None:
     s3, bucket = s3_bucket
     data = bytes(range(256)) * 4096  # 1 MiB
     (tmp_path / "shard").write_bytes(data)
     source = ObjectSource.from_path(tmp_path / "shard")
+    headers: list[dict[str, str]] = []
+    store.client.meta.events.register(
+        "before-send.s3.PutObject", lambda request, **_: headers.append(dict(request.headers))
+    )
     try:
-        headers: list[dict[str, str]] = []
-        store.client.meta.events.register(
-            "before-send.s3.PutObject", lambda request, **_: headers.append(dict(request.headers))
-        )
-        store.put(bucket, "mapped", source.payload(0, source.size), metadata={"cwtrain-sha256": source.sha256()})
-        assert sendfile_calls == [(0, len(data))]
-        upload_id = store.create_multipart(bucket, "ranged")
-        store.upload_part(bucket, "ranged", upload_id, 1, source.payload(4096, 8192))
-        assert sendfile_calls[-1] == (4096, 8192)
-        assert [p.size for p in store.list_parts(bucket, "ranged", upload_id)] == [8192]
-        store.abort_multipart(bucket, "ranged", upload_id)
+        with source.reading(part_size=len(data), pool=BufferPool(4 << 20)) as reading:
+            body = reading.part(0, source.size)
+            assert all(isinstance(view.obj, (bytearray, mmap.mmap)) for view in body.views)  # our read buffers
+            store.put(bucket, "file", body, metadata={"cwtrain-sha256": reading.sha256}, sha256=reading.sha256)
     finally:
         source.close()
-    assert s3.get_object(Bucket=bucket, Key="mapped")["Body"].read() == data
+    assert sendfile_calls == []  # never the page cache as it is at send time
+    digest = hashlib.sha256(data)
+    assert reading.sha256 == digest.hexdigest() == source.sha256()
     sent = {k.lower(): (v.decode() if isinstance(v, bytes) else v) for k, v in headers[0].items()}
-    assert sent["content-length"] == str(len(data)) and sent["x-amz-meta-cwtrain-sha256"] == source.sha256()
-    assert not [h for h in sent if h.startswith("x-amz-checksum") or h == "content-md5"]
+    assert sent["content-length"] == str(len(data)) and sent["x-amz-meta-cwtrain-sha256"] == digest.hexdigest()
+    assert sent["x-amz-checksum-sha256"] == base64.b64encode(digest.digest()).decode()
+    assert sent["x-amz-sdk-checksum-algorithm"] == "SHA256"
+    assert "content-md5" not in sent and not [h for h in sent if h.startswith("x-amz-checksum-crc")]
+    assert s3.get_object(Bucket=bucket, Key="file")["Body"].read() == data
+    stored = store.head(bucket, "file", checksum=True)
+    assert stored is not None and stored.checksum_sha256 == digest.hexdigest()
+    plain = store.head(bucket, "file")
+    assert plain is not None and plain.checksum_sha256 is None  # asked for only with checksum=True
 
-    before = len(sendfile_calls)
     pieces = [memoryview(b"head-"), memoryview(bytearray(b"middle-")), memoryview(b"tail")]
     store.put(bucket, "views", Payload(pieces))
-    assert len(sendfile_calls) == before  # caller memory: sendall of the views
     assert s3.get_object(Bucket=bucket, Key="views")["Body"].read() == b"head-middle-tail"
+    assert sendfile_calls == []
 
 
 def test_download_copies_one_object(s3_bucket: tuple[Any, str], store: Boto3ObjectStore, tmp_path: Path) -> None:

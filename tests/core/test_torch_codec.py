@@ -7,6 +7,8 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -18,6 +20,7 @@ from cwtrain.hotload.torch import (  # noqa: E402
     device_adler32,
     safetensors_dtype,
     tensor_data,
+    xor_changed,
 )
 
 DTYPES = [
@@ -109,14 +112,94 @@ def test_device_adler32_matches_zlib(monkeypatch: pytest.MonkeyPatch) -> None:
     import cwtrain.hotload.torch as torch_codec
 
     g = torch.Generator().manual_seed(1)
-    data = torch.randint(0, 256, ((1 << 23) + 3,), generator=g, dtype=torch.uint8)
-    assert device_adler32(data) == zlib.adler32(data.numpy().tobytes())  # two real blocks
-    monkeypatch.setattr(torch_codec, "_ADLER_BLOCK", 1000)  # many blocks, cheaply
-    for n in (0, 1, 999, 1000, 5552, 100_003):
+    data = torch.randint(0, 256, ((1 << 25) + 4099,), generator=g, dtype=torch.uint8)
+    assert device_adler32(data) == zlib.adler32(data.numpy().tobytes())  # two blocks, a short row at the end
+    row = torch_codec._ADLER_ROW
+    monkeypatch.setattr(torch_codec, "_ADLER_BLOCK", 17 * row)  # many blocks, cheaply
+    for n in (0, 1, 127, row - 1, row, 17 * row - 1, 17 * row, 18 * row + 5, 34 * row, 35 * row, 52 * row + 3):
         part = data[:n]
-        assert device_adler32(part) == zlib.adler32(part.numpy().tobytes())
-    ones = torch.full((70_001,), 255, dtype=torch.uint8)
-    assert device_adler32(ones) == zlib.adler32(b"\xff" * 70_001)
+        assert device_adler32(part) == zlib.adler32(part.numpy().tobytes()), n
+    for value in (0, 1, 128, 255):  # the extremes of every int32 row sum
+        run = torch.full((40 * row + 11,), value, dtype=torch.uint8)
+        assert device_adler32(run) == zlib.adler32(bytes([value]) * run.numel())
+
+
+def test_device_adler32_without_the_int8_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device whose BLAS lacks ``_int_mm`` still gets exact checksums (bytes widened instead)."""
+    import cwtrain.hotload.torch as torch_codec
+
+    assert torch_codec._int8_product_works(torch.device("cpu"))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("_int_mm_out_cuda not compiled for this platform")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "_int_mm", refuse)
+        assert torch_codec._int8_product_works.__wrapped__(torch.device("cpu")) is False  # the probe, uncached
+    monkeypatch.setattr(torch_codec, "_int8_product_works", lambda device: False)
+    g = torch.Generator().manual_seed(3)
+    data = torch.randint(0, 256, ((1 << 23) + 70_001,), generator=g, dtype=torch.uint8)
+    for n in (17 * 4096, 1 << 20, data.numel()):
+        assert device_adler32(data[:n]) == zlib.adler32(data[:n].numpy().tobytes())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.one_of(st.integers(0, 3 << 20), st.integers(0, 40).map(lambda k: k * 4096), st.integers(0, 70_000)),
+    offset=st.integers(0, 15),
+    pattern=st.sampled_from(["random", "zeros", "ones", "high"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_device_adler32_property(n: int, offset: int, pattern: str, seed: int) -> None:
+    """Any length (whole rows, short tails, fewer rows than cuBLAS's minimum), any start offset."""
+    rng = np.random.default_rng(seed)
+    raw = {
+        "random": lambda: rng.integers(0, 256, n + offset, dtype=np.uint8),
+        "zeros": lambda: np.zeros(n + offset, np.uint8),
+        "ones": lambda: np.full(n + offset, 255, np.uint8),
+        "high": lambda: rng.integers(128, 256, n + offset, dtype=np.uint8),
+    }[pattern]()
+    data = torch.from_numpy(raw)[offset:]
+    assert device_adler32(data) == zlib.adler32(raw[offset:].tobytes())
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 1 << 16), new_offset=st.integers(0, 9), old_offset=st.integers(0, 9), seed=st.integers(0, 99))
+def test_xor_changed_property(n: int, new_offset: int, old_offset: int, seed: int) -> None:
+    """Equal to numpy's XOR and any(), on int64 views where aligned and byte-wise where not."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 256, n + new_offset, dtype=np.uint8)
+    b = a.copy() if seed % 3 == 0 else rng.integers(0, 256, n + old_offset, dtype=np.uint8)
+    new, old = torch.from_numpy(a)[new_offset:], torch.from_numpy(b)[len(b) - n :]
+    xor, flag = xor_changed(new, old)
+    expected = np.bitwise_xor(a[new_offset:], b[len(b) - n :])
+    assert xor.dtype == torch.uint8 and xor.numel() == n
+    assert np.array_equal(xor.numpy(), expected)
+    assert bool(flag) == bool(expected.any())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_device_path_gives_the_numpy_codec_bytes(data: st.DataObject) -> None:
+    """The device code (int64 XOR, int8-product Adler-32), run on CPU tensors, against the numpy codec."""
+    new: dict[str, torch.Tensor] = {}
+    base: dict[str, torch.Tensor] = {}
+    for i in range(data.draw(st.integers(1, 4))):
+        dtype = data.draw(st.sampled_from(DTYPES))
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = data.draw(st.one_of(st.integers(0, 64), st.integers(0, (3 << 20) // itemsize)))
+        seed = data.draw(st.integers(0, 2**32 - 1))
+        rng = np.random.default_rng(seed)
+        raw = rng.integers(0, 256, count * itemsize, dtype=np.uint8)
+        moved = raw.copy()
+        if count and data.draw(st.booleans()):
+            moved[rng.integers(0, raw.size, max(1, raw.size // 100))] ^= 0x10
+        base[f"t{i}"] = torch.from_numpy(raw).view(dtype) if count else torch.empty(0, dtype=dtype)
+        new[f"t{i}"] = torch.from_numpy(moved).view(dtype) if count else torch.empty(0, dtype=dtype)
+    with TorchDeltaEncoder(workers=2, memory_budget=data.draw(st.sampled_from([1 << 20, 1 << 30]))) as enc:
+        enc.device_checksums = True
+        ours = enc.encode(new, base, version="v2", base_version="v1")
+    _same(ours, _numpy_path(new, base, version="v2", base_version="v1"))
 
 
 def test_refusals() -> None:
@@ -144,5 +227,15 @@ def test_gpu_matches_numpy_path() -> None:
     with TorchDeltaEncoder(workers=4) as enc:
         ours = enc.encode(new, base, version="v2", base_version="v1")
     _same(ours, _numpy_path(new, base, version="v2", base_version="v1"))
-    data = torch.randint(0, 256, ((1 << 24) + 5,), dtype=torch.uint8, device="cuda")
-    assert device_adler32(data) == zlib.adler32(data.cpu().numpy().tobytes())
+    data = torch.randint(0, 256, ((1 << 26) + 5,), dtype=torch.uint8, device="cuda")
+    host = data.cpu().numpy()
+    assert device_adler32(data) == zlib.adler32(host.tobytes())
+    # whole rows, short tails, fewer rows than cuBLAS takes, unaligned starts
+    for start, n in ((0, 0), (1, 4095), (0, 16 * 4096), (3, 17 * 4096), (8, (1 << 25) + 4097), (5, 1_000_003)):
+        assert device_adler32(data[start : start + n]) == zlib.adler32(host[start : start + n].tobytes()), (start, n)
+    other = data.clone()
+    other[12345] ^= 1
+    for start in (0, 3, 8):
+        xor, flag = xor_changed(data[start:], other[start:])
+        assert bool(flag) and int(xor.count_nonzero()) == 1
+        assert not bool(xor_changed(data[start:], data[start:].clone())[1])

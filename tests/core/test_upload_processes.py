@@ -21,7 +21,8 @@ from cwtrain.infra.s3 import s3_client
 
 PART = 5 * MIB
 
-# A publisher: 5 MiB parts, one part at a time, reporting each confirmed part on stdout.
+# A publisher: 5 MiB parts, one part at a time, reporting each confirmed part on stdout. Given
+# a go-file, it says "waiting" once it is ready and starts when the file appears.
 PUBLISHER = textwrap.dedent(
     """
     import sys, time
@@ -39,6 +40,8 @@ PUBLISHER = textwrap.dedent(
         print("progress", n, flush=True)
         time.sleep(delay)
 
+    if go:
+        print("waiting", flush=True)
     while go and not Path(go).exists():
         time.sleep(0.005)
     try:
@@ -116,7 +119,10 @@ def test_two_racing_publishers_exactly_one_wins(
     snaps = [write_full_snapshot(tmp_path / f"s{i}", seed=20 + i) for i in range(2)]
     go = tmp_path / "go"
     procs = [_publisher(snap, bucket, "raced", go=str(go)) for snap in snaps]
-    time.sleep(1.0)
+    for proc in procs:  # both are ready (imports done, client made) before either may start
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()  # nothing more comes until the go-file exists
+        assert line == "waiting\n", line or proc.stderr.read()
     go.touch()
     outputs = []
     for proc in procs:

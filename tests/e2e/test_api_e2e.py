@@ -34,8 +34,8 @@ POLL = 0.1
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[LocalStack]:
-    with LocalStack(replicas=2) as local:
+def stack(shared_stack: Any) -> Iterator[LocalStack]:
+    with shared_stack.view("e2e-api", replicas=2) as local:
         local.seed_base_model("base/e2e", seed=0)
         yield local
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import json
-import sys
 from typing import Any
 
 import httpx
@@ -43,20 +41,6 @@ def _check_run(summary: dict[str, Any], steps: int, replicas: int) -> None:
         httpx.get(summary["rollout_base_url"] + "/models", timeout=2)
 
 
-@pytest.fixture(scope="module")
-def cli_run() -> dict[str, Any]:
-    """One short run through the CLI handler: its exit code, JSON stdout and stderr."""
-    capture = pytest.MonkeyPatch()
-    out, err = io.StringIO(), io.StringIO()
-    capture.setattr(sys, "stdout", out)
-    capture.setattr(sys, "stderr", err)
-    try:
-        code = demo.main(_args("--steps", "3", "--full-every", "2", "--no-check", "--replicas", "2"))
-    finally:
-        capture.undo()
-    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
-
-
 def test_demo_cli_handler_publishes_deltas_and_fulls(cli_run: dict[str, Any]) -> None:
     assert cli_run["code"] == 0
     summary = json.loads(cli_run["out"])  # exactly one JSON document on stdout
@@ -69,6 +53,7 @@ def test_demo_cli_handler_publishes_deltas_and_fulls(cli_run: dict[str, Any]) ->
     assert 0 < delta["snapshot_bytes"] < summary["steps"][0]["snapshot_bytes"]
     assert delta["tensors_changed"] > 0
     assert "step   3/3" in err and "median publish" in err and "everything torn down" in err
+    assert f"report: {cli_run['report']}" in err and cli_run["report"].is_file()
 
 
 def test_demo_is_reproducible_with_seed(cli_run: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.objects import SHA256_METADATA
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState, SnapshotType
 from cwtrain.infra.models import IncrementalSnapshotMetadata
@@ -37,6 +38,10 @@ def _bump(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor
     return out
 
 
+def _sha(file: Any) -> dict[str, str]:
+    return {SHA256_METADATA: file.sha256()}
+
+
 class World:
     def __init__(self, stack: LocalStack, target: DeployedModel) -> None:
         self.stack = stack
@@ -49,12 +54,17 @@ class World:
 
     def put(self, identity: str, snapshot: Any, *, corrupt: bool = False) -> None:
         prefix = f"{self.target.path_prefix}/{identity}"
-        for file in snapshot.files:
-            self.s3.put_object(Bucket=self.target.bucket, Key=f"{prefix}/{file.name}", Body=file.tobytes())
+        for file in snapshot.files:  # with the SHA-256 metadata cwtrain's uploader writes (replicas check it)
+            self.s3.put_object(
+                Bucket=self.target.bucket, Key=f"{prefix}/{file.name}", Body=file.tobytes(), Metadata=_sha(file)
+            )
         if corrupt:
             self.stack.faults.flip_byte(self.target.bucket, f"{prefix}/{snapshot.files[0].name}", offset=-3)
         self.s3.put_object(
-            Bucket=self.target.bucket, Key=f"{prefix}/{snapshot.index.name}", Body=snapshot.index.tobytes()
+            Bucket=self.target.bucket,
+            Key=f"{prefix}/{snapshot.index.name}",
+            Body=snapshot.index.tobytes(),
+            Metadata=_sha(snapshot.index),
         )
 
     def publish(self, identity: str, weights: dict[str, torch.Tensor], previous: str | None, **kw: Any) -> None:
@@ -110,8 +120,8 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    with LocalStack(replicas=2) as stack:
+def world(shared_stack: Any) -> Iterator[World]:
+    with shared_stack.view("e2e-local-stack", replicas=2) as stack:
         world = World(stack, stack.deploy(seed=0))
         world.weights["initial"] = init_weights(seed=0)
         try:

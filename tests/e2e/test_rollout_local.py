@@ -20,8 +20,9 @@ GROUP = 4
 
 
 @pytest.fixture(scope="module")
-def local() -> Iterator[tuple[LocalStack, Any]]:
-    with LocalStack(replicas=1) as stack:  # one replica process: importing torch dominates the start
+def local(shared_stack: Any) -> Iterator[tuple[LocalStack, Any]]:
+    # one replica process: importing torch dominates the start
+    with shared_stack.view("e2e-rollout", replicas=1) as stack:
         yield stack, stack.deploy(name="rollout", timeout=120)
 
 

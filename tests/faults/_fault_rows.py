@@ -49,6 +49,16 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "one byte of an uploaded FULL shard's tensor data inverted before the hot-load",
         "hot-load FAILED with a reason; replicas keep serving the previous identity; a re-published FULL recovers",
     ),
+    "flip-full-object": (
+        "a flipped byte in a stored plain FULL snapshot (no Adler-32s)",
+        "one byte of an uploaded checkpoint's tensor data inverted, its cwtrain-sha256 metadata kept, then the hot-load triggered",
+        "replicas refuse it naming the object (FAILED) and keep serving the previous identity; `hotload trigger` refuses it before creating a hot-load unless --no-verify",
+    ),
+    "error-recovery": (
+        "a corrupt delta in the chain a restarted replica must replay",
+        "one byte of a served delta inverted, then the deployment's only replica killed: it restarts cold and cannot catch up",
+        "STATUS_ERROR whose reason names the replica and the object; a rollback to the intact FULL is accepted and brings READY back, serving that FULL's bytes",
+    ),
     "replica-killed": (
         "a replica killed during a hot-load",
         "SIGKILL of one replica right after the hot-load reached it",
@@ -58,6 +68,36 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "a cold replica joining after 30 deltas",
         "a single-replica deployment's replica killed after FULL + 30 deltas (no peer: it replays the chain)",
         "it serves the trainer's exact weights (log-probs equal to the trainer's)",
+    ),
+    "torn-upload": (
+        "a shard rewritten in place (same size) while it is published",
+        "the loopback S3 proxy rewrites the shard when the publish has opened it, while its parts are sent, once its object is stored, or between the hash pass and the re-read of a file larger than the memory budget",
+        "SnapshotError naming the file; no index; its multipart upload aborted; every stored object equals its cwtrain-sha256",
+    ),
+    "truncated-shard": (
+        "a shard truncated while it is published",
+        "the proxy truncates the shard under a publisher process (upload_snapshot, HotLoader.upload), while its parts are sent, and during the re-read of a file larger than the budget",
+        "no SIGBUS: SnapshotError naming the file, exit 1; no index; no unfinished multipart upload",
+    ),
+    "stored-mismatch": (
+        "the store receives or records other bytes than were hashed",
+        "the proxy flips a byte of a PutObject body (and, like S3, checks bodies against x-amz-checksum-sha256), or rewrites the cwtrain-sha256 of a multipart upload",
+        "the body is refused (BadDigest) or the HEAD after the write disagrees: SnapshotChecksumError naming the object; no index",
+    ),
+    "local-auth": (
+        "unauthenticated callers of the local stack",
+        "requests without a token or with a wrong one to the control plane, a gateway and a replica (/admin/hotload, /v1/completions, /health), some declaring a 1 GiB body they never send",
+        "401 in each server's error shape before a byte of the body is read; the replica keeps its identity",
+    ),
+    "local-bodies": (
+        "malformed or oversized request bodies",
+        "Content-Length abc, -1, 1e11 and 10^11, two framings, bad chunk sizes, an oversized chunked body, a body cut short, to the control plane, a gateway and a replica",
+        "400 or 413 in each server's error shape, at once and without a traceback; the server keeps answering",
+    ),
+    "local-ids": (
+        "resource ids that are not one plain path segment",
+        "GET and DELETE of escaped ids holding ?, /, % or control characters, and a create with the id parameters",
+        "invalid_argument naming the id; nothing is looked up, deleted or created",
     ),
     "bad-input": (
         "bad input (fuzzed)",
@@ -73,5 +113,56 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "TLS verification",
         "clients built with defaults, then with the explicit opt-outs",
         "verification on by default for the API and the store; turning it off needs an option and warns",
+    ),
+    "decode-memory": (
+        "deltas that expand past their size, checkpoints larger than the memory budget",
+        "snapshot verify of frames declaring 1 TiB or 1 GiB in a few KB; snapshot apply and verify --base with "
+        "a 64 MiB budget on a 192 MiB checkpoint; a shard truncated while verify reads it",
+        "each decode bounded by the declared size and streamed: peak RSS under the checkpoint size; a clear SnapshotError",
+    ),
+    "decode-fuzz": (
+        "malformed snapshot bytes (fuzzed)",
+        "hypothesis, fixed seed and budget: safetensors headers, delta indexes, zstd frames, byte flips in a delta",
+        "nothing escapes but a SnapshotError; a frame never decodes past its declared size",
+    ),
+    "secret-forms": (
+        "secrets in other forms",
+        "an AWS key and an API header value with a trailing newline, a password in the API URL, a bad token",
+        "the error line shows no form of any secret (raw, stripped, repr, bytes, percent-encoded, URL userinfo)",
+    ),
+    "cli-crash": (
+        "inputs that crashed the CLI",
+        "a non-ASCII or control-character token, header or origin (fuzzed), an exception no row knows",
+        "one error line, exit 1 or 2, no traceback",
+    ),
+    "out-link": (
+        "an output path that is a link",
+        "snapshot diff --out a link to an empty directory, to a file, to nothing",
+        "the output lands where the link points, or the path is refused before any work",
+    ),
+    "many-tensors": (
+        "a checkpoint of many zero-size tensors",
+        "snapshot diff and hotload inspect of 2,000 and 16,000 tensors, zero bytes in all",
+        "progress throttled to a few lines; time grows linearly with the tensor count",
+    ),
+    "id-escape": (
+        "resource ids holding URL syntax",
+        "get, delete and cancel of ids with ?, #, % and :, and of the id parameters",
+        "the id is sent percent-encoded as one path segment: no other resource is addressed",
+    ),
+    "identity-chars": (
+        "identities with control characters or bidi overrides",
+        "U+202E, U+200B, NUL, newline and others in identities and predecessors",
+        "refused before anything is written or sent",
+    ),
+    "metadata-clash": (
+        "a tensor named like a __metadata__ entry",
+        'a tensor `format` beside `"format": "pt"` written as a FULL with checksums, applied, or encoded',
+        "refused with a SnapshotError; the entry is never overwritten",
+    ),
+    "verify-nothing": (
+        "snapshot verify with nothing it can check",
+        "a FULL without checksums, a delta without --base, an empty delta",
+        "exit 1 with the reason and result unverified; never ok",
     ),
 }

@@ -25,8 +25,8 @@ POLL = 0.1
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[LocalStack]:
-    with LocalStack(replicas=2) as local:
+def stack(shared_stack: Any) -> Iterator[LocalStack]:
+    with shared_stack.view("faults-api", replicas=2) as local:
         yield local
 
 

@@ -49,6 +49,7 @@ POLL = "0.1"
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[LocalStack]:
+    # A stack of its own, not the session's: its admin token is one of the secrets searched for.
     with LocalStack(replicas=1, token=API_TOKEN) as local, pytest.MonkeyPatch.context() as patch:
         env = {
             **local.env(),

@@ -36,8 +36,8 @@ PROMPT = "hello"
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[LocalStack]:
-    with LocalStack(replicas=2) as local, pytest.MonkeyPatch.context() as patch:
+def stack(shared_stack: Any) -> Iterator[LocalStack]:
+    with shared_stack.view("faults-data", replicas=2) as local, pytest.MonkeyPatch.context() as patch:
         for key, value in local.env().items():
             patch.setenv(key, value)
         yield local

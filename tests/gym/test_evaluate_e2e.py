@@ -47,11 +47,10 @@ class GymStack:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[GymStack]:
-    from cwtrain.local import LocalStack
+def stack(shared_stack: Any) -> Iterator[GymStack]:
     from cwtrain.local.stack import gateway_request
 
-    with LocalStack(replicas=1) as local:
+    with shared_stack.view("gym-evaluate", replicas=1) as local:
         local.seed_base_model("base/tiny")
         with InferenceClient(local.token, base_url=local.api_url) as api:
             gateway = lifecycle.create_gateway(api, gateway_request("gym-gateway", local.region))

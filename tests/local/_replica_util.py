@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -12,10 +13,14 @@ from typing import Any
 
 import httpx
 
+from cwtrain.hotload.objects import SHA256_METADATA
+from cwtrain.local.engines import TOKEN_VARIABLE
 from cwtrain.local.model import write_base_checkpoint
 from cwtrain.local.objectstore import free_port
 
 MODEL = "tiny-test"
+#: The replica token these tests start replicas with (every request carries it).
+TOKEN = "test-replica-token"
 
 
 def upload_base(s3: Any, bucket: str, path: str, *, seed: int = 0) -> None:
@@ -52,10 +57,11 @@ class ReplicaProcess:
         ]  # fmt: skip
         if peer:
             cmd += ["--peer", peer]
-        env = dict(os.environ) | server.credentials
+        env = dict(os.environ) | server.credentials | {TOKEN_VARIABLE: TOKEN}
+        self.token = TOKEN
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+        self.client = httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
 
     def wait_ready(self, timeout: float = 180.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -107,7 +113,12 @@ class ReplicaProcess:
         self.log.close()
 
 
+def put_object(s3: Any, bucket: str, key: str, data: bytes) -> None:
+    """Store ``data`` with its SHA-256 in ``cwtrain-sha256``, as cwtrain's uploader does."""
+    s3.put_object(Bucket=bucket, Key=key, Body=data, Metadata={SHA256_METADATA: hashlib.sha256(data).hexdigest()})
+
+
 def put_snapshot(s3: Any, bucket: str, prefix: str, identity: str, snapshot: Any) -> None:
-    """Upload an ``EncodedSnapshot`` (shards first, index last) under ``prefix/identity/``."""
+    """Upload an ``EncodedSnapshot`` (shards first, index last) under ``prefix/identity/``, each with its SHA-256."""
     for file in snapshot.all_files:
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/{identity}/{file.name}", Body=file.tobytes())
+        put_object(s3, bucket, f"{prefix}/{identity}/{file.name}", file.tobytes())

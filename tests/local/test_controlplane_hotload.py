@@ -37,6 +37,8 @@ COMPLETED, FAILED, CANCELED = "HOT_LOAD_STATE_COMPLETED", "HOT_LOAD_STATE_FAILED
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[LocalStack]:
+    # A stack of its own: fake replicas with a load time, and test_pagination counts every
+    # hot-load the stack holds (the control plane keeps them after their deployment is gone).
     old = os.environ.get("FAKE_REPLICA_LOAD_SECONDS")
     os.environ["FAKE_REPLICA_LOAD_SECONDS"] = "0.3"
     try:

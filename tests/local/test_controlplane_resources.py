@@ -29,6 +29,7 @@ from cwtrain.local import LocalStack
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[LocalStack]:
+    # A stack of its own: fake replicas (a replica command is per stack), and the organisation flag flips.
     with LocalStack(replicas=1, replica_command=FAKE_REPLICA) as stack:
         seed_fake_base(stack.s3_client(), stack.bucket)
         yield stack
@@ -207,7 +208,17 @@ def test_deployment_lifecycle(stack: LocalStack, api: API, gateway: dict[str, An
     assert api.ok("GET", "/deployments", parentGatewayId="elsewhere")["items"] == []
 
     params = api.ok("GET", "/deployments/parameters", gatewayIds=[gateway_id])
-    assert "dynamo-vllm" in [r["engine"] for r in params["runtimes"]]
+    # the public API reference's shape: gateways, runtime versions and config keys per engine, instance types
+    assert set(params) == {"gatewayIds", "runtimeParameters", "resourceParameters"}
+    assert params["gatewayIds"] == [gateway_id]
+    runtime = params["runtimeParameters"]
+    assert set(runtime) == {"runtimeVersions", "runtimeConfigOptions", "engineEnvOptions"}
+    assert body["runtime"]["version"] in runtime["runtimeVersions"]["dynamo-vllm"]["versions"]
+    assert "max-model-len" in runtime["runtimeConfigOptions"]["dynamo-vllm"]["allowedKeys"]
+    assert "VLLM_LOGGING_LEVEL" in runtime["engineEnvOptions"]["dynamo-vllm"]["allowedNames"]
+    assert body["resources"]["instanceType"] in params["resourceParameters"]["instanceTypes"]
+    every = api.ok("GET", "/deployments/parameters")  # no filter: every gateway of the organisation
+    assert gateway_id in every["gatewayIds"] and every["runtimeParameters"] == runtime
     assert api.error("GET", "/deployments/parameters", gatewayIds=["nope"])[1] == "not_found"
 
     _, code, message = api.error("DELETE", f"/gateways/{gateway_id}")

@@ -105,3 +105,13 @@ def test_demo_and_local_parsers() -> None:
         parser.parse_args(["local", "up", "--replicas", "0"])
     with pytest.raises(SystemExit):
         parser.parse_args(["local", "up", "--port", "70000"])
+
+
+def test_local_up_help_says_where_it_differs_from_the_service(capsys: pytest.CaptureFixture[str]) -> None:
+    from cwtrain.cli import main
+
+    assert main(["local", "up", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "'cwtrain hotload cancel' works here" in text
+    assert "the service does not implement cancel yet (it answers unimplemented" in text
+    assert "CWTRAIN_HOTLOAD_DEPLOYMENT_ID, the default of every --deployment option" in text

@@ -121,3 +121,81 @@ def test_a_grpo_group_is_fast() -> None:
         lm.generate(prompt, n=8, max_tokens=16, seed=i, ignore_eos=True)
     # generous bound for a loaded 2-core CI machine; typical is ~40 ms per group
     assert (time.perf_counter() - start) / 3 < 0.5
+
+
+def test_encode_parses_special_token_text_as_huggingface_does() -> None:
+    assert TOK.encode("<bos>a<eos>") == [TOK.bos_token_id, *TOK.encode("a"), TOK.eos_token_id]
+    assert TOK.encode("<bo") == [TOK.encode("<")[0], *TOK.encode("bo")]
+    assert TOK.decode(TOK.encode("<bos>hi"), skip_special_tokens=False) == "<bos>hi"
+    assert TOK.convert_ids_to_tokens([1, *TOK.encode("a")]) == ["<bos>", "a"]
+
+
+def test_chat_template_lives_in_tokenizer_config_and_renders_like_transformers(tmp_path: Path) -> None:
+    from cwtrain.local.tokenizer import CHAT_TEMPLATE, ChatTemplateError
+
+    write_base_checkpoint(tmp_path, seed=0)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == CHAT_TEMPLATE == TOK.chat_template
+    assert (config["bos_token"], config["eos_token"], config["model_max_length"]) == ("<bos>", "<eos>", 256)
+    chat = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi", "name": "ignored"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "again"},
+    ]
+    text = TOK.apply_chat_template(chat, add_generation_prompt=True)
+    assert text == "<bos><system>be brief\n<user>hi\n<assistant>hello<eos>\n<user>again\n<assistant>"
+    assert TOK.apply_chat_template(chat) == text.removesuffix("<assistant>")
+    ids = TOK.encode(text)
+    assert ids[0] == TOK.bos_token_id and ids.count(TOK.eos_token_id) == 1
+    assert TOK.decode(ids, skip_special_tokens=False) == text
+    # continue_final_message: the text ends right after the last message's content
+    prefill = [*chat[:2], {"role": "assistant", "content": "hel"}]
+    assert (
+        TOK.apply_chat_template(prefill, continue_final_message=True)
+        == "<bos><system>be brief\n<user>hi\n<assistant>hel"
+    )
+    with pytest.raises(ChatTemplateError, match="not compatible"):
+        TOK.apply_chat_template(prefill, continue_final_message=True, add_generation_prompt=True)
+    with pytest.raises(ChatTemplateError, match="boom"):
+        TOK.apply_chat_template(chat, chat_template="{{ raise_exception('boom') }}")
+    custom = "{% for m in messages %}{{ m['content'] | upper }}{{ extra }}{% endfor %}"
+    assert TOK.apply_chat_template(chat[:1], chat_template=custom, extra="!") == "BE BRIEF!"
+
+
+def test_include_stop_str_in_output_keeps_a_stop_tokens_text_as_vllm_does() -> None:
+    lm = TinyLM(init_weights(seed=0))
+    prompt = TOK.encode("go")
+    greedy = lm.generate(prompt, max_tokens=6, temperature=0, ignore_eos=True)[0]
+    second = greedy.token_ids[1]
+    assert second not in TOK.special_ids
+    cut = lm.generate(prompt, max_tokens=6, temperature=0, stop_token_ids=[second], ignore_eos=True)[0]
+    kept = lm.generate(
+        prompt, max_tokens=6, temperature=0, stop_token_ids=[second], ignore_eos=True, include_stop_str_in_output=True
+    )[0]
+    assert cut.token_ids == kept.token_ids == greedy.token_ids[:2]
+    assert (cut.stop_reason, kept.stop_reason) == (second, second)
+    assert cut.text == TOK.decode(greedy.token_ids[:1])
+    assert kept.text == TOK.decode(greedy.token_ids[:2])
+    # EOS is special: its text is never shown
+    eos = lm.generate(prompt, max_tokens=6, temperature=0, stop_token_ids=[0], include_stop_str_in_output=True)[0]
+    assert "<eos>" not in eos.text
+
+
+def test_on_token_sees_every_token_as_the_sequences_end_up() -> None:
+    from cwtrain.local.model import TokenEvent
+
+    lm = TinyLM(init_weights(seed=0))
+    prompt = TOK.encode("stream: ")
+    events: list[tuple[int, TokenEvent]] = []
+    seqs = lm.generate(
+        prompt, n=3, max_tokens=8, seed=4, stop=["e", "a"], top_logprobs=2, on_token=lambda j, e: events.append((j, e))
+    )
+    assert seqs == lm.generate(prompt, n=3, max_tokens=8, seed=4, stop=["e", "a"], top_logprobs=2)
+    for j, seq in enumerate(seqs):
+        mine = [e for i, e in events if i == j]
+        assert [e.token_id for e in mine] == seq.token_ids
+        assert [e.logprob for e in mine] == seq.logprobs
+        assert [e.top for e in mine] == seq.top_logprobs
+        assert [e.finish_reason for e in mine] == [None] * (len(mine) - 1) + [seq.finish_reason]
+        assert (mine[-1].text, mine[-1].stop_reason) == (seq.text, seq.stop_reason)

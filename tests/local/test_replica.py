@@ -9,13 +9,15 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from _replica_util import MODEL, ReplicaProcess, upload_base
+from _replica_util import MODEL, TOKEN, ReplicaProcess, upload_base
 
+from cwtrain.local.engines import TOKEN_VARIABLE
 from cwtrain.local.model import Tokenizer, init_weights, token_logprobs
 from cwtrain.local.snapshots import served_from_weights_file
 
 pytestmark = pytest.mark.e2e
 TOK = Tokenizer()
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,7 @@ def test_token_id_prompt_with_every_id_shape(replica: ReplicaProcess) -> None:
         "completion_tokens": total,
         "total_tokens": len(prompt) + total,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": None,
     }
 
 
@@ -138,8 +141,8 @@ def test_batch_of_prompts_and_top_logprobs(replica: ReplicaProcess) -> None:
         ({"prompt": "x", "n": 0}, 400, "n"),
         ({"prompt": "x", "n": 257}, 400, "n"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-        ({"prompt": "x", "stream": True}, 400, "stream"),
-        ({"prompt": "x", "max_tokens": 10_000}, 400, None),
+        ({"prompt": "x", "max_tokens": 10_000}, 400, "max_tokens"),
+        ({"prompt": [5] * 250, "max_tokens": 10}, 400, "input_tokens"),
     ],
 )
 def test_invalid_requests_get_openai_errors(
@@ -153,7 +156,7 @@ def test_invalid_requests_get_openai_errors(
 
 def test_openai_client_parses_n_greater_than_one(replica: ReplicaProcess) -> None:
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=replica.url + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=replica.url + "/v1", api_key=replica.token)
     out = client.completions.create(
         model=MODEL, prompt="count: ", n=3, max_tokens=5, logprobs=1, extra_body={"return_token_ids": True}
     )
@@ -224,7 +227,7 @@ def test_missing_base_reports_error_and_replica_exits_with_its_parent(s3_server:
         f"p = subprocess.Popen({argv!r}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
         "print(p.pid, flush=True); time.sleep(600)"
     )
-    env = dict(os.environ) | s3_server.credentials
+    env = dict(os.environ) | s3_server.credentials | {TOKEN_VARIABLE: TOKEN}
     parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True, env=env)
     assert parent.stdout is not None
     pid = int(parent.stdout.readline())
@@ -241,7 +244,7 @@ def test_missing_base_reports_error_and_replica_exits_with_its_parent(s3_server:
         resp = None
         while time.monotonic() < deadline:  # the bucket has no base checkpoint: 503 and ERROR
             try:
-                resp = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                resp = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, headers=AUTH)
                 if resp.json()["state"] == "ERROR":
                     break
             except httpx.TransportError:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from _replica_util import MODEL, ReplicaProcess, put_snapshot, upload_base
+from _replica_util import MODEL, ReplicaProcess, put_object, put_snapshot, upload_base
 
 from cwtrain.hotload.codec import DeltaEncoder
 from cwtrain.local.model import Tokenizer, init_weights, to_tensor_data, token_logprobs
@@ -49,9 +49,9 @@ def world(s3_server: Any) -> Iterator[dict[str, Any]]:
         )
     shard = bytearray(bad.files[0].tobytes())
     shard[-3] ^= 0x01  # one flipped bit inside the last zstd frame's raw payload
-    for file in bad.files:
-        s3.put_object(Bucket=bucket, Key=f"{PREFIX}/run-v000003/{file.name}", Body=bytes(shard))
-    s3.put_object(Bucket=bucket, Key=f"{PREFIX}/run-v000003/{bad.index.name}", Body=bad.index.tobytes())
+    for file in bad.files:  # stored with the SHA-256 of the flipped bytes: only the codec's checks can catch it
+        put_object(s3, bucket, f"{PREFIX}/run-v000003/{file.name}", bytes(shard))
+    put_object(s3, bucket, f"{PREFIX}/run-v000003/{bad.index.name}", bad.index.tobytes())
     yield {"s3": s3, "bucket": bucket, "weights": [w0, w1, w2]}
 
 
@@ -143,8 +143,10 @@ def test_in_flight_requests_finish_on_old_weights_and_peer_copies_new(
 ) -> None:
     replica = replicas["slow"]
     replica.hot_load("run-v000000", CHAIN[:1], "s0")
-    time.sleep(0.3)
-    mid = replica.health()
+    deadline = time.monotonic() + 30
+    while (mid := replica.health())["state"] == "PENDING_UPDATE":  # accepted; its loader not started yet
+        assert time.monotonic() < deadline, mid
+        time.sleep(0.01)
     assert mid["state"] == "UPDATING" and mid["identity"] == "initial"
     served, _, _ = _served_logprobs(replica)
     assert served == "initial"  # still serving the old weights while the new ones wait

@@ -153,6 +153,107 @@ def test_post_write_hook_is_slimes_and_recognises_disk_delta(
         hook(bad, args.update_weight_disk_dir, [])
 
 
+def _export(directory: Path, weights: Any, *, complete: bool = True) -> Path:
+    """An HF export as miles writes it: the checkpoint, then ``.complete`` once it succeeded."""
+    write_hf_checkpoint(directory, weights)
+    if complete:
+        (directory / ".complete").write_text("")
+    return directory
+
+
+def _post_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int = 0) -> tuple[Any, Any, RecordingLoader]:
+    from miles.utils.misc import load_function
+
+    from cwtrain.integrations.miles import MilesRuntime, post_save
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep")
+    args = miles_args(tmp_path, save_hf=str(tmp_path / "hf_exports" / "iter_{rollout_id}"))
+    write_hf_checkpoint(Path(args.hf_checkpoint), tiny_weights())
+    loader = RecordingLoader()
+    config = HookConfig("dep", "ps", full_every=every, mirror=every > 0, state_dir=str(tmp_path / "state"))
+    MilesRuntime.current().use_post_save(post_save.PostSavePublisher(SlimePublisher(config, loader)))
+    return args, load_function(args.custom_megatron_post_save_hook_path), loader
+
+
+def test_post_save_hook_does_nothing_for_the_critic(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PPO: miles calls the hook on the critic's rank 0 too, with hf_checkpoint_dir=None."""
+    args, hook, loader = _post_save(tmp_path, monkeypatch)
+    critic = argparse.Namespace(**{**vars(args), "save": "/ckpt/critic"})
+    assert hook(critic, 9, "/ckpt/critic/iter_0000009", None) is None
+    assert loader.published == []
+    export = _export(Path(args.save_hf.format(rollout_id=9)), nudge(tiny_weights(), ["lm_head.weight"], 1))
+    hook(args, 9, "/ckpt/iter_0000009", str(export))  # the actor's save of the same rollout
+    assert [p[0] for p in loader.published] == ["ps-v000000", "ps-v000010"]
+
+
+def test_post_save_hook_publishes_only_complete_exports(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """miles swallows a failed export, writes no .complete marker and still calls the hook."""
+    args, hook, loader = _post_save(tmp_path, monkeypatch)
+    weights = nudge(tiny_weights(), ["lm_head.weight"], 1)
+    broken = _export(Path(args.save_hf.format(rollout_id=4)), weights, complete=False)
+    metrics = hook(args, 4, "/ckpt", str(broken))
+    assert metrics["hotload/skipped_incomplete"] == 1.0 and metrics["hotload/served_version"] == 0.0
+    assert [p[0] for p in loader.published] == ["ps-v000000"]  # the baseline only
+    weights = nudge(weights, ["model.norm.weight"], 2)
+    hook(args, 9, "/ckpt", str(_export(Path(args.save_hf.format(rollout_id=9)), weights)))
+    identity, kind, previous, _, index = loader.published[-1]
+    assert (identity, kind, previous) == ("ps-v000010", "INCREMENTAL", "ps-v000000")
+    assert sorted(index["weight_map"]) == ["lm_head.weight", "model.norm.weight"]  # over the last published
+
+
+def test_post_save_full_cadence_counts_published_exports(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--save-interval 2 with FULL_EVERY=2: versions 2, 4, 6, 8 are all multiples of 2, the exports are not."""
+    args, hook, loader = _post_save(tmp_path, monkeypatch, every=2)
+    weights = tiny_weights()
+    for rollout_id in (1, 3, 5, 7):
+        weights = nudge(weights, ["lm_head.weight"], rollout_id)
+        hook(args, rollout_id, "/ckpt", str(_export(Path(args.save_hf.format(rollout_id=rollout_id)), weights)))
+    kinds = [(p[0], p[1]) for p in loader.published]
+    assert kinds == [
+        ("ps-v000000", "FULL"),
+        ("ps-v000002", "INCREMENTAL"),
+        ("ps-v000004", "FULL"),  # the second export
+        ("ps-v000006", "INCREMENTAL"),
+        ("ps-v000008", "FULL"),
+    ]
+
+
+def test_post_save_metrics_reach_miles_tracking(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """miles discards the hook's return value; rank 0 joins the run's tracking if it has none."""
+    from miles.utils.tracking_utils import tracking
+
+    tracking.reset()
+    args, hook, _ = _post_save(tmp_path, monkeypatch)
+    args.use_wandb = True
+    export = _export(Path(args.save_hf.format(rollout_id=0)), nudge(tiny_weights(), ["lm_head.weight"], 0))
+    hook(args, 0, "/ckpt", str(export))
+    assert tracking.INITS == [False] and tracking.DEFINED == [("hotload", "hotload/step")]
+    (baseline, step0, key0), (metrics, step, key) = tracking.RECORDS  # one record per version
+    assert (step0, key0, baseline["hotload/chain_cut"]) == (0.0, "hotload/step", 1.0)
+    assert (step, key) == (1.0, "hotload/step") and metrics["hotload/incremental"] == 1.0
+    assert metrics["hotload/publish_seconds"] >= 0 and metrics["hotload/served_version"] == 1.0
+
+
+def test_rollout_class_refuses_the_session_server(miles_stubs: Path, tmp_path: Path, fake: FakeCompletions) -> None:
+    """miles has --use-session-server (slime does not): its sessions bypass the completions cwtrain sends."""
+    from cwtrain.integrations.miles.rollout import REFUSED_FLAGS
+
+    assert REFUSED_FLAGS[-1] == "--use-session-server"
+    for flag, value in [(flag, "my.module.attr") for flag in REFUSED_FLAGS[:-1]] + [(REFUSED_FLAGS[-1], "v2")]:
+        with pytest.raises(ConfigError, match=flag):
+            _build(miles_args(tmp_path, **{flag[2:].replace("-", "_"): value}))
+    assert fake.bodies == []
+
+
 def test_post_save_hook_publishes_each_hf_export(
     miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,7 +268,7 @@ def test_post_save_hook_publishes_each_hf_export(
     write_hf_checkpoint(Path(args.hf_checkpoint), base)
     hook = load_function(args.custom_megatron_post_save_hook_path)
     with pytest.raises(ConfigError, match="--save-hf"):
-        hook(args, 0, "/ckpt/iter_0000000", None)
+        hook(argparse.Namespace(**{**vars(args), "save_hf": None}), 0, "/ckpt/iter_0000000", None)
     loader = RecordingLoader()
     config = HookConfig("dep", "ps", full_every=0, state_dir=str(tmp_path / "state"))
     MilesRuntime.current().use_post_save(post_save.PostSavePublisher(SlimePublisher(config, loader)))
@@ -175,7 +276,7 @@ def test_post_save_hook_publishes_each_hf_export(
     weights = base
     for rollout_id in (0, 9):
         weights = nudge(weights, ["model.norm.weight"], rollout_id)
-        exports[rollout_id] = write_hf_checkpoint(Path(args.save_hf.format(rollout_id=rollout_id)), weights)
+        exports[rollout_id] = _export(Path(args.save_hf.format(rollout_id=rollout_id)), weights)
         hook(argparse.Namespace(**{**vars(args), "rank": 1}), rollout_id, "/ckpt", str(exports[rollout_id]))
         metrics = hook(args, rollout_id, f"/ckpt/iter_{rollout_id:07d}", str(exports[rollout_id]))
         assert metrics["hotload/incremental"] == 1.0

@@ -9,15 +9,12 @@ manifest's checksums are the Adler-32 of the trainer's bytes.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-STANDIN = str(Path(__file__).resolve().parent / "standin")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,24 +29,24 @@ class PolicyStub:
         return [getattr(actor, method_name).remote(**kwargs) for actor in self.actors]
 
 
-def test_three_refits_from_two_ray_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ray = pytest.importorskip("ray")
+def test_three_refits_from_two_ray_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_stack: Any, ray_session: Any
+) -> None:
+    # The session's Ray (tests/conftest.py) gives its workers the stand-ins of ./standin on
+    # PYTHONPATH and the shared stack's variables.
+    ray = ray_session
     from cwtrain.hotload.loader import HotLoader
     from cwtrain.infra import InferenceClient
     from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
     from cwtrain.integrations.nemo_rl.synchronizer import HotLoadWeightSynchronizer
-    from cwtrain.local import LocalStack
     from cwtrain.local.model import Tokenizer, init_weights, token_logprobs, write_base_checkpoint
 
-    with LocalStack(replicas=2) as stack:
+    with shared_stack.view("nemo-rl", replicas=2) as stack:
         for key, value in stack.env().items():
             monkeypatch.setenv(key, value)
         target = stack.deploy(seed=0)
         write_base_checkpoint(tmp_path / "hf", seed=0)
-        pythonpath = os.pathsep.join(
-            [STANDIN, str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
-        )
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+        actors: list[Any] = []
         try:
             from cwtrain_test_workers import HalfWorker  # type: ignore[import-not-found]
 
@@ -117,4 +114,5 @@ def test_three_refits_from_two_ray_workers(tmp_path: Path, monkeypatch: pytest.M
             }
             assert index["metadata"]["base_version"] == "nemo-test-v000000"
         finally:
-            ray.shutdown()
+            for actor in actors:
+                ray.kill(actor)

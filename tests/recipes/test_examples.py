@@ -80,10 +80,8 @@ def test_training_recipes_all_write_under_hotload(recipe: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
-    from cwtrain.local import LocalStack
-
-    with LocalStack(replicas=1) as local:
+def stack(shared_stack: Any) -> Iterator[Any]:
+    with shared_stack.view("recipes", replicas=1) as local:
         local.seed_base_model("base/tiny")
         yield local
 
@@ -107,7 +105,7 @@ def gateway_id(stack: Any) -> str:
 def test_filled_examples_deploy_on_cwtrain_local(stack: Any, gateway_id: str, tmp_path: Path) -> None:
     with InferenceClient(stack.token, base_url=stack.api_url) as api:
         parameters = api.get_deployment_parameters([gateway_id])
-        versions = next(r["versions"] for r in parameters["runtimes"] if r["engine"] == "dynamo-vllm")
+        versions = parameters["runtimeParameters"]["runtimeVersions"]["dynamo-vllm"]["versions"]
         values = {
             "gateway-id": gateway_id,
             "dynamo-vllm-version": versions[0],

@@ -28,7 +28,11 @@ Weights = dict[str, np.ndarray]
 
 
 def slime_args(tmp: Path, hf_checkpoint: Path, **overrides: Any) -> argparse.Namespace:
-    """A slime-like namespace with the flags of frameworks.md sections 1.1 and 5."""
+    """A slime-like namespace with the flags of frameworks.md sections 1.1 and 5.
+
+    Only attributes slime's own parser has (slime has no ``--use-session-server``; the
+    contract suite, tests/contracts, checks the names against the real parser).
+    """
     values: dict[str, Any] = {
         "rank": 0,
         "hf_checkpoint": str(hf_checkpoint),
@@ -39,6 +43,7 @@ def slime_args(tmp: Path, hf_checkpoint: Path, **overrides: Any) -> argparse.Nam
         "update_weight_delta_encoding": "xor",
         "update_weight_delta_checksum": "adler32",
         "update_weight_disk_keep_files": False,
+        "update_weight_buffer_size": 512 * 1024**2,
         "custom_update_weight_post_write_path": "cwtrain.integrations.slime.hook",
         "rollout_function_path": "cwtrain.integrations.slime.rollout.generate_rollout",
         "rollout_batch_size": 2,
@@ -59,7 +64,6 @@ def slime_args(tmp: Path, hf_checkpoint: Path, **overrides: Any) -> argparse.Nam
         "dynamic_sampling_filter_path": None,
         "rollout_sample_filter_path": None,
         "rollout_all_samples_process_path": None,
-        "use_session_server": False,
         "custom_rm_path": None,
         "group_rm": False,
         "rm_type": None,

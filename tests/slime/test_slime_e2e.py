@@ -9,6 +9,7 @@ checkpoints) and calls the hook the way slime does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
@@ -28,10 +29,8 @@ EVERY = 3
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
-    from cwtrain.local import LocalStack
-
-    with LocalStack(replicas=2) as local:
+def stack(shared_stack: Any) -> Iterator[Any]:
+    with shared_stack.view("slime-e2e", replicas=2) as local:
         yield local, local.deploy()
 
 
@@ -151,6 +150,8 @@ def _rollout(args: argparse.Namespace, rollout_id: int) -> list[list[Any]]:
 def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
     slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from slime.observability.logging_utils import RECORDS
+
     from cwtrain.infra.enums import SnapshotType
     from cwtrain.integrations.slime.rollout import set_tokenizer
     from cwtrain.local.model import Tokenizer
@@ -159,6 +160,7 @@ def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
     set_tokenizer(Tokenizer())
     loader = _loader(stack_env.deployment_id)
     run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.hook")
+    RECORDS.clear()
 
     metrics = [run.baseline()]
     _served_by_both(loader, f"{RUN}-v000000")
@@ -195,19 +197,40 @@ def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
     assert metrics[1]["hotload/replicas_ready"] == 2.0 and metrics[1]["hotload/completed"] == 1.0
     assert loader.read_manifest(f"{RUN}-v000003")["version"] == "000003"
 
+    # slime discards the hook's return value: the same metrics reached slime's logger, one record a version
+    logged = {int(m["hotload/step"]): m for m, key in RECORDS if key == "hotload/step"}
+    assert sorted(logged) == [0, 1, 2, 3, 4, 5]
+    for version, (kind, chain, served) in {
+        0: ("FULL", 0, 0),
+        1: ("INCREMENTAL", 1, 1),
+        2: ("INCREMENTAL", 2, 2),
+        3: ("FULL", 0, 3),
+        4: (None, 0, 3),
+        5: ("INCREMENTAL", 1, 5),
+    }.items():
+        record = logged[version]
+        assert record == metrics[version] | {"hotload/step": float(version)}, version
+        assert (record["hotload/chain_length"], record["hotload/served_version"]) == (chain, served), version
+        if kind is None:
+            assert record["hotload/skipped_empty"] == 1.0 and "hotload/publish_seconds" not in record
+            continue
+        assert record["hotload/incremental"] == float(kind == "INCREMENTAL"), version
+        assert record["hotload/snapshot_bytes"] > 0
+        assert record["hotload/publish_seconds"] >= record["hotload/hot_load_seconds"] > 0
 
-@pytest.mark.slow  # starting Ray locally takes most of it
+
+@pytest.mark.slow
 def test_actor_hook_overlaps_publish_with_the_next_step(
-    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch, ray_session: Any
 ) -> None:
-    ray = pytest.importorskip("ray")
+    ray = ray_session  # the session's Ray (tests/conftest.py): starting one takes seconds
     from cwtrain.integrations.slime import drain
+    from cwtrain.integrations.slime.actor import actor_name
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "actor")
     monkeypatch.setenv("CWTRAIN_HOTLOAD_FULL_EVERY", "0")
     monkeypatch.setenv("CWTRAIN_HOTLOAD_MIRROR", "0")
     loader = _loader(stack_env.deployment_id)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.actor_hook")
         baseline = run.baseline()  # waited for: the first rollout must see it
@@ -228,8 +251,18 @@ def test_actor_hook_overlaps_publish_with_the_next_step(
         assert returned_after[0] < publish_seconds, (returned_after, publish_seconds)
         assert drain(stack_env.deployment_id, timeout=120) == "actor-v000002"
         _served_by_both(loader, "actor-v000002")
-    finally:
-        ray.shutdown()
+    finally:  # the actor goes with this test (Ray stays): nothing can pick it up by name later
+        name = actor_name(stack_env.deployment_id)
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(name))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            assert time.monotonic() < deadline, f"the actor {name} outlived ray.kill"
+            time.sleep(0.05)
 
 
 def test_actor_hook_failure_surfaces_at_the_next_step(
@@ -342,7 +375,10 @@ def test_live_tensor_actor_publishes_the_same_bytes_as_the_directory_path(
     run.step()
     run.step()
 
+    from slime.observability.logging_utils import RECORDS
+
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "live")
+    RECORDS.clear()
     actor_cls = make_actor_cls(MegatronTrainRayActor)
     assert issubclass(actor_cls, MegatronTrainRayActor)
     args = slime_args(tmp_path / "live", run.hf)
@@ -359,7 +395,10 @@ def test_live_tensor_actor_publishes_the_same_bytes_as_the_directory_path(
             tensor.copy_(trained[name])
         actor.update_weights()
         _served_by_both(loader, f"live-v{step:06d}")
-    assert actor.weight_updater.update_weight_metrics["hotload/incremental"] == 1.0
+    logged = [m for m, key in RECORDS if key == "hotload/step"]
+    assert [(m["hotload/step"], m["hotload/served_version"]) for m in logged] == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
+    assert logged[2]["hotload/incremental"] == 1.0 and logged[2]["hotload/chain_length"] == 2.0
+    assert logged[2]["hotload/publish_seconds"] >= logged[2]["hotload/hot_load_seconds"] > 0
 
     for version in (1, 2):
         expected = _objects(local, target.bucket, f"{target.path_prefix}/dir-v{version:06d}")

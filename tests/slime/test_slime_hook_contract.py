@@ -390,3 +390,124 @@ def test_one_runtime_keeps_the_process_state_and_reset_starts_it_over(
     assert SlimeRuntime.current() is state and state.publisher(args) is not publisher
     assert default_run_id(args) == "weights-20250101T000000Z"  # a new run: a new stamp
     assert state.tokenizer(args) is None  # forgotten; none loads from a missing --hf-checkpoint
+
+
+def test_the_hooks_metrics_reach_slimes_logger(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    """slime discards what the hook returns: rank 0 logs through slime's own logging_utils."""
+    from slime.observability.logging_utils import INITS, RECORDS
+
+    RECORDS.clear()
+    INITS.clear()
+    run = _run(tmp_path, recording_loader, every=3, mirror=True)
+    run.baseline()
+    weights = tiny_weights()
+    for step in (1, 2, 3):
+        weights = nudge(weights, ["lm_head.weight"], step)
+        run.step(weights, writers=2)
+    run.step(weights)  # empty
+    assert [(m["hotload/step"], key) for m, key in RECORDS] == [(float(v), "hotload/step") for v in range(5)]
+    by_version = {int(m["hotload/version"]): m for m, _ in RECORDS}
+    for version, (incremental, chain, served) in {
+        0: (0.0, 0.0, 0.0),
+        1: (1.0, 1.0, 1.0),
+        2: (1.0, 2.0, 2.0),
+        3: (0.0, 0.0, 3.0),  # the FULL cut (F = 3)
+        4: (0.0, 0.0, 3.0),  # empty: nothing published, v3 still served
+    }.items():
+        metrics = by_version[version]
+        assert (metrics["hotload/incremental"], metrics["hotload/chain_length"]) == (incremental, chain), version
+        assert metrics["hotload/served_version"] == served, version
+    for version in (0, 1, 2, 3):
+        metrics = by_version[version]
+        assert metrics["hotload/publish_seconds"] >= metrics["hotload/hot_load_seconds"] >= 0
+        assert metrics["hotload/snapshot_bytes"] > 0
+    assert by_version[3]["hotload/chain_cut"] == 1.0 and by_version[4]["hotload/skipped_empty"] == 1.0
+    assert INITS == []  # without --use-wandb there is nothing to join
+
+
+def test_metrics_join_the_wandb_run_where_rank_zero_has_no_tracker(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With pipeline parallelism rank 0 is not slime's logging rank: it joins the run as slime's ranks do."""
+    import types
+
+    from slime.observability import logging_utils
+
+    runs: list[Any] = []
+
+    class Run:
+        def __init__(self) -> None:
+            self.summary: dict[str, Any] = {}
+
+    def init_tracking(args: Any, primary: bool = True, **kwargs: Any) -> None:
+        assert primary is False
+        runs.append(Run())
+        wandb.run = runs[-1]
+
+    wandb = types.SimpleNamespace(run=None, define_metric=lambda *a, **k: defined.append((a, k)))
+    defined: list[Any] = []
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setattr(logging_utils, "init_tracking", init_tracking)
+    logging_utils.RECORDS.clear()
+    run = _run(tmp_path, recording_loader, use_wandb=True, wandb_run_id="abc123")
+    run.baseline()
+    run.step(nudge(tiny_weights(), ["lm_head.weight"], 1))
+    assert len(runs) == 1 and len(logging_utils.RECORDS) == 2  # joined once
+    assert (("hotload/*",), {"step_metric": "hotload/step"}) in defined
+    assert runs[0].summary["hotload/served_identity"] == "grpo-a-v000001"
+
+
+def test_metrics_reach_slime_v0_3_1s_logging_module(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to v0.3.1 slime's log() lives in slime.utils.logging_utils (no slime.observability)."""
+    import types
+
+    records: list[Any] = []
+    legacy = types.ModuleType("slime.utils.logging_utils")
+    legacy.log = lambda args, metrics, step_key: records.append(metrics)  # type: ignore[attr-defined]
+    legacy.init_tracking = lambda args, primary=True, **kw: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "slime.observability", None)  # absent: import fails
+    monkeypatch.setitem(sys.modules, "slime.observability.logging_utils", None)
+    monkeypatch.setitem(sys.modules, "slime.utils.logging_utils", legacy)
+    run = _run(tmp_path, recording_loader)
+    run.baseline()
+    assert [m["hotload/step"] for m in records] == [0.0]
+
+
+def test_a_slime_that_could_never_publish_is_stopped_at_start(slime_stubs: Path, tmp_path: Path) -> None:
+    """No local engines and no --update-weight-standalone-publish: slime would skip every update silently."""
+    from cwtrain.integrations.slime import init_hook
+
+    args = slime_args(tmp_path, tmp_path / "hf", rollout_num_gpus=0)  # unpatched slime: the flag was dropped
+    with pytest.raises(ConfigError, match=r"slime-standalone-publish\.patch"):
+        init_hook(args)
+    args.update_weight_standalone_publish = False  # patched slime, flag not passed
+    with pytest.raises(ConfigError, match="pass --update-weight-standalone-publish"):
+        init_hook(args)
+    args.update_weight_standalone_publish = True
+    init_hook(args)
+    init_hook(slime_args(tmp_path, tmp_path / "hf", rollout_num_gpus=8))  # local engines: slime runs the hook
+    miles_like = slime_args(tmp_path, tmp_path / "hf", rollout_num_gpus=0, update_weight_transfer_mode="disk-delta")
+    del miles_like.update_weight_mode
+    init_hook(miles_like)  # miles runs its updater without engines
+
+
+def test_every_process_of_a_run_derives_the_same_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook (train rank 0) and the rollout function (rollout manager) are different processes."""
+    import argparse
+
+    from cwtrain.integrations.slime import default_run_id, reset
+    from cwtrain.integrations.slime.rollout import rollout_run_id
+
+    args = argparse.Namespace(update_weight_disk_dir="/shared/run/weights", wandb_run_id="k3x9q2")
+    monkeypatch.setattr("cwtrain.integrations.slime.runtime.time.strftime", lambda *a: "20250101T000000Z")
+    in_the_hook = default_run_id(args)
+    reset()  # another process: another stamp
+    monkeypatch.setattr("cwtrain.integrations.slime.runtime.time.strftime", lambda *a: "20250101T000005Z")
+    assert default_run_id(args) == in_the_hook == rollout_run_id(args, {}) == "weights-k3x9q2"
+    assert rollout_run_id(args, {"CWTRAIN_HOTLOAD_RUN_ID": "explicit"}) == "explicit"
+    no_wandb = argparse.Namespace(update_weight_disk_dir="/nowhere/weights", wandb_run_id=None)
+    assert rollout_run_id(no_wandb, {}) is None  # a per-process stamp cannot be shared

@@ -111,7 +111,6 @@ def test_served_version_falls_back_to_the_hooks_state_dir(slime_stubs: Path, tmp
         ("dynamic_sampling_filter_path", "my.filter"),
         ("rollout_sample_filter_path", "my.sample_filter"),
         ("rollout_all_samples_process_path", "my.process"),
-        ("use_session_server", True),
     ],
 )
 def test_refuses_flags_it_would_silently_bypass(
@@ -148,3 +147,67 @@ def test_missing_slime_names_the_install(tmp_path: Path) -> None:
 
     with pytest.raises(ImportError, match=r"pip install \./packages/cwtrain-slime"):
         generate_rollout(slime_args(tmp_path, tmp_path / "hf"), 0, None)
+
+
+def test_an_unpatched_slime_without_engines_is_stopped_at_the_first_rollout(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions
+) -> None:
+    """slime drops --update-weight-standalone-publish when unpatched; nothing would ever be published."""
+    hook = "cwtrain.integrations.slime.hook"
+    args = slime_args(tmp_path, tmp_path / "hf", rollout_num_gpus=0, custom_update_weight_post_write_path=hook)
+    with pytest.raises(ConfigError, match="--update-weight-standalone-publish"):
+        _call(args)
+    assert fake.bodies == []  # before any sampling, before any training step
+    args.update_weight_standalone_publish = True  # the patched slime
+    assert len(_call(args).samples) == args.rollout_batch_size
+
+
+@pytest.mark.parametrize(
+    ("served_by", "tag"),
+    [("weights-k3x9q2-v000004", "4"), ("grpo-a-v000004", "grpo-a-v000004"), ("initial", "initial")],
+    ids=["this run", "another run", "the base"],
+)
+def test_samples_count_only_this_runs_versions(
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served_by: str, tag: str
+) -> None:
+    """The run id comes from what every process shares (here the wandb run id), not a per-process stamp."""
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+
+    set_tokenizer(CharTokenizer())
+    with FakeCompletions(identity=served_by) as server:
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", server.base_url)
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", "tiny")
+        output = _call(slime_args(tmp_path, tmp_path / "hf", wandb_run_id="k3x9q2"))
+    assert {s.weight_versions[-1] for g in output.samples for s in g} == {tag}
+
+
+def test_the_served_version_of_another_run_is_not_this_runs(slime_stubs: Path, tmp_path: Path) -> None:
+    from cwtrain.integrations.slime.rollout import served_version
+
+    args = slime_args(tmp_path, tmp_path / "hf", wandb_run_id="k3x9q2")
+    state = Path(args.update_weight_disk_dir + "-hotload")
+    state.mkdir(parents=True)
+    (state / "served_identity").write_text("grpo-a-v000012")
+    assert served_version(args, {}) is None  # the run is weights-k3x9q2
+    (state / "served_identity").write_text("weights-k3x9q2-v000012")
+    assert served_version(args, {}) == 12
+
+
+@pytest.mark.parametrize("flag", __import__("cwtrain.integrations.slime.rollout", fromlist=["x"]).REFUSED_FLAGS)
+def test_every_flag_listed_as_refused_is_refused(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions, flag: str
+) -> None:
+    args = slime_args(tmp_path, tmp_path / "hf", **{flag[2:].replace("-", "_"): "my.module.attr"})
+    with pytest.raises(ConfigError, match=flag):
+        _call(args)
+
+
+def test_slime_is_not_said_to_refuse_a_flag_it_does_not_have() -> None:
+    """slime has no --use-session-server (miles does): the stand-in namespace and the docs follow slime."""
+    from cwtrain.integrations.slime.rollout import REFUSED_FLAGS
+
+    assert "--use-session-server" not in REFUSED_FLAGS
+    assert not hasattr(slime_args(Path("/tmp"), Path("/tmp/hf")), "use_session_server")
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "slime.md").read_text(encoding="utf-8")
+    refused = docs[docs.index("Refused, naming the flag") :].split("\n\n", 1)[0]
+    assert "--use-session-server" not in refused and all(flag in refused for flag in REFUSED_FLAGS)

@@ -33,8 +33,8 @@ def _encoded_bytes(device: str) -> tuple[list[bytes], dict[str, Any], list[str]]
     new = {name: tensor.clone() for name, tensor in base.items()}
     new["a.weight"][3, 4] += 1
     new["b.weight"][0] = 7.0
-    snap = publisher._encode(new, {}, full=False)
-    return [f.tobytes() for f in snap.files], snap.index_json["weight_map"], snap.changed
+    snap, files, weight_map = publisher._encode([list(new.items())], full=False)
+    return [f.tobytes() for f in files], weight_map, snap.changed
 
 
 def test_cpu_tensors_encode_only_changed_tensors() -> None:

@@ -18,10 +18,10 @@ first use.
 from __future__ import annotations
 
 import pkgutil
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cwtrain._version import __version__
+from cwtrain.lazy import lazy_exports
 
 __path__ = pkgutil.extend_path(__path__, __name__)
 
@@ -40,15 +40,4 @@ _LAZY = {
     "upload_snapshot": "cwtrain.hotload.upload",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cwtrain' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

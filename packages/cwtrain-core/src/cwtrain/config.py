@@ -59,7 +59,11 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar("CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY", "unset", "preserve or reset_all"),
     EnvVar("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", "8", "files uploaded in parallel, >= 1"),
     EnvVar("CWTRAIN_HOTLOAD_PART_SIZE", "67108864", "multipart part size in bytes, >= 50 MB"),
-    EnvVar("CWTRAIN_HOTLOAD_MEMORY_BUDGET", "1073741824", "bytes of encoded data in flight while publishing"),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_MEMORY_BUDGET",
+        "1073741824",
+        "bytes of encoded data in flight while publishing, and of decoders while applying or verifying",
+    ),
     # rollout
     EnvVar("CWTRAIN_ROLLOUT_BASE_URL", "required", "OpenAI base URL ending in /v1"),
     EnvVar("CWTRAIN_ROLLOUT_MODEL", "required", "the deployment's spec.model.name"),

@@ -48,8 +48,11 @@ class rebuilds instances without calling ``__init__`` again.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 __all__ = [
     "APIError",
@@ -79,6 +82,10 @@ __all__ = [
     "UnimplementedError",
     "UsageError",
     "api_error",
+    "describe",
+    "mask_secrets",
+    "mask_url_userinfo",
+    "secret_forms",
 ]
 
 
@@ -383,10 +390,67 @@ class RolloutError(CWTrainError):
     """Sampling from the OpenAI-compatible completions endpoint failed."""
 
 
-def describe(error: BaseException, *, secrets: Mapping[str, str] | None = None) -> str:
-    """One line for an error, with any known secret values masked."""
+#: Shortest value masked as a secret (masking one-letter values would garble every message).
+MIN_SECRET_LENGTH = 8
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s@]*@")
+_CREDENTIAL_PATTERNS = (
+    # "Bearer <token>" in a header or a message
+    re.compile(r"\b(Bearer)(\s+|%20|\+)[A-Za-z0-9._~+/=-]{8,}"),
+    # presigned URLs and request logs: X-Amz-Credential=..., X-Amz-Signature=..., X-Amz-Security-Token=...
+    re.compile(r"(?i)\b(x-amz-(?:credential|signature|security-token)\s*[=:])\s*[^&\s,;'\"]+"),
+    # a SigV4 Authorization header: Credential=<key id>/..., Signature=<hex>
+    re.compile(r"\b(Credential=|Signature=)[^,\s'\"]+"),
+)
+
+
+def mask_url_userinfo(text: str) -> str:
+    """``https://user:password@host/`` → ``https://***@host/`` wherever a URL appears in ``text``."""
+    return _USERINFO.sub(lambda m: m.group(1) + "***@", text)
+
+
+def secret_forms(value: str) -> list[str]:
+    """Every form a secret value can take in a message, longest first.
+
+    The value itself and stripped of surrounding whitespace; its ``repr`` escapes
+    (``str`` and ``bytes``: a trailing newline shows as ``\\n``); percent-encoded (a
+    URL) and JSON-escaped. Forms shorter than :data:`MIN_SECRET_LENGTH` are left out.
+    """
+    forms = {value, value.strip()}
+    for form in list(forms):
+        forms.add(repr(form)[1:-1])
+        try:
+            forms.add(repr(form.encode("utf-8", "surrogateescape"))[2:-1])
+        except UnicodeEncodeError:  # pragma: no cover - lone surrogates the codec refuses
+            pass
+        forms.add(quote(form, safe=""))
+        forms.add(quote_plus(form, safe=""))
+        forms.add(json.dumps(form)[1:-1])
+    return sorted((f for f in forms if len(f) >= MIN_SECRET_LENGTH), key=len, reverse=True)
+
+
+def mask_secrets(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every form of every secret (:func:`secret_forms`) replaced by ``***``.
+
+    Also masked, whatever the secrets: the userinfo of any URL, ``Bearer`` credentials,
+    and the credential, signature and session-token parts of S3 request signatures.
+    """
+    forms = sorted({f for value in secrets if value for f in secret_forms(value)}, key=len, reverse=True)
+    for form in forms:
+        text = text.replace(form, "***")
+    text = mask_url_userinfo(text)
+    for pattern in _CREDENTIAL_PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + (m.group(2) if m.lastindex and m.lastindex > 1 else "") + "***", text)
+    return text
+
+
+def describe(error: BaseException, *, secrets: Mapping[str, str] | Iterable[str] | None = None) -> str:
+    """One line for an error, with every form of the known secret values masked (:func:`mask_secrets`).
+
+    Args:
+        error: the exception.
+        secrets: secret values (a mapping's values, e.g. ``{"API token": token}``, or any iterable).
+    """
+    values = secrets.values() if isinstance(secrets, Mapping) else (secrets or ())
     text = str(error) or type(error).__name__
-    for value in (secrets or {}).values():
-        if value:
-            text = text.replace(value, "***")
-    return " ".join(text.split())
+    return " ".join(mask_secrets(text, values).split())

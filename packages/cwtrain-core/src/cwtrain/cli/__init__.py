@@ -9,9 +9,10 @@ local stack) happen inside handlers.
 
 Output rules: stdout carries exactly one JSON document (see
 :func:`cwtrain.cli.output.emit`), stderr logs and progress. Exit codes: 0 success,
-1 any :class:`~cwtrain.errors.CWTrainError`, ``OSError``, object-store or credential
-error, 130 interrupted (the table is :data:`cwtrain.cli.errors.ERROR_EXITS`), 2 usage
-error found by argparse. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
+1 any failure (a :class:`~cwtrain.errors.CWTrainError`, ``OSError``, object-store or
+credential error, or a bug, each one ``error:`` line with secrets masked), 130
+interrupted (the table is :data:`cwtrain.cli.errors.ERROR_EXITS`), 2 usage error found
+by argparse. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 from cwtrain._version import __version__
-from cwtrain.cli.errors import fail
+from cwtrain.cli.errors import fail, known_secrets
 from cwtrain.config import env_bool
 
 __all__ = ["CORE_GROUPS", "CLIParser", "build_parser", "main"]
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(handler(args))
     except BaseException as exc:
-        code = fail(exc, debug=debug)
+        code = fail(exc, debug=debug, secrets=known_secrets(getattr(args, "token", None)))
         if code is None:
             raise
         return code

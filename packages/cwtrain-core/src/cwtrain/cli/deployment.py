@@ -4,8 +4,11 @@
 
     cwtrain deployment create -f deployment.json --wait     # → deployment view
     cwtrain deployment get ID                               # → deployment view
+    cwtrain deployment list [--gateway ID]                  # → [deployment view, ...]
     cwtrain deployment delete ID --wait                     # → {"id", "result"}
     cwtrain deployment parameters --gateway GW              # → the API's JSON unchanged
+                                                            #   (gatewayIds, runtimeParameters,
+                                                            #    resourceParameters)
 
 Every command prints one JSON document on stdout and logs on stderr; exit 0 on
 success, 1 on any cwtrain error (one ``error:`` line), 2 on a usage error. Request
@@ -20,7 +23,13 @@ import logging
 import sys
 from typing import Any
 
-from cwtrain.cli.options import add_delete_command, client_from_args, command_group, delete_resource, positive_float
+from cwtrain.cli.options import (
+    add_create_command,
+    add_delete_command,
+    client_from_args,
+    command_group,
+    delete_resource,
+)
 from cwtrain.cli.output import emit
 from cwtrain.errors import APIError, LifecycleError, TransportError
 from cwtrain.infra import lifecycle
@@ -35,20 +44,21 @@ def register(subparsers: Any) -> None:
     """Add the ``deployment`` group to the ``cwtrain`` parser."""
     commands = command_group(subparsers, "deployment", "create, inspect and delete Dedicated Inference deployments")
 
-    p = commands.add_parser("create", help="create a deployment from a CreateDeploymentRequest JSON file")
-    p.add_argument("-f", "--file", required=True, help="request JSON file, '-' for stdin")
-    p.add_argument("--wait", action="store_true", help="wait until STATUS_READY")
-    p.add_argument("--timeout", type=positive_float, default=3600.0, help="seconds to wait (3600)")
-    p.add_argument("--poll-interval", type=positive_float, default=10.0, help="seconds between polls (10)")
-    p.set_defaults(func=_deployment_create)
+    add_create_command(commands, "deployment", "CreateDeploymentRequest", _deployment_create, timeout=3600.0)
 
     p = commands.add_parser("get", help="show a deployment, its endpoints and rollout base URL")
     p.add_argument("id", metavar="ID")
     p.set_defaults(func=_deployment_get)
 
+    p = commands.add_parser("list", help="every deployment (or those behind one gateway), as get shows them")
+    p.add_argument("--gateway", metavar="ID", default=None, help="only deployments behind this gateway")
+    p.set_defaults(func=_deployment_list)
+
     add_delete_command(commands, "deployment", _deployment_delete)
 
-    p = commands.add_parser("parameters", help="allowed engines, versions and engineEnv names")
+    p = commands.add_parser(
+        "parameters", help="gateways, runtime versions, engineConfig keys and instance types a deployment may use"
+    )
     p.add_argument("--gateway", action="append", default=[], metavar="ID", help="gateway id (repeatable)")
     p.set_defaults(func=_deployment_parameters)
 
@@ -84,6 +94,22 @@ def _emit_latest(api: InferenceClient, deployment_id: str) -> None:
 def _deployment_get(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
         emit(lifecycle.deployment_view(api, api.get_deployment(args.id)))
+    return 0
+
+
+def _deployment_list(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        deployments = api.list_deployments(args.gateway)
+        gateways = {g.id: g for g in api.list_gateways()} if deployments else {}
+        views = []
+        for deployment in deployments:
+            # the view of `deployment get`, from one listing of the gateways instead of one GET each
+            found = tuple(
+                dict.fromkeys(e for g in deployment.gateway_ids if g in gateways for e in gateways[g].endpoints)
+            )
+            url = lifecycle.deployment_base_url(api, deployment, found)
+            views.append(deployment.to_json(endpoints=found, rollout_base_url=url))
+        emit(views)
     return 0
 
 

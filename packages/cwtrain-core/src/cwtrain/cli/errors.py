@@ -21,24 +21,33 @@ The table, in words (first match wins)::
     OSError                                        1     error: <message on one line>
     object-store and credential errors             1     error: <message on one line>
       (botocore, boto3, s3transfer)
-    anything else                                  -     raised: a bug, with its traceback
+    any other Exception (a bug)                    1     error: internal error (<type>: <message>); ...
 
-With ``-v`` or ``CWTRAIN_DEBUG`` the traceback is logged before the line (not for an
-interrupt). Usage errors found by argparse (unknown command, bad option value) exit 2
-before any command runs (:class:`cwtrain.cli.CLIParser`).
+So every failure, whatever the input, is one ``error:`` line and exit 1 (2 for usage
+errors argparse finds before any command runs, :class:`cwtrain.cli.CLIParser`). With
+``-v`` or ``CWTRAIN_DEBUG`` the traceback is logged before the line (not for an
+interrupt); the last row asks for it, since that row means a bug to report.
+
+Every line is masked (:func:`cwtrain.errors.mask_secrets`): each form of each secret
+the command could know (``--token``, the secret variables of
+:data:`cwtrain.config.VARIABLES`, the values of ``CWTRAIN_API_HEADERS``, the AWS keys;
+:func:`known_secrets`), the userinfo of URLs, bearer tokens and S3 signature parts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from cwtrain.errors import CWTrainError
+from cwtrain.config import VARIABLES
+from cwtrain.errors import CWTrainError, mask_secrets
 
-__all__ = ["ERROR_EXITS", "ErrorExit", "fail", "find_exit", "is_store_error", "one_line"]
+__all__ = ["ERROR_EXITS", "ErrorExit", "fail", "find_exit", "is_store_error", "known_secrets", "one_line"]
 
 log = logging.getLogger("cwtrain.cli")
 
@@ -86,7 +95,36 @@ ERROR_EXITS: tuple[ErrorExit, ...] = (
     ErrorExit("any cwtrain error", lambda exc: isinstance(exc, CWTrainError), 1),
     ErrorExit("an operating-system error (files, sockets)", lambda exc: isinstance(exc, OSError), 1),
     ErrorExit("an object-store client or credential error", is_store_error, 1),
+    ErrorExit(
+        "any other exception: a bug",
+        lambda exc: isinstance(exc, Exception),
+        1,
+        lambda exc: (
+            f"internal error ({type(exc).__name__}: {one_line(exc)}); this is a bug in cwtrain: "
+            "rerun with -v and report the traceback"
+        ),
+    ),
 )
+
+#: Secrets the store client reads from the environment (not cwtrain's own variables).
+_STORE_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def known_secrets(token: str | None = None, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every secret value a command could have seen: ``token`` (``--token``), the variables
+    :data:`cwtrain.config.VARIABLES` marks secret, each value of ``CWTRAIN_API_HEADERS``
+    (read leniently: a bad value is still masked whole) and the AWS keys."""
+    environ = os.environ if environ is None else environ
+    values = [token or ""]
+    values += [environ.get(var.name, "") for var in VARIABLES.values() if var.secret]
+    values += [environ.get(name, "") for name in _STORE_SECRETS]
+    try:
+        headers = json.loads(environ.get("CWTRAIN_API_HEADERS") or "{}")
+    except (ValueError, RecursionError):
+        headers = None
+    if isinstance(headers, dict):
+        values += [str(value) for value in headers.values()]
+    return [value for value in values if value]
 
 
 def find_exit(exc: BaseException) -> ErrorExit | None:
@@ -94,18 +132,23 @@ def find_exit(exc: BaseException) -> ErrorExit | None:
     return next((row for row in ERROR_EXITS if row.matches(exc)), None)
 
 
-def fail(exc: BaseException, *, debug: bool, stream: TextIO | None = None) -> int | None:
+def fail(exc: BaseException, *, debug: bool, stream: TextIO | None = None, secrets: Iterable[str] = ()) -> int | None:
     """Report ``exc`` as its row says and return the exit code; ``None`` when no row matches.
+
+    Only exceptions that are not ``Exception`` (``SystemExit``, ``GeneratorExit``) match no
+    row.
 
     Args:
         exc: the exception a command raised.
         debug: log the traceback first (``-v`` / ``CWTRAIN_DEBUG``), where the row allows.
         stream: where the ``error:`` line goes (default stderr).
+        secrets: values masked in every form (:func:`cwtrain.errors.mask_secrets`).
     """
     row = find_exit(exc)
     if row is None:
         return None
     if debug and row.traceback:
         log.error("command failed", exc_info=exc)
-    print(f"error: {row.message(exc)}", file=stream or sys.stderr)
+    line = " ".join(mask_secrets(row.message(exc), secrets).split())
+    print(f"error: {line}", file=stream or sys.stderr)
     return row.code

@@ -4,6 +4,7 @@
 
     cwtrain gateway create -f gateway.json --wait           # → gateway view
     cwtrain gateway get ID                                  # → gateway view
+    cwtrain gateway list                                    # → [gateway view, ...]
     cwtrain gateway delete ID --wait                        # → {"id", "result"}
     cwtrain gateway parameters                              # → valid zones (the API's JSON)
 
@@ -15,7 +16,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cwtrain.cli.options import add_delete_command, client_from_args, command_group, delete_resource, positive_float
+from cwtrain.cli.options import (
+    add_create_command,
+    add_delete_command,
+    client_from_args,
+    command_group,
+    delete_resource,
+)
 from cwtrain.cli.output import emit
 from cwtrain.infra import lifecycle
 
@@ -26,16 +33,14 @@ def register(subparsers: Any) -> None:
     """Add the ``gateway`` group to the ``cwtrain`` parser."""
     commands = command_group(subparsers, "gateway", "create, inspect and delete gateways")
 
-    p = commands.add_parser("create", help="create a gateway from a CreateGatewayRequest JSON file")
-    p.add_argument("-f", "--file", required=True, help="request JSON file, '-' for stdin")
-    p.add_argument("--wait", action="store_true", help="wait until STATUS_READY")
-    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds to wait (600)")
-    p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
-    p.set_defaults(func=_gateway_create)
+    add_create_command(commands, "gateway", "CreateGatewayRequest", _gateway_create, timeout=600.0)
 
     p = commands.add_parser("get", help="show a gateway and its endpoints")
     p.add_argument("id", metavar="ID")
     p.set_defaults(func=_gateway_get)
+
+    p = commands.add_parser("list", help="every gateway of the organisation, as get shows them")
+    p.set_defaults(func=_gateway_list)
 
     add_delete_command(commands, "gateway", _gateway_delete)
 
@@ -59,6 +64,12 @@ def _gateway_create(args: argparse.Namespace) -> int:
 def _gateway_get(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
         emit(api.get_gateway(args.id))
+    return 0
+
+
+def _gateway_list(args: argparse.Namespace) -> int:
+    with client_from_args(args) as api:
+        emit(api.list_gateways())
     return 0
 
 

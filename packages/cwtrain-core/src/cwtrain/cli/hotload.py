@@ -3,17 +3,27 @@
 ::
 
     cwtrain hotload inspect DIR [--previous-identity ID]            # local, no network
-    cwtrain hotload check --deployment ID                           # or --bucket B --prefix P
-    cwtrain hotload publish --deployment ID --checkpoint DIR --identity ID [--previous-identity ID]
-    cwtrain hotload trigger --deployment ID --identity ID [--previous-identity ID]
+    cwtrain hotload check [--deployment ID]                         # or --bucket B --prefix P
+    cwtrain hotload publish [--deployment ID] --checkpoint DIR --identity ID [--previous-identity ID]
+    cwtrain hotload publish [--deployment ID] --checkpoint NEW --base PREV --identity ID \
+        --previous-identity PREV_ID [--keep DIR]                    # diff + publish in one pass
+    cwtrain hotload trigger [--deployment ID] --identity ID [--previous-identity ID] [--no-verify]
     cwtrain hotload wait HOTLOAD_ID / status HOTLOAD_ID / cancel HOTLOAD_ID
-    cwtrain hotload list --deployment ID [--limit 20]
-    cwtrain hotload rollback --deployment ID --identity ID
+    cwtrain hotload list [--deployment ID] [--limit 20]
+    cwtrain hotload rollback [--deployment ID] --identity ID
 
+``--deployment`` defaults to ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` (``cwtrain local up``
+exports it); with neither the command exits 2 with one ``error:`` line naming both.
 stdout: one JSON document (hot-load view, ``{"hot_load", "replicas"}``, snapshot info,
-...); stderr: logs, upload progress (bytes, rate, ETA) and hot-load state changes.
+...); stderr: logs, upload progress (:class:`cwtrain.progress.ByteProgress`: drawn on a
+terminal or with ``--progress``, else one final line) and hot-load state changes.
+``trigger`` first reads the snapshot's stored objects back and checks each against the
+SHA-256 it was uploaded with (and a FULL snapshot's tensors against their Adler-32s),
+refusing a snapshot that changed since (exit 1); ``--no-verify`` skips that read.
 Exit 0 on success (also ``--no-wait``), 1 on any cwtrain error or when the printed
-hot-load ended FAILED/CANCELED, 2 on a usage error. See ``docs/cli.md``.
+hot-load ended FAILED/CANCELED, 2 on a usage error. ``cancel`` works on the local stack;
+the service answers ``unimplemented`` (exit 1) until it implements cancel. See
+``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -24,9 +34,18 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cwtrain.cli.options import client_from_args, positive_float, positive_int
+from cwtrain.cli.options import (
+    add_deployment_option,
+    client_from_args,
+    needs_deployment,
+    no_deployment,
+    positive_float,
+    positive_int,
+    resolve_deployment,
+    usage_error,
+)
 from cwtrain.cli.output import emit
-from cwtrain.errors import ConfigError, HotLoadFailedError, UsageError
+from cwtrain.errors import ConfigError, HotLoadFailedError
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
 from cwtrain.infra.models import HotLoad
@@ -55,17 +74,38 @@ def register(subparsers: Any) -> None:
     p.add_argument("--previous-identity", help="predecessor of a delta (default from its index)")
     p.set_defaults(func=_inspect)
 
-    p = commands.add_parser("publish", help="inspect, upload, create the hot-load and wait")
+    p = commands.add_parser(
+        "publish",
+        help="inspect, upload, create the hot-load and wait",
+        description=(
+            "Publish a snapshot directory (FULL checkpoint or delta), or with --base the XOR delta between two "
+            "checkpoints in one pass (no delta directory on disk unless --keep), then create the hot-load and wait."
+        ),
+    )
     _deployment(p)
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="snapshot directory (FULL or delta)")
+    p.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="snapshot directory (FULL or delta); with --base: NEW"
+    )
+    p.add_argument(
+        "--base",
+        metavar="DIR",
+        help="the checkpoint --previous-identity serves (byte-exact): publish the delta from it to --checkpoint",
+    )
+    p.add_argument("--keep", metavar="DIR", help="with --base: also write the delta directory here")
     _identity_options(p)
     p.add_argument("--workers", type=positive_int, default=8, help="files uploaded in parallel (8)")
-    p.set_defaults(func=_publish)
+    _progress_option(p)
+    p.set_defaults(func=needs_deployment(_publish))
 
     p = commands.add_parser("trigger", help="create the hot-load of an uploaded snapshot and wait")
     _deployment(p)
     _identity_options(p)
-    p.set_defaults(func=_trigger)
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip reading the stored objects back to check their SHA-256 (and a FULL's Adler-32s) first",
+    )
+    p.set_defaults(func=needs_deployment(_trigger))
 
     p = commands.add_parser("wait", help="wait until a hot-load ends")
     p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
@@ -80,11 +120,12 @@ def register(subparsers: Any) -> None:
     p = commands.add_parser("list", help="a deployment's hot-loads, newest first")
     _deployment(p)
     p.add_argument("--limit", type=positive_int, default=20, help="at most N (20)")
-    p.set_defaults(func=_list)
+    p.set_defaults(func=needs_deployment(_list))
 
     p = commands.add_parser("check", help="check object-store permissions on the hot-load prefix")
-    p.add_argument("--deployment", help="deployment whose hotLoad bucket/prefix to check")
-    p.add_argument("--bucket", help="bucket to check (without --deployment)")
+    where = p.add_mutually_exclusive_group()
+    add_deployment_option(where, "deployment whose hotLoad bucket/prefix to check")
+    where.add_argument("--bucket", help="bucket to check (instead of a deployment's)")
     p.add_argument("--prefix", default="", help="path prefix to check with --bucket")
     p.set_defaults(func=_check)
 
@@ -95,15 +136,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
     p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
     p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
-    p.set_defaults(func=_rollback)
+    p.set_defaults(func=needs_deployment(_rollback))
 
-    p = commands.add_parser("cancel", help="ask the service to cancel a hot-load (not implemented by it yet)")
+    p = commands.add_parser(
+        "cancel", help="ask to cancel a hot-load (the service does not implement it yet; the local stack does)"
+    )
     p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
     p.set_defaults(func=_cancel)
 
 
 def _deployment(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--deployment", required=True, metavar="ID", help="target deployment id")
+    add_deployment_option(parser)
 
 
 def _identity_options(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +156,15 @@ def _identity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
     parser.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds, one budget (1800)")
     parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+
+
+def _progress_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw byte progress on stderr even when it is not a terminal (default: only on a terminal; "
+        "otherwise one final line)",
+    )
 
 
 def _policy(args: argparse.Namespace) -> PromptCachePolicy | None:
@@ -165,20 +217,33 @@ def _inspect(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     from cwtrain.progress import ByteProgress
 
+    if args.base is None and args.keep is not None:
+        return usage_error("--keep DIR needs --base DIR (it keeps the delta publish computes)")
+    if args.base is not None and not args.previous_identity:
+        return usage_error("--base needs --previous-identity ID (the identity whose weights --base holds)")
     with client_from_args(args) as api:
         loader = _loader(args, api, args.deployment)
-        progress = ByteProgress(f"uploading {args.identity}")
-        return _print_outcome(
-            lambda: loader.publish(
-                args.checkpoint,
-                args.identity,
-                previous_identity=args.previous_identity,
-                prompt_cache_policy=_policy(args),
-                wait=not args.no_wait,
-                timeout=args.timeout,
-                workers=args.workers,
-                on_progress=progress,
+        progress = ByteProgress(f"uploading {args.identity}", live=True if args.progress else None)
+        options: dict[str, Any] = {
+            "prompt_cache_policy": _policy(args),
+            "wait": not args.no_wait,
+            "timeout": args.timeout,
+            "workers": args.workers,
+            "on_progress": progress,
+        }
+        if args.base is not None:
+            return _print_outcome(
+                lambda: loader.publish_diff(
+                    args.checkpoint,
+                    args.base,
+                    args.identity,
+                    previous_identity=args.previous_identity,
+                    keep=args.keep,
+                    **options,
+                )
             )
+        return _print_outcome(
+            lambda: loader.publish(args.checkpoint, args.identity, previous_identity=args.previous_identity, **options)
         )
 
 
@@ -193,6 +258,7 @@ def _trigger(args: argparse.Namespace) -> int:
                 previous_identity=args.previous_identity,
                 prompt_cache_policy=_policy(args),
                 timeout=budget.remaining,
+                verify=not args.no_verify,
             )
             return hot_load if args.no_wait else loader.wait(hot_load.id, timeout=max(budget.remaining, 1e-3))
 
@@ -224,9 +290,7 @@ def _check(args: argparse.Namespace) -> int:
     from cwtrain.hotload.upload import check_snapshot_access
     from cwtrain.infra.s3 import s3_client
 
-    if args.deployment:
-        if args.bucket:
-            raise UsageError("give either --deployment or --bucket/--prefix, not both")
+    if not args.bucket and resolve_deployment(args):
         with client_from_args(args) as api:
             deployment = api.get_deployment(args.deployment)
         if deployment.hot_load is None or not deployment.hot_load.bucket:
@@ -235,7 +299,7 @@ def _check(args: argparse.Namespace) -> int:
     elif args.bucket:
         bucket, prefix = args.bucket, (args.prefix or "").strip("/")
     else:
-        raise UsageError("hotload check needs --deployment ID, or --bucket B [--prefix P]")
+        return no_deployment(", or give --bucket B [--prefix P]")
     uri = check_snapshot_access(s3_client(), bucket, prefix)
     emit({"deployment": args.deployment, "bucket": bucket, "path_prefix": prefix, "uri": str(uri), "result": "ok"})
     return 0

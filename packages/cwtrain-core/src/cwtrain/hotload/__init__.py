@@ -11,21 +11,8 @@ resolved on first use so that importing this package stays cheap.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
-from cwtrain.hotload.errors import (
-    HotLoadError,
-    HotLoadFailedError,
-    HotLoadTimeoutError,
-    HotLoadVerificationError,
-    MirrorError,
-    SnapshotAccessError,
-    SnapshotChecksumError,
-    SnapshotConflictError,
-    SnapshotError,
-    SnapshotNotFoundError,
-)
+from cwtrain.hotload import errors
+from cwtrain.lazy import lazy_exports
 
 _LAZY = {
     "HotLoader": "cwtrain.hotload.loader",
@@ -45,20 +32,10 @@ _LAZY = {
 __all__ = [
     "DeltaEncoder",
     "DeltaReport",
-    "HotLoadError",
-    "HotLoadFailedError",
-    "HotLoadTimeoutError",
-    "HotLoadVerificationError",
     "HotLoader",
-    "MirrorError",
     "ProgressEvent",
-    "SnapshotAccessError",
-    "SnapshotChecksumError",
-    "SnapshotConflictError",
-    "SnapshotError",
     "SnapshotInfo",
     "SnapshotStore",
-    "SnapshotNotFoundError",
     "WeightMirror",
     "check_snapshot_access",
     "delta_index_for_upload",
@@ -66,16 +43,7 @@ __all__ = [
     "snapshot_prefix",
     "upload_snapshot",
 ]
+__all__ += errors.__all__  # the snapshot and hot-load errors (cwtrain.errors' classes)
+_LAZY.update(dict.fromkeys(errors.__all__, "cwtrain.hotload.errors"))
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cwtrain.hotload' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Buffer, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import zstandard
@@ -59,6 +59,7 @@ from cwtrain.hotload.format import (
     SINGLE_FILE_NAME,
     SnapshotFile,
     adler32,
+    checksum_metadata,
     full_shard_name,
     local_index_bytes,
     serialize_index,
@@ -66,6 +67,7 @@ from cwtrain.hotload.format import (
     upload_index_bytes,
 )
 from cwtrain.hotload.safetensors import TensorEntry, dtype_nbytes, encode_header
+from cwtrain.hotload.stages import Mark, StageStats
 from cwtrain.hotload.tensors import FileRegion, TensorData
 
 __all__ = [
@@ -74,6 +76,8 @@ __all__ = [
     "DeltaEncoder",
     "EncodeStats",
     "EncodedSnapshot",
+    "FullOptions",
+    "FullSnapshotPlan",
     "ShardSink",
     "TensorResult",
     "check_compatible",
@@ -270,6 +274,31 @@ def _read(source: TensorSource, offset: int, length: int, scratch: U8Array) -> U
     return as_uint8(source)[offset : offset + length]
 
 
+class FullOptions(TypedDict, total=False):
+    """How :meth:`DeltaEncoder.encode_full` and :meth:`~DeltaEncoder.plan_full` lay out a FULL snapshot.
+
+    Attributes:
+        layout: tensor → shard file name; default one ``model.safetensors`` up to
+            ``shard_bytes``, else HF-style 1-based ``model-{i:05d}-of-{N:05d}``.
+        shard_metadata: ``__metadata__`` entries before the checksums (default
+            ``{"format": "pt"}``).
+        index_meta: the index ``metadata`` to keep; ``total_size`` and
+            ``checksum_format`` are set (appended when new).
+        checksums: Adler-32s already known (else computed).
+        shard_entries: exact header entries per shard (header order and data offsets of
+            a source checkpoint, so the bytes equal a rewrite of it); the layout is taken
+            from them.
+        shard_metadata_by_shard: ``__metadata__`` per shard, overriding ``shard_metadata``.
+    """
+
+    layout: Mapping[str, str] | None
+    shard_metadata: Mapping[str, str] | None
+    index_meta: Mapping[str, Any] | None
+    checksums: Mapping[str, str] | None
+    shard_entries: Mapping[str, Sequence[TensorEntry]] | None
+    shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None
+
+
 class DeltaEncoder:
     """Encodes XOR deltas (and checksummed FULL snapshots) from tensors in memory or files.
 
@@ -332,6 +361,7 @@ class DeltaEncoder:
         base_version: str | None = None,
         sink: ShardSink | None = None,
         on_progress: Callable[[int], None] | None = None,
+        stats: StageStats | None = None,
     ) -> EncodedSnapshot:
         """Encode the delta from ``base`` to ``new``.
 
@@ -342,6 +372,8 @@ class DeltaEncoder:
             base_version: the predecessor's version or identity.
             sink: where shards go (default: memory).
             on_progress: called with raw bytes done as tensors finish.
+            stats: where to record the ``read``, ``xor``, ``adler`` and ``zstd`` stages
+                (:mod:`cwtrain.hotload.stages`); nothing is measured without it.
 
         Raises:
             SnapshotError: tensor sets, dtypes, shapes or sizes differ (publish FULL).
@@ -350,7 +382,7 @@ class DeltaEncoder:
         names = check_compatible(new, base)
 
         def task(name: str) -> TensorResult:
-            return self._encode_one(name, new[name], base[name])
+            return self._encode_one(name, new[name], base[name], stats)
 
         results = self._ordered(names, task, lambda name: new[name].nbytes)
         return self.assemble(
@@ -457,102 +489,60 @@ class DeltaEncoder:
         yield from snap.files
         yield snap.index
 
-    def checksums(self, tensors: Mapping[str, TensorData]) -> dict[str, str]:
-        """Adler-32 (8 hex) of every tensor, computed in the thread pool."""
+    def checksums(self, tensors: Mapping[str, TensorData], *, stats: StageStats | None = None) -> dict[str, str]:
+        """Adler-32 (8 hex) of every tensor, computed in the thread pool (``stats``: the ``adler`` stage)."""
         names = sorted(tensors)
         out: dict[str, str] = {}
 
         def task(name: str) -> TensorResult:
-            return TensorResult(name, tensors[name].nbytes, _adler_of(tensors[name].data, self._state), None)
+            tensor = tensors[name]
+            mark = stats.clock() if stats is not None else (0.0, 0.0)
+            value = _adler_of(tensor.data, self._state)
+            if stats is not None:
+                stats.lap("adler", tensor.nbytes, mark)
+            return TensorResult(name, tensor.nbytes, value, None)
 
         for result in self._ordered(names, task, lambda name: min(tensors[name].nbytes, _CHUNK)):
             out[result.name] = f"{result.adler:08x}"
         return {name: out[name] for name in tensors}
 
-    def encode_full(
-        self,
-        tensors: Mapping[str, TensorData],
-        *,
-        layout: Mapping[str, str] | None = None,
-        shard_metadata: Mapping[str, str] | None = None,
-        index_meta: Mapping[str, Any] | None = None,
-        checksums: Mapping[str, str] | None = None,
-        shard_entries: Mapping[str, Sequence[TensorEntry]] | None = None,
-        shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None = None,
-    ) -> EncodedSnapshot:
+    def encode_full(self, tensors: Mapping[str, TensorData], **options: Unpack[FullOptions]) -> EncodedSnapshot:
         """A FULL snapshot with checksums (spec 3.3) from tensors in memory.
 
         Args:
             tensors: the weights, in the order they are written.
-            layout: tensor → shard file name; default one ``model.safetensors`` up to
-                ``shard_bytes``, else HF-style 1-based ``model-{i:05d}-of-{N:05d}``.
-            shard_metadata: ``__metadata__`` entries before the checksums
-                (default ``{"format": "pt"}``).
-            index_meta: the index ``metadata`` to keep; ``total_size`` and
-                ``checksum_format`` are set (appended when new).
-            checksums: Adler-32s already known (else computed).
-            shard_entries: exact header entries per shard (header order and data
-                offsets of a source checkpoint, so the bytes equal a rewrite of it);
-                the layout is taken from them.
-            shard_metadata_by_shard: ``__metadata__`` per shard, overriding
-                ``shard_metadata``.
+            **options: the layout and metadata, as :class:`FullOptions` describes.
+
+        Raises:
+            SnapshotError: a tensor without a shard, or one that does not match its entry.
         """
         start = time.perf_counter()
-        known = dict(checksums) if checksums is not None else self.checksums(tensors)
-        if shard_entries is not None:
-            layout = {entry.name: shard for shard, entries in shard_entries.items() for entry in entries}
-        if layout is None:
-            layout = _default_layout(tensors, self.shard_bytes)
-        groups: dict[str, list[str]] = {}
-        for name in tensors:
-            shard = layout.get(name)
-            if shard is None:
-                raise SnapshotError(f"tensor {name!r} has no shard in the layout")
-            groups.setdefault(shard, []).append(name)
-        files = []
-        for shard, members in groups.items():
-            entries: list[TensorEntry] = []
-            if shard_entries is not None:
-                entries = list(shard_entries[shard])
-                for entry in entries:
-                    t = tensors[entry.name]
-                    if (t.dtype, tuple(t.shape), t.nbytes) != (entry.dtype, entry.shape, entry.nbytes):
-                        raise SnapshotError(f"tensor {entry.name!r} does not match its header entry in {shard}")
-            else:
-                offset = 0
-                for name in members:
-                    t = tensors[name]
-                    size = _checked_size(t, f"tensor {name!r}")
-                    entries.append(TensorEntry(name, t.dtype, tuple(t.shape), offset, offset + size))
-                    offset += size
-            if shard_metadata_by_shard is not None and shard in shard_metadata_by_shard:
-                meta = dict(shard_metadata_by_shard[shard])
-            else:
-                meta = dict(shard_metadata) if shard_metadata is not None else {"format": "pt"}
-            for entry in entries:
-                meta[entry.name] = known[entry.name]
-            buffers: list[Buffer] = [encode_header(entries, meta)]
-            for entry in sorted(entries, key=lambda e: e.begin):
-                data = tensors[entry.name].data
-                if entry.nbytes:
-                    buffers.append(data.read() if isinstance(data, FileRegion) else data)
-            files.append(SnapshotFile(shard, tuple(buffers)))
-        total = sum(t.nbytes for t in tensors.values())
-        metadata = dict(index_meta or {})
-        metadata.pop("delta_encoding", None)
-        metadata["total_size"] = total
-        metadata["checksum_format"] = CHECKSUM_FORMAT
-        index_json = {"metadata": metadata, "weight_map": {name: layout[name] for name in tensors}}
-        stats = EncodeStats(len(tensors), len(tensors), total, total, total, time.perf_counter() - start)
-        return EncodedSnapshot(
-            files=sorted(files, key=lambda f: f.name),
-            index=SnapshotFile.from_bytes(INDEX_NAME, serialize_index(index_json)),
-            index_json=index_json,
-            changed=list(tensors),
-            checksums={name: known[name] for name in tensors},
-            empty=False,
-            stats=stats,
-        )
+        plan = self.plan_full(tensors, **options)
+        if options.get("checksums") is None:
+            plan.checksums.update(self.checksums(tensors))  # one pool run over every tensor
+        files = [plan.build(shard) for shard in plan.shards]
+        return plan.snapshot(files, seconds=time.perf_counter() - start)
+
+    def plan_full(
+        self, tensors: Mapping[str, TensorData], *, stats: StageStats | None = None, **options: Unpack[FullOptions]
+    ) -> FullSnapshotPlan:
+        """The streaming form of :meth:`encode_full` (same arguments, same bytes).
+
+        The layout, every header entry and the index are fixed (and checked) here,
+        before any tensor byte is read; :meth:`FullSnapshotPlan.build` then makes one
+        shard at a time, computing only its tensors' Adler-32s, so a caller can upload
+        shard k while shard k+1 is checksummed::
+
+            plan = encoder.plan_full(tensors)
+            with store.open_upload(identity) as upload:
+                for shard in plan.shards:
+                    upload.add(plan.build(shard))
+                upload.commit(plan.index)
+
+        Raises:
+            SnapshotError: a tensor without a shard, or one that does not match its entry.
+        """
+        return FullSnapshotPlan(self, tensors, stats=stats, **options)
 
     # -- machinery
 
@@ -590,44 +580,168 @@ class DeltaEncoder:
                 if not future.cancelled():
                     future.exception()
 
-    def _encode_one(self, name: str, new: TensorData, old: TensorData) -> TensorResult:
+    def _encode_one(self, name: str, new: TensorData, old: TensorData, stats: StageStats | None) -> TensorResult:
         n = new.nbytes
         with self._turn(n):
-            return self._stream(name, new.data, old.data, n)
+            return self._stream(name, new.data, old.data, n, stats)
 
-    def _stream(self, name: str, new: TensorSource, old: TensorSource, n: int) -> TensorResult:
+    def _stream(
+        self, name: str, new: TensorSource, old: TensorSource, n: int, stats: StageStats | None = None
+    ) -> TensorResult:
         """Read, XOR, checksum and compress one tensor chunk by chunk (each chunk stays in cache).
 
         The compressor starts at the first chunk with a set bit (the zero chunks before it
         are fed then, as zeros), so an unchanged tensor costs no compression at all and
         needs no second pass to be detected. zstd's streaming output does not depend on
-        how the input is cut, so this gives the bytes :meth:`compress_xor` gives.
+        how the input is cut, so this gives the bytes :meth:`compress_xor` gives. With
+        ``stats``, each step of each chunk is timed where it runs.
         """
         state = self._state
         compressor: Any = None
         pieces: list[Buffer] = []
         zero_prefix = 0
         value = 1
+        mark: Mark = stats.clock() if stats is not None else (0.0, 0.0)
         for offset in range(0, n, _CHUNK):
             length = min(_CHUNK, n - offset)
             a = _read(new, offset, length, state.new_chunk)
+            if stats is not None:
+                mark = stats.lap("read", length, mark)
             value = adler32(a, value)  # the chunk is still in cache
+            if stats is not None:
+                mark = stats.lap("adler", length, mark)
             b = _read(old, offset, length, state.old_chunk)
             xor = state.xor_chunk[:length]
+            if stats is not None:
+                mark = stats.lap("read", 0, mark)
             _xor_into(a, b, xor)
+            fed = length
             if compressor is None:
                 if not _any(xor):
+                    if stats is not None:
+                        mark = stats.lap("xor", length, mark)
                     zero_prefix += length
                     continue
+                if stats is not None:
+                    mark = stats.lap("xor", length, mark)
                 compressor = self._compressor(n)
                 zeros = state.zero_chunk()
                 for start in range(0, zero_prefix, _CHUNK):
                     _append(pieces, compressor.compress(zeros[: min(_CHUNK, zero_prefix - start)]))
+                fed += zero_prefix
+            elif stats is not None:
+                mark = stats.lap("xor", length, mark)
             _append(pieces, compressor.compress(xor))
+            if stats is not None:
+                mark = stats.lap("zstd", fed, mark)
         if compressor is None:
             return TensorResult(name, n, value, None)
         _append(pieces, compressor.flush())
+        if stats is not None:
+            stats.lap("zstd", 0, mark)
         return TensorResult(name, n, value, pieces)
+
+
+class FullSnapshotPlan:
+    """A FULL snapshot laid out but not yet built: shard names, header entries and the index.
+
+    Made by :meth:`DeltaEncoder.plan_full`. :attr:`shards` lists the shard names in
+    upload order; :meth:`build` returns one shard (checksumming the tensors whose
+    Adler-32 is not known yet); :attr:`index` does not depend on any checksum.
+    """
+
+    def __init__(
+        self,
+        encoder: DeltaEncoder,
+        tensors: Mapping[str, TensorData],
+        *,
+        stats: StageStats | None = None,
+        **options: Unpack[FullOptions],
+    ) -> None:
+        layout = options.get("layout")
+        shard_metadata = options.get("shard_metadata")
+        index_meta = options.get("index_meta")
+        checksums = options.get("checksums")
+        shard_entries = options.get("shard_entries")
+        shard_metadata_by_shard = options.get("shard_metadata_by_shard")
+        self._encoder = encoder
+        self._tensors = tensors
+        self._stats = stats
+        #: Adler-32s (8 hex) known so far: given ones, then each built shard's.
+        self.checksums: dict[str, str] = dict(checksums) if checksums is not None else {}
+        if shard_entries is not None:
+            layout = {entry.name: shard for shard, entries in shard_entries.items() for entry in entries}
+        if layout is None:
+            layout = _default_layout(tensors, encoder.shard_bytes)
+        groups: dict[str, list[str]] = {}
+        for name in tensors:
+            shard = layout.get(name)
+            if shard is None:
+                raise SnapshotError(f"tensor {name!r} has no shard in the layout")
+            groups.setdefault(shard, []).append(name)
+        self._entries: dict[str, list[TensorEntry]] = {}
+        self._meta: dict[str, dict[str, str]] = {}
+        for shard, members in groups.items():
+            entries: list[TensorEntry] = []
+            if shard_entries is not None:
+                entries = list(shard_entries[shard])
+                for entry in entries:
+                    t = tensors[entry.name]
+                    if (t.dtype, tuple(t.shape), t.nbytes) != (entry.dtype, entry.shape, entry.nbytes):
+                        raise SnapshotError(f"tensor {entry.name!r} does not match its header entry in {shard}")
+            else:
+                offset = 0
+                for name in members:
+                    t = tensors[name]
+                    size = _checked_size(t, f"tensor {name!r}")
+                    entries.append(TensorEntry(name, t.dtype, tuple(t.shape), offset, offset + size))
+                    offset += size
+            self._entries[shard] = entries
+            if shard_metadata_by_shard is not None and shard in shard_metadata_by_shard:
+                self._meta[shard] = dict(shard_metadata_by_shard[shard])
+            else:
+                self._meta[shard] = dict(shard_metadata) if shard_metadata is not None else {"format": "pt"}
+            # a tensor named like a non-checksum entry ("format") is refused before any byte is read
+            checksum_metadata(self._meta[shard], dict.fromkeys((e.name for e in entries), "0" * 8), source=shard)
+        #: Shard file names, in the order :meth:`build` should be called (first shard first).
+        self.shards: list[str] = list(groups)
+        self.total_size = sum(t.nbytes for t in tensors.values())
+        metadata = dict(index_meta or {})
+        metadata.pop("delta_encoding", None)
+        metadata["total_size"] = self.total_size
+        metadata["checksum_format"] = CHECKSUM_FORMAT
+        #: The index as a dict.
+        self.index_json: dict[str, Any] = {"metadata": metadata, "weight_map": {name: layout[name] for name in tensors}}
+        #: ``model.safetensors.index.json``.
+        self.index = SnapshotFile.from_bytes(INDEX_NAME, serialize_index(self.index_json))
+
+    def build(self, shard: str) -> SnapshotFile:
+        """Shard ``shard``: its header (with every member's Adler-32), then the tensor bytes (not copied)."""
+        entries = self._entries[shard]
+        missing = {e.name: self._tensors[e.name] for e in entries if e.name not in self.checksums}
+        if missing:
+            self.checksums.update(self._encoder.checksums(missing, stats=self._stats))
+        meta = checksum_metadata(self._meta[shard], {e.name: self.checksums[e.name] for e in entries}, source=shard)
+        buffers: list[Buffer] = [encode_header(entries, meta)]
+        for entry in sorted(entries, key=lambda e: e.begin):
+            data = self._tensors[entry.name].data
+            if entry.nbytes:
+                buffers.append(data.read() if isinstance(data, FileRegion) else data)
+        return SnapshotFile(shard, tuple(buffers))
+
+    def snapshot(self, files: Sequence[SnapshotFile], *, seconds: float) -> EncodedSnapshot:
+        """The :class:`EncodedSnapshot` of the built ``files`` (every shard built)."""
+        total = self.total_size
+        count = len(self._tensors)
+        return EncodedSnapshot(
+            files=sorted(files, key=lambda f: f.name),
+            index=self.index,
+            index_json=self.index_json,
+            changed=list(self._tensors),
+            checksums={name: self.checksums[name] for name in self._tensors},
+            empty=False,
+            stats=EncodeStats(count, count, total, total, total, seconds),
+        )
 
 
 def _xor_into(a: U8Array, b: U8Array, out: U8Array) -> None:

@@ -35,10 +35,10 @@ import zlib
 from collections.abc import Buffer, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.safetensors import SafetensorsHeader
+from cwtrain.hotload.safetensors import SafetensorsHeader, read_header
 
 __all__ = [
     "CHECKSUM_FORMAT",
@@ -51,13 +51,17 @@ __all__ = [
     "SnapshotFile",
     "adler32",
     "adler32_hex",
+    "DirectoryIndex",
     "check_delta_metadata",
+    "checksum_metadata",
     "full_shard_name",
     "generated_index_bytes",
     "index_metadata",
+    "is_checksum",
     "is_delta_index",
     "local_index_bytes",
     "parse_index",
+    "read_directory_index",
     "read_index_file",
     "serialize_index",
     "shard_name",
@@ -91,6 +95,36 @@ def adler32(data: Buffer, value: int = 1) -> int:
 def adler32_hex(data: Buffer) -> str:
     """Adler-32 of ``data`` as 8 lowercase hex digits (the shard ``__metadata__`` form)."""
     return f"{adler32(data):08x}"
+
+
+def is_checksum(text: str) -> bool:
+    """Whether ``text`` has the form of a shard checksum: 8 lowercase hex digits."""
+    return len(text) == 8 and all(c in "0123456789abcdef" for c in text)
+
+
+def checksum_metadata(
+    existing: Mapping[str, str] | None, checksums: Mapping[str, str], *, source: str
+) -> dict[str, str]:
+    """A shard's ``__metadata__`` with one Adler-32 per tensor (section 3.3).
+
+    Existing entries come first; a tensor's existing checksum is updated in place, the
+    others are appended in the order of ``checksums``.
+
+    Raises:
+        SnapshotError: a tensor is named like an existing entry that is not a checksum
+            (a tensor ``format`` beside ``"format": "pt"``): its checksum would replace
+            that entry, and readers could not tell the two apart.
+    """
+    metadata = dict(existing or {})
+    clashes = [name for name in checksums if name in metadata and not is_checksum(metadata[name])]
+    if clashes:
+        shown = ", ".join(f"{name!r} (= {metadata[name][:40]!r})" for name in clashes[:3])
+        raise SnapshotError(
+            f"{source}: tensor names clash with the shard's __metadata__ entries {shown}; a checksum "
+            "would overwrite them: rename the tensors or drop those entries"
+        )
+    metadata.update(checksums)
+    return metadata
 
 
 # ------------------------------------------------------------------------------- files
@@ -153,8 +187,8 @@ def parse_index(raw: Buffer, *, source: str) -> dict[str, Any]:
     """
     try:
         obj = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SnapshotError(f"{source}: invalid index JSON ({exc})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SnapshotError(f"{source}: invalid index JSON ({str(exc)[:200]})") from None
     if not isinstance(obj, dict):
         raise SnapshotError(f"{source}: the index must be a JSON object")
     metadata = obj.get("metadata")
@@ -166,9 +200,28 @@ def parse_index(raw: Buffer, *, source: str) -> dict[str, Any]:
     if not isinstance(weight_map, dict):
         raise SnapshotError(f"{source}: index needs a weight_map object")
     for tensor, shard in weight_map.items():
-        if not isinstance(shard, str) or not shard.endswith(".safetensors") or "/" in shard or shard.startswith("."):
-            raise SnapshotError(f"{source}: tensor {tensor!r} maps to {shard!r}, not an immediate *.safetensors file")
+        if (
+            not isinstance(shard, str)
+            or not shard.endswith(".safetensors")
+            or "/" in shard
+            or "\0" in shard
+            or shard.startswith(".")
+            or not shard.isprintable()
+            or not _encodable(shard)
+        ):
+            shown = repr(shard)[:80]
+            raise SnapshotError(
+                f"{source}: tensor {tensor[:80]!r} maps to {shown}, not an immediate *.safetensors file"
+            )
     return obj
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_index_file(path: str | Path) -> dict[str, Any]:
@@ -179,6 +232,39 @@ def read_index_file(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise SnapshotNotFoundError(f"{path}: no such index file") from None
     return parse_index(raw, source=str(path))
+
+
+class DirectoryIndex(NamedTuple):
+    """The index of a snapshot directory: its file's, or the one generated for a lone ``model.safetensors``.
+
+    Attributes:
+        parsed: the parsed index.
+        generated: the generated index's bytes (section 3.2), ``None`` when the directory has an index file.
+        header: the lone file's header when the index was generated.
+    """
+
+    parsed: dict[str, Any]
+    generated: bytes | None = None
+    header: SafetensorsHeader | None = None
+
+
+def read_directory_index(root: str | Path) -> DirectoryIndex:
+    """The index of the snapshot directory ``root`` (sections 3.1 and 3.2).
+
+    Raises:
+        SnapshotNotFoundError: neither ``model.safetensors.index.json`` nor a lone
+            ``model.safetensors``.
+        SnapshotError: the index, or the lone file's header, is invalid.
+    """
+    root = Path(root)
+    index_path, single = root / INDEX_NAME, root / SINGLE_FILE_NAME
+    if index_path.is_file():
+        return DirectoryIndex(parse_index(index_path.read_bytes(), source=str(index_path)))
+    if single.is_file():
+        header = read_header(single)
+        generated = generated_index_bytes(header)
+        return DirectoryIndex(parse_index(generated, source=f"{single} (generated index)"), generated, header)
+    raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no lone {SINGLE_FILE_NAME})")
 
 
 def index_metadata(index: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,13 +2,15 @@
 
 ::
 
-    validate_identity("run1-v000003")          # 1-128 chars, one path segment, not reserved
+    validate_identity("run1-v000003")          # 1-128 printable chars, one path segment, not reserved
     version_identity("run1", 3)                # "run1-v000003"
     identity_for_base_version("000006")        # "weight_v000006" (a delta index's base_version)
     snapshot_prefix("hotload", "run1-v000003") # "hotload/run1-v000003"
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 from cwtrain.errors import SnapshotError
 
@@ -21,14 +23,19 @@ __all__ = [
 ]
 
 RESERVED_IDENTITIES = frozenset({"initial", "_manifests", "_preflight"})
+#: Unicode categories an identity may not hold: control, format (bidi overrides, zero-width
+#: characters), surrogate and private-use characters, line and paragraph separators.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
 
 
 def validate_identity(identity: str, *, what: str = "identity", allow_reserved: bool = False) -> str:
     """Check a snapshot identity (section 2) and return it.
 
-    1-128 characters, one path segment (no ``/``, not ``.`` or ``..``), and not one
-    of the reserved names (``initial``, ``_manifests``, ``_preflight``) unless
-    ``allow_reserved``.
+    1-128 characters, one path segment (no ``/``, not ``.`` or ``..``), no character
+    that can hide or reorder what a log or a listing shows (control and format
+    characters such as bidi overrides and zero-width spaces, surrogates, private-use
+    characters, line and paragraph separators), and not one of the reserved names
+    (``initial``, ``_manifests``, ``_preflight``) unless ``allow_reserved``.
 
     Raises:
         SnapshotError: the identity is invalid, with the rule it breaks.
@@ -37,6 +44,12 @@ def validate_identity(identity: str, *, what: str = "identity", allow_reserved: 
         raise SnapshotError(f"invalid {what} {identity!r}: must be 1-128 characters")
     if "/" in identity or identity in (".", ".."):
         raise SnapshotError(f"invalid {what} {identity!r}: must be one path segment (no '/', not '.' or '..')")
+    bad = next((c for c in identity if unicodedata.category(c) in _REFUSED_CATEGORIES), None)
+    if bad is not None:
+        raise SnapshotError(
+            f"invalid {what} {identity!r}: holds U+{ord(bad):04X} ({unicodedata.category(bad)}, a control, format "
+            "or separator character that hides or reorders text); use printable characters"
+        )
     if not allow_reserved and identity in RESERVED_IDENTITIES:
         raise SnapshotError(f"invalid {what} {identity!r}: reserved name; choose another identity")
     return identity

@@ -38,10 +38,10 @@ from cwtrain.hotload.format import (
     INDEX_NAME,
     SINGLE_FILE_NAME,
     check_delta_metadata,
-    generated_index_bytes,
     index_metadata,
+    is_checksum,
     is_delta_index,
-    parse_index,
+    read_directory_index,
     upload_index_bytes,
 )
 from cwtrain.hotload.identity import identity_for_base_version, validate_identity
@@ -152,14 +152,8 @@ def inspect_snapshot(
     names = {f.name for f in files}
     if "adapter_config.json" in names and SINGLE_FILE_NAME not in names:
         raise SnapshotError(f"{root}: is a LoRA adapter (adapter_config.json); merge it into the base model first")
-    generated: bytes | None = None
-    if INDEX_NAME in names:
-        index = parse_index((root / INDEX_NAME).read_bytes(), source=str(root / INDEX_NAME))
-    elif SINGLE_FILE_NAME in names:
-        generated = generated_index_bytes(read_header(root / SINGLE_FILE_NAME))
-        index = parse_index(generated, source=f"{root / SINGLE_FILE_NAME} (generated index)")
-    else:
-        raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no lone {SINGLE_FILE_NAME})")
+    index, generated, lone_header = read_directory_index(root)
+    known = {SINGLE_FILE_NAME: lone_header} if lone_header is not None else {}
     index_path = root / INDEX_NAME
     weight_map: dict[str, str] = index["weight_map"]
     delta = is_delta_index(index)
@@ -167,7 +161,7 @@ def inspect_snapshot(
     for shard in shards:
         if shard not in names:
             raise SnapshotNotFoundError(f"{root}: shard {shard} named in {INDEX_NAME} is missing")
-    headers = {shard: read_header(root / shard) for shard in shards}
+    headers = {shard: known.get(shard) or read_header(root / shard) for shard in shards}
     for shard, header in headers.items():
         for tensor in header.tensors:
             if weight_map.get(tensor) != shard:
@@ -183,8 +177,15 @@ def inspect_snapshot(
                 f"{root}: empty delta (no tensor changed); an empty delta is never uploaded, "
                 "publish the next version against the last published one"
             )
-        for tensor, shard in weight_map.items():
-            _check_payload(root / shard, headers[shard], tensor)
+        fds = {}
+        try:
+            for shard in shards:
+                fds[shard] = os.open(root / shard, os.O_RDONLY)
+            for tensor, shard in weight_map.items():
+                _check_payload(root / shard, fds[shard], headers[shard], tensor)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         if previous_identity is None:
             predecessor = identity_for_version(index_metadata(index).get("base_version"))
         else:
@@ -214,18 +215,17 @@ def inspect_snapshot(
     )
 
 
-def _check_payload(shard_path: Path, header: Any, tensor: str) -> None:
+def _check_payload(shard_path: Path, fd: int, header: Any, tensor: str) -> None:
     where = f"{shard_path}: tensor {tensor!r}"
     entry = header.tensors[tensor]
     if entry.dtype != "U8" or len(entry.shape) != 1:
         raise SnapshotError(f"{where}: delta payloads must be 1-D U8, got {entry.dtype} {list(entry.shape)}")
     checksum = (header.metadata or {}).get(tensor)
-    if checksum is None or len(checksum) != 8 or any(c not in "0123456789abcdef" for c in checksum):
-        raise SnapshotError(f"{where}: needs its Adler-32 as 8 lowercase hex digits in __metadata__, got {checksum!r}")
-    with open(shard_path, "rb") as handle:
-        handle.seek(header.data_start + entry.begin)
-        magic = handle.read(4)
-    if entry.nbytes < 6 or magic != _ZSTD_MAGIC:
+    if checksum is None or not is_checksum(checksum):
+        shown = None if checksum is None else checksum[:40]
+        raise SnapshotError(f"{where}: needs its Adler-32 as 8 lowercase hex digits in __metadata__, got {shown!r}")
+    magic = os.pread(fd, 4, header.data_start + entry.begin) if entry.nbytes >= 6 else b""
+    if magic != _ZSTD_MAGIC:
         raise SnapshotError(f"{where}: payload is not a zstd frame")
 
 

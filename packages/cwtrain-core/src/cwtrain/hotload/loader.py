@@ -12,6 +12,8 @@ modules (service-api.md section 8, snapshot-format.md)::
     loader.publish(model.state_dict(), identity="run1-v000002")             # FULL from memory
     loader.publish(new_weights, identity="run1-v000003",
                    previous_identity="run1-v000002", base=served_weights)   # delta from memory
+    loader.publish_diff("ckpt/step-4", "ckpt/step-3", "run1-v000004",
+                        previous_identity="run1-v000003")                  # delta of two checkpoints
     loader.rollback("run1-v000000")
 
 ``publish`` is inspect (or encode) → upload → readiness gate → ``trigger`` → ``wait``
@@ -247,15 +249,21 @@ class HotLoader:
         hot_load_id: str | None = None,
         wait_for_active: bool = True,
         timeout: float | None = None,
+        verify: bool = False,
     ) -> HotLoad:
         """Create the hot-load of an uploaded snapshot, with single-flight handling.
 
         The type comes from ``info``, else ``snapshot_type``, else INCREMENTAL iff
-        ``previous_identity``. Does not wait for completion.
+        ``previous_identity``. Does not wait for completion. With ``verify``, the stored
+        objects of ``identity`` are first read back and checked against the SHA-256 each
+        was uploaded with, and a FULL snapshot's tensors against their Adler-32s
+        (:func:`cwtrain.hotload.verify_stored.verify_stored_snapshot`; skipped when no
+        index is stored). ``cwtrain hotload trigger`` verifies unless ``--no-verify``.
 
         Raises:
             SnapshotError: misuse (``previous_identity`` with ``info`` or with FULL,
                 INCREMENTAL without it, an invalid identity, a chain too long).
+            SnapshotChecksumError: with ``verify``, a stored object is not what was uploaded.
             HotLoadInProgressError: another hot-load was still running when the budget ran out.
         """
         validate_identity(identity)
@@ -267,6 +275,12 @@ class HotLoader:
             self._check_chain(identity, previous)
             incremental = IncrementalSnapshotMetadata(previous)
         policy = PromptCachePolicy.parse(prompt_cache_policy)
+        if verify:
+            from cwtrain.hotload.verify_stored import verify_stored_snapshot
+
+            checked = verify_stored_snapshot(self.store, identity)
+            if checked is not None:
+                log.info("verified %s: %d objects, %d tensors", checked.uri, checked.objects, checked.tensors)
         hot_load_id = hot_load_id or str(uuid.uuid4())
         budget = Budget(self.timeout if timeout is None else timeout)
         while True:
@@ -528,6 +542,77 @@ class HotLoader:
         if not wait:
             return hot_load
         return self.wait(hot_load.id, timeout=max(budget.remaining, 1e-3), on_progress=on_progress)
+
+    def publish_diff(
+        self,
+        checkpoint: str | os.PathLike[str],
+        base: str | os.PathLike[str],
+        identity: str,
+        *,
+        previous_identity: str,
+        keep: str | os.PathLike[str] | None = None,
+        prompt_cache_policy: PromptCachePolicy | str | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+        workers: int = 8,
+        on_progress: Callable[[ProgressEvent], None] | None = None,
+        hot_load_id: str | None = None,
+    ) -> HotLoad:
+        """Publish the XOR delta from checkpoint ``base`` to checkpoint ``checkpoint`` in one pass.
+
+        The snapshot is byte for byte what ``write_delta(base, checkpoint, DIR,
+        version=identity, base_version=previous_identity)`` followed by
+        ``publish(DIR, identity, previous_identity=previous_identity)`` stores, but no
+        delta directory is written: both checkpoints are read in chunks (never
+        memory-mapped), and the compressed frames stay in memory until the last tensor is
+        encoded (a shard's header and name need every frame), then go to the object store.
+        With ``keep``, the delta directory is written there first and uploaded from it.
+
+        Args:
+            checkpoint: the new checkpoint directory.
+            base: the checkpoint replicas serve now (``previous_identity``'s weights, byte-exact).
+            identity: the new snapshot identity.
+            previous_identity: the identity the delta applies to.
+            keep: also keep the delta directory here (must not exist or be empty).
+            prompt_cache_policy, wait, timeout, workers, on_progress, hot_load_id: as for
+                :meth:`publish` (upload events only with ``keep``).
+
+        Raises:
+            SnapshotError: a missing or invalid checkpoint, different tensor sets, dtypes or
+                shapes (publish FULL instead), or nothing changed (an empty delta is never
+                published).
+        """
+        from cwtrain.hotload.delta import open_checkpoint, write_delta
+
+        validate_identity(identity)
+        validate_identity(previous_identity, what="previous identity", allow_reserved=previous_identity == "initial")
+        options: dict[str, Any] = {
+            "previous_identity": previous_identity,
+            "prompt_cache_policy": prompt_cache_policy,
+            "wait": wait,
+            "timeout": timeout,
+            "workers": workers,
+            "on_progress": on_progress,
+            "hot_load_id": hot_load_id,
+        }
+        if keep is not None:
+            self._check_chain(identity, previous_identity)  # before the delta is written
+            stats = write_delta(
+                os.fspath(base),
+                os.fspath(checkpoint),
+                os.fspath(keep),
+                version=identity,
+                base_version=previous_identity,
+            )
+            if stats.empty:
+                raise SnapshotError(
+                    f"no tensor changed between {base} and {checkpoint}: an empty delta is never published "
+                    f"(its index is in {keep}); keep serving {previous_identity!r}"
+                )
+            return self.publish(keep, identity, **options)
+        with open_checkpoint(os.fspath(base)) as old, open_checkpoint(os.fspath(checkpoint)) as new:
+            log.info("encoding the delta %s -> %s as %r on %r", old.path, new.path, identity, previous_identity)
+            return self.publish(new.tensors, identity, base=old.tensors, **options)
 
     # ---------------------------------------------------------------- manifests
 

@@ -32,7 +32,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Buffer, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,17 @@ import numpy as np
 
 from cwtrain.errors import MirrorError, SnapshotError
 from cwtrain.hotload.codec import DeltaEncoder, EncodedSnapshot, tensor_adler32
-from cwtrain.hotload.decode import SnapshotDir, apply_delta, apply_payload, as_uint8, read_snapshot_dir, verify_delta
+from cwtrain.hotload.decode import (
+    ShardData,
+    SnapshotDir,
+    apply_delta,
+    apply_payload,
+    as_uint8,
+    read_snapshot_dir,
+    shard_header,
+    tensor_data,
+    verify_delta,
+)
 from cwtrain.hotload.delta import open_checkpoint, staged_directory
 from cwtrain.hotload.delta import write_full_snapshot as write_full_from_dir
 from cwtrain.hotload.format import (
@@ -49,10 +59,11 @@ from cwtrain.hotload.format import (
     INDEX_NAME,
     SnapshotFile,
     index_metadata,
+    is_checksum,
     is_delta_index,
     serialize_index,
 )
-from cwtrain.hotload.safetensors import TensorEntry, header_of_bytes
+from cwtrain.hotload.safetensors import TensorEntry
 from cwtrain.hotload.tensors import FileRegion, TensorData
 
 __all__ = ["DeltaReport", "MirrorError", "WeightMirror"]
@@ -188,8 +199,8 @@ class WeightMirror:
             with open_checkpoint(base) as ckpt:
                 for shard, header in ckpt.headers.items():
                     self._layout.entries[shard] = list(header.tensors.values())
-                    self._layout.shard_metadata[shard] = {
-                        k: v for k, v in (header.metadata or {}).items() if k not in header.tensors
+                    self._layout.shard_metadata[shard] = {  # without the tensors' old checksums
+                        k: v for k, v in (header.metadata or {}).items() if not (k in header.tensors and is_checksum(v))
                     }
                 self._layout.index = ckpt.index
                 for child in sorted(ckpt.path.iterdir()):
@@ -287,11 +298,11 @@ class WeightMirror:
             MirrorError: the delta's ``base_version`` is not the mirror's version.
             SnapshotError: a bad delta (``SnapshotChecksumError`` for a checksum).
         """
-        snap = read_snapshot_dir(delta_dir)
-        return self._apply(snap.index, snap.shards, source=str(snap.path), snap=snap)
+        with read_snapshot_dir(delta_dir) as snap:
+            return self._apply(snap.index, snap.shards, source=str(snap.path), snap=snap)
 
-    def apply(self, index: Mapping[str, Any], shards: Mapping[str, Buffer], *, source: str = "delta") -> DeltaReport:
-        """Apply a delta given as an index dict and shard bytes."""
+    def apply(self, index: Mapping[str, Any], shards: Mapping[str, ShardData], *, source: str = "delta") -> DeltaReport:
+        """Apply a delta given as an index dict and shard bytes (or file regions)."""
         return self._apply(index, shards, source=source)
 
     def apply_encoded(self, encoded: EncodedSnapshot, *, version: str | None = None) -> DeltaReport:
@@ -309,7 +320,7 @@ class WeightMirror:
     def _apply(
         self,
         index: Mapping[str, Any],
-        shards: Mapping[str, Buffer],
+        shards: Mapping[str, ShardData],
         *,
         source: str,
         snap: SnapshotDir | None = None,
@@ -345,10 +356,10 @@ class WeightMirror:
         )
 
     @staticmethod
-    def _new_checksums(index: Mapping[str, Any], shards: Mapping[str, Buffer]) -> dict[str, str]:
+    def _new_checksums(index: Mapping[str, Any], shards: Mapping[str, ShardData]) -> dict[str, str]:
         sums: dict[str, str] = {}
         for shard in dict.fromkeys(index["weight_map"].values()):
-            header = header_of_bytes(shards[shard], source=shard)
+            header = shard_header(shards[shard], source=shard)
             for name in header.tensors:
                 sums[name] = (header.metadata or {})[name]
         return sums
@@ -356,7 +367,7 @@ class WeightMirror:
     def _apply_disk(
         self,
         index: Mapping[str, Any],
-        shards: Mapping[str, Buffer],
+        shards: Mapping[str, ShardData],
         source: str,
         new_version: str,
         snap: SnapshotDir | None,
@@ -369,7 +380,7 @@ class WeightMirror:
         partial = self.root / _JOURNAL_PARTIAL
         partial.mkdir()
         for shard in dict.fromkeys(index["weight_map"].values()):
-            SnapshotFile.from_bytes(shard, shards[shard]).write_to(partial / shard)
+            _write_shard(shards[shard], partial / shard)
         _write_json(partial / INDEX_NAME, dict(index))
         _write_json(partial / "target.json", {"version": new_version, "checksums": sums})
         _fsync_dir(partial)
@@ -383,9 +394,19 @@ class WeightMirror:
         """Finish the journalled apply (tensor by tensor, idempotent), then drop the journal."""
         assert self.root is not None
         journal = self.root / _JOURNAL
-        snap = read_snapshot_dir(journal)
-        target = json.loads((journal / "target.json").read_text())
-        new_sums: dict[str, str] = target["checksums"]
+        with read_snapshot_dir(journal) as snap:
+            target = json.loads((journal / "target.json").read_text())
+            new_sums: dict[str, str] = target["checksums"]
+            self._replay_journal(snap, new_sums)
+        for fd in self._fds.values():
+            os.fsync(fd)
+        checksums = {**self._checksums, **new_sums}
+        _write_json(self.root / _STATE, {"version": target["version"], "checksums": checksums})
+        shutil.rmtree(journal)
+        self._checksums = checksums
+        self._version = str(target["version"])
+
+    def _replay_journal(self, snap: SnapshotDir, new_sums: Mapping[str, str]) -> None:
         for name, shard in snap.index["weight_map"].items():
             region = self._tensors[name].data
             current = tensor_adler32(region)
@@ -397,19 +418,11 @@ class WeightMirror:
                     f"{self.root}: tensor {name!r} holds neither its old nor its new bytes after an "
                     "interrupted apply; recreate the mirror from a FULL snapshot"
                 )
-            header = header_of_bytes(snap.shards[shard], source=str(journal / shard))
-            entry = header.tensors[name]
-            payload = as_uint8(snap.shards[shard])[header.data_start + entry.begin : header.data_start + entry.end]
-            out = apply_payload(region, payload, want, where=f"{journal / shard}: tensor {name!r}")
+            header = shard_header(snap.shards[shard], source=str(snap.path / shard))
+            payload = tensor_data(snap.shards[shard], header, header.tensors[name])
+            out = apply_payload(region, payload, want, where=f"{snap.path / shard}: tensor {name!r}")
             assert isinstance(region, FileRegion)
             _pwrite_all(region.fd, memoryview(out), region.offset)
-        for fd in self._fds.values():
-            os.fsync(fd)
-        checksums = {**self._checksums, **new_sums}
-        _write_json(self.root / _STATE, {"version": target["version"], "checksums": checksums})
-        shutil.rmtree(journal)
-        self._checksums = checksums
-        self._version = str(target["version"])
 
     def advance(self, version: str) -> None:
         """Set the version without changing bytes (an empty delta, spec 5.4)."""
@@ -464,6 +477,16 @@ def _pread_into(fd: int, out: np.ndarray[Any, Any], offset: int) -> None:
         if got <= 0:
             raise SnapshotError(f"file ended early at offset {offset + done}")
         done += got
+
+
+def _write_shard(shard: ShardData, path: Path) -> None:
+    """A shard's bytes (in memory, or a file region copied 1 MiB at a time) into a new file."""
+    if not isinstance(shard, FileRegion):
+        SnapshotFile.from_bytes(path.name, shard).write_to(path)
+        return
+    with open(path, "wb") as out:
+        for position in range(0, shard.nbytes, 1 << 20):
+            out.write(FileRegion(shard.fd, shard.offset + position, min(1 << 20, shard.nbytes - position)).read())
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

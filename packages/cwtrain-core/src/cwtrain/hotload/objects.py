@@ -3,13 +3,19 @@
 This is the object layer under :mod:`cwtrain.hotload.upload` (which plans a whole
 snapshot). It follows spec ``snapshot-format.md`` section 7 for a single key:
 
-* **Bytes once.** An :class:`ObjectSource` is a file's bytes as flat memory views: the
-  encoder's buffers, or a read-only ``mmap`` of a file on disk. The SHA-256 is one pass
-  over those views (the only pass that reads every byte in Python); the request bodies
-  are slices of the same views, which the store sends without copies (see
-  :mod:`cwtrain.infra.s3_send`). Multipart needs the hash before the first part, because user
-  metadata is fixed at CreateMultipartUpload; hashing the mapped views first costs no
-  extra read or copy, unlike a hash pre-pass that reads the file and then reads it again.
+* **Hash what is sent.** The bytes come from an :class:`ObjectSource` (the encoder's
+  buffers, or a file read with ``pread``, never memory-mapped). A file is read once into
+  buffers from a :class:`~cwtrain.hotload.buffers.BufferPool`, hashed as it is read, and
+  its request bodies are those same buffers; a file larger than the pool is hashed first
+  and re-read part by part with a second, in-order SHA-256 that must equal the first
+  before CompleteMultipartUpload (see :mod:`cwtrain.hotload.sources`). A file that shrinks,
+  changes size, ``mtime`` or ``ctime``, or is replaced while it is read or sent raises
+  :class:`~cwtrain.errors.SnapshotError` and its multipart upload is aborted. A single
+  PutObject carries ``x-amz-checksum-sha256`` (the same digest as ``cwtrain-sha256``, so
+  the store verifies the body at no extra cost); a store that refuses a body's checksum
+  (``BadDigest``) raises :class:`~cwtrain.errors.SnapshotChecksumError`. After every
+  write a HEAD checks the stored size, ``cwtrain-sha256`` and, where the store reports
+  one, its SHA-256 checksum against what was hashed.
 * **Create-only.** ``PutObject`` up to the part size, else a multipart upload with
   parallel parts; the condition ``If-None-Match: *`` goes on PutObject and on
   CompleteMultipartUpload. Store answers: 412 -> HEAD and compare ``cwtrain-sha256``
@@ -46,7 +52,8 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from cwtrain.errors import ConfigError, SnapshotChecksumError, SnapshotConflictError, SnapshotError
-from cwtrain.hotload.sources import ObjectSource
+from cwtrain.hotload.buffers import BufferPool
+from cwtrain.hotload.sources import ObjectSource, Reading
 from cwtrain.infra.objectstore import (
     ConditionalConflictError,
     ObjectStore,
@@ -84,6 +91,8 @@ MAX_PARTS = 10_000
 SHA256_METADATA = "cwtrain-sha256"
 #: Part size of the SDK's managed transfers, used to check multipart ETags.
 ETAG_PART_SIZE = 8 << 20
+#: Read buffers of a writer built without a pool (an upload passes its memory budget instead).
+DEFAULT_READ_BUFFERS = 1 << 30
 
 _MIB = 1 << 20
 _CONFLICT_RETRIES = 3
@@ -169,6 +178,20 @@ def _warn_unconditional() -> None:
     )
 
 
+#: Store error codes for a request body whose checksum or digest did not match.
+DIGEST_MISMATCH_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
+
+
+def _refused_digest(exc: ObjectStoreStatusError, key: str) -> SnapshotChecksumError | None:
+    """The error for a store that refused a body's checksum (nothing was stored), else ``None``."""
+    if exc.code not in DIGEST_MISMATCH_CODES:
+        return None
+    return SnapshotChecksumError(
+        f"{key}: the store received other bytes than the ones hashed ({exc.code}: the request's checksum did "
+        "not match its body) and stored nothing; the snapshot index is not written. Publish again"
+    )
+
+
 def conditional_writes_supported() -> bool:
     """False once a store answered 501 to a conditional write in this process."""
     return not _conditional_unsupported
@@ -212,6 +235,7 @@ class ObjectWriter:
         on_bytes: called with the byte count of every part or object the store confirmed.
         open_uploads: unfinished multipart uploads by key, candidates for resuming.
         cancelled: set to make running uploads stop (and abort) at the next part.
+        buffers: where files are read into (default: a pool of :data:`DEFAULT_READ_BUFFERS` bytes).
     """
 
     def __init__(
@@ -225,6 +249,7 @@ class ObjectWriter:
         on_bytes: Callable[[int], None] | None = None,
         open_uploads: Mapping[str, Sequence[OpenUpload]] | None = None,
         cancelled: threading.Event | None = None,
+        buffers: BufferPool | None = None,
     ) -> None:
         self.s3 = as_object_store(s3)
         self.bucket = bucket
@@ -234,23 +259,33 @@ class ObjectWriter:
         self._on_bytes = on_bytes or (lambda n: None)
         self._open = dict(open_uploads or {})
         self._cancelled = cancelled or threading.Event()
+        self.buffers = buffers if buffers is not None else BufferPool(DEFAULT_READ_BUFFERS)
 
     # ---------------------------------------------------------------- entry point
 
     def write(self, key: str, source: ObjectSource) -> str:
         """Write ``source`` at ``key``: ``"uploaded"``, or ``"existing"`` when it was already there.
 
+        The bytes are read once into buffers (see :mod:`cwtrain.hotload.sources`), hashed,
+        and sent from those buffers; a stored object is then checked with a HEAD.
+
         Raises:
             SnapshotConflictError: the key holds different bytes.
-            SnapshotChecksumError: a resumed upload completed with a different recorded SHA-256.
+            SnapshotChecksumError: the store refused or recorded other bytes than the ones
+                hashed, or a resumed upload completed with a different recorded SHA-256.
+            SnapshotError: a file changed while it was read or sent (nothing is completed then).
         """
         self._check_cancelled()
-        metadata = {SHA256_METADATA: source.sha256()}
+        step = part_size_for(source.size, self.part_size)
         progress = _Progress(self._on_bytes)
-        if source.size <= part_size_for(source.size, self.part_size):
-            outcome = self._put(key, source, metadata, progress)
-        else:
-            outcome = self._multipart(key, source, metadata, progress)
+        with source.reading(part_size=step, pool=self.buffers, cancelled=self._cancelled) as reading:
+            metadata = {SHA256_METADATA: reading.sha256}
+            if source.size <= step:
+                outcome = self._put(key, source, reading, metadata, progress)
+            else:
+                outcome = self._multipart(key, source, reading, metadata, progress)
+        if outcome == "uploaded":
+            self._verify_stored(key, source, reading.sha256)
         progress.finish(source.size)
         return outcome
 
@@ -285,31 +320,62 @@ class ObjectWriter:
         if isinstance(exc, StoreNotImplementedError):
             _warn_unconditional()
             return "retry"
+        refused = _refused_digest(exc, key)
+        if refused is not None:
+            raise refused from exc
         raise exc
+
+    def _verify_stored(self, key: str, source: ObjectSource, sha256: str) -> None:
+        """HEAD the object just written: its size, ``cwtrain-sha256`` and store checksum are what was hashed."""
+        stored = self.s3.head(self.bucket, key, checksum=True)
+        problems = []
+        if stored is None:
+            problems.append("it is absent")
+        else:
+            recorded = stored.metadata.get(SHA256_METADATA, "").lower()
+            if stored.size != source.size:
+                problems.append(f"{stored.size} bytes stored, {source.size} hashed")
+            if recorded != sha256:
+                problems.append(f"recorded {SHA256_METADATA} {recorded or 'absent'}, hashed {sha256}")
+            if stored.checksum_sha256 is not None and stored.checksum_sha256 != sha256:
+                problems.append(f"the store's SHA-256 checksum is {stored.checksum_sha256}, hashed {sha256}")
+        if problems:
+            raise SnapshotChecksumError(
+                f"{key}: the stored object is not the bytes that were hashed ({'; '.join(problems)}); the "
+                f"snapshot index is not written. An earlier attempt or another writer stored other bytes under "
+                f"identity {self.identity!r}: publish under a new identity"
+            )
 
     # ---------------------------------------------------------------- PutObject
 
-    def _put(self, key: str, source: ObjectSource, metadata: dict[str, str], progress: _Progress) -> str:
-        attempt = 0
-        while True:
-            self._check_cancelled()
-            conditional = conditional_writes_supported()
-            if not conditional:
-                found = self._existing(key, source)
-                if found is not None:
-                    return found
-            try:
-                self.s3.put(
-                    self.bucket, key, source.payload(0, source.size), metadata=metadata, if_none_match=conditional
-                )
-            except ObjectStoreStatusError as exc:
-                outcome = self._answer(exc, key, source, attempt)
-                attempt += 1
-                if outcome == "retry":
-                    continue
-                return outcome
-            progress(source.size)
-            return "uploaded"
+    def _put(
+        self, key: str, source: ObjectSource, reading: Reading, metadata: dict[str, str], progress: _Progress
+    ) -> str:
+        body = reading.part(0, source.size)
+        try:
+            attempt = 0
+            while True:
+                self._check_cancelled()
+                conditional = conditional_writes_supported()
+                if not conditional:
+                    found = self._existing(key, source)
+                    if found is not None:
+                        return found
+                reading.check()
+                try:
+                    self.s3.put(
+                        self.bucket, key, body, metadata=metadata, if_none_match=conditional, sha256=reading.sha256
+                    )
+                except ObjectStoreStatusError as exc:
+                    outcome = self._answer(exc, key, source, attempt)
+                    attempt += 1
+                    if outcome == "retry":
+                        continue
+                    return outcome
+                progress(source.size)
+                return "uploaded"
+        finally:
+            reading.done(body)
 
     # ---------------------------------------------------------------- multipart
 
@@ -317,7 +383,7 @@ class ObjectWriter:
         step = part_size_for(size, self.part_size)
         return [(i + 1, offset, min(step, size - offset)) for i, offset in enumerate(range(0, size, step))]
 
-    def _resume(self, key: str, source: ObjectSource, plan: list[tuple[int, int, int]]) -> tuple[str, dict[int, str]]:
+    def _resume(self, key: str, reading: Reading, plan: list[tuple[int, int, int]]) -> tuple[str, dict[int, str]]:
         """An open upload of ``key`` whose stored parts all match the local bytes, if any."""
         by_number = {number: (offset, length) for number, offset, length in plan}
         for upload in sorted(self._open.get(key, ()), key=lambda u: u.initiated, reverse=True):
@@ -329,7 +395,7 @@ class ObjectWriter:
             done: dict[int, str] = {}
             for part in parts:
                 where = by_number.get(part.number)
-                if where is None or where[1] != part.size or source.md5_hex(*where) != part.etag.strip('"').lower():
+                if where is None or where[1] != part.size or reading.md5_hex(*where) != part.etag.strip('"').lower():
                     done = {}
                     break
                 done[part.number] = part.etag
@@ -340,7 +406,13 @@ class ObjectWriter:
 
     def _send_part(self, key: str, upload_id: str, number: int, body: Payload, progress: _Progress) -> str:
         self._check_cancelled()
-        etag = self.s3.upload_part(self.bucket, key, upload_id, number, body)
+        try:
+            etag = self.s3.upload_part(self.bucket, key, upload_id, number, body)
+        except ObjectStoreStatusError as exc:
+            refused = _refused_digest(exc, key)
+            if refused is None:
+                raise
+            raise refused from exc
         progress(len(body))
         return etag
 
@@ -351,10 +423,17 @@ class ObjectWriter:
             (log.debug if quiet else log.warning)("could not abort multipart upload %s of %s: %s", upload_id, key, exc)
 
     def _multipart(
-        self, key: str, source: ObjectSource, metadata: dict[str, str], progress: _Progress, *, restarted: bool = False
+        self,
+        key: str,
+        source: ObjectSource,
+        reading: Reading,
+        metadata: dict[str, str],
+        progress: _Progress,
+        *,
+        restarted: bool = False,
     ) -> str:
         plan = self._plan(source.size)
-        upload_id, done = self._resume(key, source, plan)
+        upload_id, done = self._resume(key, reading, plan)
         resumed = bool(upload_id)
         if not conditional_writes_supported():
             found = self._existing(key, source)
@@ -365,7 +444,7 @@ class ObjectWriter:
         else:
             progress(sum(length for number, _, length in plan if number in done))
         try:
-            outcome = self._send_and_complete(key, source, plan, upload_id, done, progress)
+            outcome = self._send_and_complete(key, source, reading, plan, upload_id, done, progress)
         except BaseException:
             self._abort(key, upload_id)
             raise
@@ -374,40 +453,69 @@ class ObjectWriter:
             if restarted:
                 raise SnapshotError(f"{key}: the store dropped the multipart upload twice (NoSuchUpload); try again")
             self._open.pop(key, None)
-            return self._multipart(key, source, metadata, progress, restarted=True)
+            reading.restart()
+            return self._multipart(key, source, reading, metadata, progress, restarted=True)
         if outcome == "uploaded" and resumed:
             remote = head_object(self.s3, self.bucket, key)
-            if remote is None or (remote.sha256 or "").lower() != source.sha256():
+            if remote is None or (remote.sha256 or "").lower() != reading.sha256:
                 raise SnapshotChecksumError(
                     f"{key}: the resumed multipart upload completed, but its recorded {SHA256_METADATA} "
-                    f"({remote.sha256 if remote else 'absent'}) is not the local {source.sha256()}; an earlier "
+                    f"({remote.sha256 if remote else 'absent'}) is not the local {reading.sha256}; an earlier "
                     f"attempt uploaded other bytes under identity {self.identity!r}: publish under a new identity"
                 )
         return outcome
+
+    def _send_parts(
+        self,
+        key: str,
+        reading: Reading,
+        plan: list[tuple[int, int, int]],
+        upload_id: str,
+        done: dict[int, str],
+        progress: _Progress,
+    ) -> dict[int, Future[str]]:
+        """Submit every part not stored yet, in order (reading each as its turn comes); wait for all."""
+        futures: dict[int, Future[str]] = {}
+        try:
+            for number, offset, length in plan:
+                if any(f.done() and not f.cancelled() and f.exception() is not None for f in futures.values()):
+                    break  # a part failed: read no further
+                self._check_cancelled()
+                body = reading.part(offset, length)  # every part, in order: a re-read file is verified whole
+                if number in done:
+                    reading.done(body)
+                    continue
+                future = self._pool.submit(self._send_part, key, upload_id, number, body, progress)
+                future.add_done_callback(lambda _, body=body: reading.done(body))  # type: ignore[misc]
+                futures[number] = future
+        except BaseException:
+            for future in futures.values():
+                future.cancel()
+            wait(futures.values())
+            raise
+        finished, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in finished if not f.cancelled()):
+            for future in futures.values():
+                future.cancel()
+            wait(futures.values())
+        return futures
 
     def _send_and_complete(
         self,
         key: str,
         source: ObjectSource,
+        reading: Reading,
         plan: list[tuple[int, int, int]],
         upload_id: str,
         done: dict[int, str],
         progress: _Progress,
     ) -> str:
-        futures: dict[int, Future[str]] = {}
-        for number, offset, length in plan:
-            if number not in done:
-                body = source.payload(offset, length)
-                futures[number] = self._pool.submit(self._send_part, key, upload_id, number, body, progress)
-        finished, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
-        for future in finished:
-            if future.exception() is not None:
-                for other in futures.values():
-                    other.cancel()
-                wait(futures.values())
-                if isinstance(future.exception(), UploadNotFoundError):
-                    return self._after_lost_upload(key, source)
-                future.result()
+        futures = self._send_parts(key, reading, plan, upload_id, done, progress)
+        failures = [f.exception() for f in futures.values() if f.done() and not f.cancelled() and f.exception()]
+        if any(isinstance(error, UploadNotFoundError) for error in failures):
+            return self._after_lost_upload(key, source)
+        if failures:
+            raise failures[0]  # type: ignore[misc]
         etags = {**done, **{number: future.result() for number, future in futures.items()}}
         parts = [(number, etags[number]) for number, _, _ in plan]
         attempt = 0
@@ -419,6 +527,7 @@ class ObjectWriter:
                 if found is not None:
                     self._abort(key, upload_id)
                     return found
+            reading.check()  # the bytes sent are the bytes hashed, and the file did not change
             try:
                 self.s3.complete_multipart(self.bucket, key, upload_id, parts, if_none_match=conditional)
             except UploadNotFoundError:

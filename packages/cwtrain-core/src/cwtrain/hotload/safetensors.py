@@ -4,6 +4,7 @@ Nothing here touches the network or torch; it is the lowest layer of the snapsho
 modules::
 
     header = read_header("model.safetensors")        # any valid header; SnapshotError otherwise
+    header = read_header_at(fd, size, source="x")    # the same through pread of an open file
     blob = encode_header(entries, {"format": "pt"})  # cwtrain's exact bytes: u64 length + padded JSON
     DTYPE_BITS["BF16"], dtype_nbytes("BF16", (2, 3)) # 16, 12
     safetensors_dtype("bfloat16")                    # "BF16" (torch / numpy dtype names)
@@ -15,10 +16,11 @@ the codec, the torch path and the local engines derive theirs from them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Buffer, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
 
@@ -33,12 +35,16 @@ __all__ = [
     "header_of_bytes",
     "parse_header",
     "read_header",
+    "read_header_at",
     "read_header_from",
     "safetensors_dtype",
 ]
 
 #: Largest safetensors header accepted when reading (the safetensors library's limit).
 MAX_HEADER_BYTES = 100_000_000
+#: Largest tensor element count accepted (2**64: no file holds more; it also stops a
+#: header with huge dimensions from costing a huge multiplication).
+_MAX_ELEMENTS = 1 << 64
 
 
 #: Every safetensors dtype and its size in bits (sub-byte types pack; a tensor's
@@ -98,26 +104,44 @@ def dtype_nbytes(dtype: str, shape: Sequence[int], *, where: str = "tensor") -> 
     """Byte size of a tensor of ``dtype`` and ``shape``.
 
     Raises:
-        SnapshotError: unknown dtype, negative dimension, or a bit count that is not a
-            whole number of bytes.
+        SnapshotError: unknown dtype, negative or non-integer dimension, more than
+            2**64 elements, or a bit count that is not a whole number of bytes.
     """
+    size = _size_of(dtype, shape)
+    if isinstance(size, str):
+        raise SnapshotError(f"{where}: {size}")
+    return size
+
+
+def _size_of(dtype: str, shape: Sequence[Any]) -> int | str:
+    """The byte size, or the problem in words."""
     bits = DTYPE_BITS.get(dtype)
     if bits is None:
-        raise SnapshotError(f"{where}: unknown safetensors dtype {dtype!r} (known: {', '.join(DTYPE_BITS)})")
+        return f"unknown safetensors dtype {_shown(dtype)} (known: {', '.join(DTYPE_BITS)})"
     count = 1
     for dim in shape:
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
-            raise SnapshotError(f"{where}: invalid shape {list(shape)!r}")
+        if type(dim) is not int or dim < 0:
+            return f"invalid shape {_shown(shape)}"
         count *= dim
+        if count > _MAX_ELEMENTS:
+            return f"shape {_shown(shape)} has more than 2**64 elements"
     total = count * bits
     if total % 8:
-        raise SnapshotError(f"{where}: {dtype} shape {list(shape)} is not a whole number of bytes")
+        return f"{dtype} shape {_shown(shape)} is not a whole number of bytes"
     return total // 8
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    """One tensor of a safetensors header; offsets are relative to the data section."""
+def _shown(value: Any, limit: int = 120) -> str:
+    """``repr`` of a value from a file, cut to ``limit`` characters (a header may hold anything)."""
+    text = repr(list(value) if isinstance(value, (list, tuple)) and len(value) <= 64 else value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class TensorEntry(NamedTuple):
+    """One tensor of a safetensors header; offsets are relative to the data section.
+
+    A named tuple: headers of a million tensors are parsed in about a second.
+    """
 
     name: str
     dtype: str
@@ -163,6 +187,9 @@ def _bad(source: str, problem: str) -> SnapshotError:
 def parse_header(raw: Buffer, *, source: str, data_size: int | None = None) -> SafetensorsHeader:
     """Parse the JSON part of a safetensors header (the ``H`` bytes after the length).
 
+    Linear in the header size (a million tensors take about a second); nothing but a
+    :class:`~cwtrain.errors.SnapshotError` escapes, whatever the bytes.
+
     Args:
         raw: the ``H`` header bytes.
         source: the file name used in errors.
@@ -174,9 +201,9 @@ def parse_header(raw: Buffer, *, source: str, data_size: int | None = None) -> S
     """
     try:
         obj = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _bad(source, f"not UTF-8 JSON ({exc})") from None
-    if not isinstance(obj, dict):
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _bad(source, f"not UTF-8 JSON ({_shown(str(exc))})") from None
+    if type(obj) is not dict:
         raise _bad(source, "not a JSON object")
     metadata: dict[str, str] | None = None
     tensors: dict[str, TensorEntry] = {}
@@ -184,36 +211,40 @@ def parse_header(raw: Buffer, *, source: str, data_size: int | None = None) -> S
         if name == "__metadata__":
             if value is None:
                 continue
-            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            if type(value) is not dict or not all(type(v) is str for v in value.values()):
                 raise _bad(source, "__metadata__ must map strings to strings")
-            metadata = dict(value)
+            metadata = value
             continue
-        where = f"{source}: tensor {name!r}"
-        if not isinstance(value, dict):
-            raise _bad(source, f"tensor {name!r} entry is not an object")
+        if type(value) is not dict:
+            raise _bad(source, f"tensor {_shown(name)} entry is not an object")
         dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
-        if not isinstance(dtype, str) or not isinstance(shape, list):
-            raise _bad(source, f"tensor {name!r} needs a dtype string and a shape list")
+        if type(dtype) is not str or type(shape) is not list:
+            raise _bad(source, f"tensor {_shown(name)} needs a dtype string and a shape list")
         if (
-            not isinstance(offsets, list)
+            type(offsets) is not list
             or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or type(offsets[0]) is not int
+            or type(offsets[1]) is not int
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise _bad(source, f"tensor {name!r} has invalid data_offsets {offsets!r}")
-        size = dtype_nbytes(dtype, shape, where=where)
-        if offsets[1] - offsets[0] != size:
+            raise _bad(source, f"tensor {_shown(name)} has invalid data_offsets {_shown(offsets)}")
+        dims = tuple(shape)
+        size = _size_of(dtype, dims)
+        if isinstance(size, str):
+            raise _bad(source, f"tensor {_shown(name)}: {size}")
+        begin, end = offsets
+        if end - begin != size:
             raise _bad(
                 source,
-                f"tensor {name!r}: data_offsets {offsets} hold {offsets[1] - offsets[0]} bytes, "
-                f"{dtype} {shape} needs {size}",
+                f"tensor {_shown(name)}: data_offsets {_shown(offsets)} hold {end - begin} bytes, "
+                f"{dtype} {_shown(dims)} needs {size}",
             )
-        tensors[name] = TensorEntry(name, dtype, tuple(shape), offsets[0], offsets[1])
+        tensors[name] = TensorEntry(name, dtype, dims, begin, end)
     position = 0
-    for entry in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
-        if entry.begin != position:
-            raise _bad(source, f"tensor {entry.name!r} starts at {entry.begin}, expected {position} (gap or overlap)")
-        position = entry.end
+    for begin, end, name in sorted((t.begin, t.end, t.name) for t in tensors.values()):
+        if begin != position:
+            raise _bad(source, f"tensor {_shown(name)} starts at {begin}, expected {position} (gap or overlap)")
+        position = end
     if data_size is not None and data_size != position:
         raise _bad(source, f"data section is {data_size} bytes but the tensors cover {position} (truncated or padded)")
     return SafetensorsHeader(tensors, metadata, 0)
@@ -256,11 +287,44 @@ def read_header(path: str | Path) -> SafetensorsHeader:
     """
     path = Path(path)
     try:
-        with open(path, "rb") as stream:
-            size = path.stat().st_size
-            return read_header_from(stream, source=str(path), file_size=size)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise SnapshotNotFoundError(f"{path}: no such file") from None
+    try:
+        return read_header_at(fd, os.fstat(fd).st_size, source=str(path))
+    finally:
+        os.close(fd)
+
+
+def read_header_at(fd: int, file_size: int, *, source: str, offset: int = 0) -> SafetensorsHeader:
+    """Read and validate the header of the safetensors file at ``offset`` of an open descriptor.
+
+    ``file_size`` is the file's length from ``offset``; the data section must match the
+    header exactly. Read with ``pread`` (never a memory mapping, so a file that shrinks
+    is an error, not a ``SIGBUS``).
+
+    Raises:
+        SnapshotError: the header is invalid, or the file is shorter than it says.
+    """
+    prefix = _pread_exact(fd, min(8, max(0, file_size)), offset, source)
+    length = _header_length(prefix, source, file_size)
+    raw = _pread_exact(fd, length, offset + 8, source)
+    parsed = parse_header(raw, source=source, data_size=file_size - 8 - length)
+    return SafetensorsHeader(parsed.tensors, parsed.metadata, 8 + length)
+
+
+def _pread_exact(fd: int, count: int, offset: int, source: str) -> bytes:
+    data = bytearray(count)
+    view = memoryview(data)
+    done = 0
+    while done < count:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise SnapshotError(
+                f"{source}: file ended at byte {offset + done} while reading its header (did it shrink?)"
+            )
+        done += got
+    return bytes(data)
 
 
 def header_of_bytes(blob: Buffer, *, source: str) -> SafetensorsHeader:

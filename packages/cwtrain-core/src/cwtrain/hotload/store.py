@@ -20,7 +20,10 @@ checks chains: the loader does that before it calls the store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +38,7 @@ from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 if TYPE_CHECKING:
     from cwtrain.hotload.inspect import SnapshotInfo
+    from cwtrain.hotload.stages import StageStats
     from cwtrain.hotload.upload import SnapshotUpload
 
 __all__ = ["SnapshotStore"]
@@ -112,6 +116,7 @@ class SnapshotStore:
         base: Mapping[str, Any] | None = None,
         workers: int = 8,
         extra_files: Mapping[str, bytes] | None = None,
+        stats: StageStats | None = None,
     ) -> SnapshotType:
         """Encode in-memory tensors and upload them under ``identity``; returns the snapshot type.
 
@@ -119,34 +124,61 @@ class SnapshotStore:
         against ``base``. Tensors may be numpy arrays, torch tensors or ``TensorData``;
         nothing is staged on disk.
 
+        What overlaps: the upload lists what the prefix holds while the encoder works; a
+        FULL snapshot's layout is known before any byte is read, so
+        shard k uploads while shard k+1 is checksummed. A delta's shards go out once the
+        last tensor is compressed: a shard's header (every member's Adler-32 and frame
+        length) comes first in the file, its name carries the shard count, and its
+        SHA-256 is part of the create request (``snapshot-format.md`` sections 5 and 7),
+        so no byte of it can leave earlier. Within the encode, tensors run in parallel
+        and each 1 MiB chunk is read, XORed, checksummed and compressed while in cache.
+
+        Args:
+            tensors: the new weights.
+            identity: the snapshot identity.
+            previous_identity: the predecessor (makes this a delta against ``base``).
+            base: the weights replicas serve now, byte-exact (deltas only).
+            workers: objects uploaded in parallel.
+            extra_files: other files of the snapshot (name → bytes).
+            stats: where to record the ``gather``, ``read``, ``xor``, ``adler``, ``zstd``
+                and ``sha256`` stages (:mod:`cwtrain.hotload.stages`).
+
         Raises:
             SnapshotError: a delta without ``base``, an empty delta (nothing changed, so
                 nothing to publish), or tensors the codec refuses.
         """
         from cwtrain.hotload.codec import DeltaEncoder
 
+        if previous_identity and base is None:
+            raise SnapshotError(
+                f"publishing {identity!r} as a delta on {previous_identity!r} needs base= (the weights "
+                "replicas serve now); without it, publish FULL (no previous_identity)"
+            )
+        mark = stats.clock() if stats is not None else None
         new = to_tensor_data(tensors)
-        with DeltaEncoder() as encoder:
-            if previous_identity:
-                if base is None:
-                    raise SnapshotError(
-                        f"publishing {identity!r} as a delta on {previous_identity!r} needs base= (the weights "
-                        "replicas serve now); without it, publish FULL (no previous_identity)"
-                    )
-                snap = encoder.encode(new, to_tensor_data(base), version=identity, base_version=previous_identity)
+        served = to_tensor_data(base) if previous_identity and base is not None else None
+        if stats is not None and mark is not None:
+            stats.lap("gather", sum(t.nbytes for t in new.values()), mark)
+        with DeltaEncoder() as encoder, _entered_meanwhile(self.open_upload(identity, workers=workers)) as opened:
+            if previous_identity and served is not None:
+                snap = encoder.encode(new, served, version=identity, base_version=previous_identity, stats=stats)
                 if snap.empty:
                     raise SnapshotError(
                         f"no tensor changed between {previous_identity!r} and {identity!r}: an empty delta is never "
                         "published; keep serving the previous identity"
                     )
+                shards: Iterable[SnapshotFile] = snap.files
+                index = snap.index
             else:
-                snap = encoder.encode_full(new)
-            with self.open_upload(identity, workers=workers) as upload:
-                for name, data in (extra_files or {}).items():
-                    upload.add(SnapshotFile.from_bytes(name, data))
-                for file in snap.files:
-                    upload.add(file)
-                upload.commit(snap.index)
+                plan = encoder.plan_full(new, stats=stats)
+                shards = (plan.build(shard) for shard in plan.shards)  # built one by one, as the upload takes them
+                index = plan.index
+            upload = opened()
+            for name, data in (extra_files or {}).items():
+                upload.add(_source(SnapshotFile.from_bytes(name, data), stats))
+            for file in shards:
+                upload.add(_source(file, stats))
+            upload.commit(_source(index, stats))
         return SnapshotType.INCREMENTAL if previous_identity else SnapshotType.FULL
 
     # ------------------------------------------------------------------ reads
@@ -178,3 +210,42 @@ class SnapshotStore:
     def read_manifest(self, identity: str) -> dict[str, Any] | None:
         """The manifest of ``identity``, or ``None`` when absent."""
         return manifest.read_manifest(self.s3, self.bucket, self.path_prefix, identity)
+
+
+@contextmanager
+def _entered_meanwhile(upload: SnapshotUpload) -> Iterator[Callable[[], SnapshotUpload]]:
+    """Enter ``upload`` (two listings of the prefix) on another thread while the caller works.
+
+    Yields a function that waits for the upload to be open and returns it (raising what
+    opening raised); on leaving, an opened upload is closed (cancelled unless committed).
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="cwtrain-open") as pool:
+        opening = pool.submit(upload.__enter__)
+        try:
+            yield opening.result
+        finally:
+            if opening.exception() is None:
+                upload.__exit__(None, None, None)
+
+
+def _source(file: SnapshotFile, stats: StageStats | None) -> Any:
+    """What ``SnapshotUpload.add`` takes: the file itself, or with ``stats`` a source whose SHA-256 pass is timed."""
+    if stats is None:
+        return file
+    from cwtrain.hotload.sources import ObjectSource
+
+    timed: StageStats = stats
+    lock = threading.Lock()
+
+    class _TimedSource(ObjectSource):
+        hashed = False
+
+        def sha256(self) -> str:
+            with lock:  # the first call hashes (timed); later ones return the cached digest
+                if not self.hashed:
+                    with timed.measure("sha256", self.size):
+                        super().sha256()
+                    self.hashed = True
+            return super().sha256()
+
+    return _TimedSource.from_buffers(file.name, file.buffers)

@@ -35,11 +35,23 @@ publishers racing on one identity collide on it, so exactly one proceeds and the
 ``SnapshotConflictError`` with nothing of its own stored. The index is written only after
 every other object is confirmed, so a reader that sees it can rely on the shards.
 
+**The bytes hashed are the bytes sent.** Files on disk are read with ``pread`` (never
+memory-mapped) into buffers, hashed as they are read and sent from the same buffers; a file
+larger than ``memory_budget`` is hashed, then re-read and hashed again in order, and its
+object is completed only when both digests agree (see :mod:`cwtrain.hotload.sources`).
+A file that shrinks, changes or is replaced between the moment it is opened and the end
+of the upload raises :class:`~cwtrain.errors.SnapshotError` naming it: its multipart
+upload is aborted and the index is never written (every file is checked again before
+the index goes out). Every stored object is checked with a HEAD against what was hashed.
+
 **Concurrency and memory.** ``workers`` objects upload in parallel and ``workers`` parts
 are in flight across them (``CWTRAIN_HOTLOAD_UPLOAD_WORKERS`` in the integrations). Files
-on disk are memory-mapped; in the streaming form :meth:`SnapshotUpload.add` blocks while
-the encoded bytes in flight exceed ``memory_budget`` (``CWTRAIN_HOTLOAD_MEMORY_BUDGET``,
-1 GiB). Part size: ``part_size`` or ``CWTRAIN_HOTLOAD_PART_SIZE`` (64 MiB, at least 50 MB).
+on disk are read into at most ``memory_budget`` bytes of buffers
+(``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, 1 GiB), which stay allocated for the next publish of
+the process (fresh memory costs as much CPU as hashing it;
+:func:`cwtrain.hotload.buffers.release_read_buffers` frees them); in the streaming form
+:meth:`SnapshotUpload.add` also blocks while the encoded bytes in flight exceed that budget. Part size:
+``part_size`` or ``CWTRAIN_HOTLOAD_PART_SIZE`` (64 MiB, at least 50 MB).
 
 **Progress.** ``on_progress(nbytes)`` is called from worker threads with every confirmed
 part or object (skipped objects count as done), the signature of
@@ -63,6 +75,7 @@ from typing import Any
 from cwtrain.config import env_int
 from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, UsageError
 from cwtrain.hotload.access import check_snapshot_access
+from cwtrain.hotload.buffers import BufferPool
 from cwtrain.hotload.format import INDEX_NAME
 from cwtrain.hotload.identity import snapshot_prefix, validate_identity
 from cwtrain.hotload.objects import (
@@ -214,6 +227,8 @@ class SnapshotUpload:
             else env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET, minimum=1)
         )
         self._budget = _Budget(budget)
+        self._buffers = BufferPool(budget)
+        self._sources: list[ObjectSource] = []
         self._on_file = on_file
         self._on_progress = on_progress
         self._given_existing = _existing
@@ -249,6 +264,7 @@ class SnapshotUpload:
             on_bytes=self._progress,
             open_uploads=opened,
             cancelled=self._cancelled,
+            buffers=self._buffers,
         )
         return self
 
@@ -304,12 +320,13 @@ class SnapshotUpload:
             if name in self._futures:
                 raise UsageError(f"{name} was already added to snapshot {self.identity!r}")
         self._raise_failures(done_only=True)
-        held = 0 if source.mapped else min(source.size, self._budget.limit)
+        held = min(source.size, self._budget.limit) if source.in_memory else 0  # files use the read buffers
         self._budget.acquire(held, self._cancelled)
         claim = self._claim
         future = self._objects.submit(self._upload_one, source, claim, held)
         with self._lock:
             self._futures[name] = future
+            self._sources.append(source)
             if self._claim is None:
                 self._claim = future
 
@@ -358,7 +375,12 @@ class SnapshotUpload:
             raise first
 
     def wait(self) -> list[UploadedFile]:
-        """Wait for every added file; raise the first failure."""
+        """Wait for every added file; raise the first failure.
+
+        Raises:
+            SnapshotError: also when a file added from disk changed since it was opened
+                (the snapshot would mix versions of it).
+        """
         for future in list(self._futures.values()):
             try:
                 future.result()
@@ -367,6 +389,8 @@ class SnapshotUpload:
         if any(not f.done() for f in self._futures.values()):
             self.cancel()
         self._raise_failures(done_only=False)
+        for source in list(self._sources):
+            source.verify_unchanged()
         return [self.results[name] for name in sorted(self.results)]
 
     def finish_share(self) -> list[UploadedFile]:
@@ -443,14 +467,22 @@ def _conflict_line(source: ObjectSource, remote: RemoteObject) -> str:
 
 
 def _snapshot_sources(snapshot: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource]:
-    """The files (memory-mapped) and the index bytes as uploaded, of a directory or a ``SnapshotInfo``."""
+    """The files (opened now) and the index bytes as uploaded, of a directory or a ``SnapshotInfo``."""
     from cwtrain.hotload.inspect import SnapshotInfo, delta_index_for_upload, inspect_snapshot
 
     info = snapshot if isinstance(snapshot, SnapshotInfo) else inspect_snapshot(snapshot)
     if info.empty_delta:
         raise SnapshotError(f"{info.path}: an empty delta (no changed tensor) is never uploaded")
     index = ObjectSource.from_buffers(INDEX_NAME, [delta_index_for_upload(info, identity)])
-    files = [ObjectSource.from_path(path, Path(path).name) for path in info.files if Path(path).name != INDEX_NAME]
+    files: list[ObjectSource] = []
+    try:
+        for path in info.files:
+            if Path(path).name != INDEX_NAME:
+                files.append(ObjectSource.from_path(path, Path(path).name))
+    except BaseException:
+        for source in files:
+            source.close()
+        raise
     return files, index
 
 

@@ -21,11 +21,10 @@ importing this package does not import boto3.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cwtrain.errors import LifecycleError
-from cwtrain.infra import lifecycle
+from cwtrain.infra import enums, lifecycle, models
 from cwtrain.infra.client import (
     DEFAULT_BASE_URL,
     TOKEN_ENV_VAR,
@@ -33,17 +32,7 @@ from cwtrain.infra.client import (
     InferenceClient,
     token_from_env,
 )
-from cwtrain.infra.enums import (
-    ChecksumFormat,
-    CompressionFormat,
-    ConditionStatus,
-    HotLoadState,
-    PromptCachePolicy,
-    ReplicaState,
-    ResourceStatus,
-    SnapshotType,
-    TransitionMode,
-)
+from cwtrain.infra.enums import *  # noqa: F403  (every API enum, listed in enums.__all__)
 from cwtrain.infra.lifecycle import (
     delete_deployment,
     delete_gateway,
@@ -52,17 +41,9 @@ from cwtrain.infra.lifecycle import (
     wait_for_deployment,
     wait_for_gateway,
 )
-from cwtrain.infra.models import (
-    Condition,
-    Deployment,
-    Gateway,
-    HotLoad,
-    HotLoadConfig,
-    HotLoadReplica,
-    IncrementalSnapshotMetadata,
-    SnapshotRef,
-)
+from cwtrain.infra.models import *  # noqa: F403  (every API model, listed in models.__all__)
 from cwtrain.infra.objectstore import ObjectStore
+from cwtrain.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cwtrain.infra.s3 import DEFAULT_S3_ENDPOINT, object_store, s3_client
@@ -72,26 +53,9 @@ __all__ = [
     "DEFAULT_S3_ENDPOINT",
     "TOKEN_ENV_VAR",
     "TOKEN_ENV_VARS",
-    "ChecksumFormat",
-    "CompressionFormat",
-    "Condition",
-    "ConditionStatus",
-    "Deployment",
-    "Gateway",
-    "HotLoad",
-    "HotLoadConfig",
-    "HotLoadReplica",
-    "HotLoadState",
-    "IncrementalSnapshotMetadata",
     "InferenceClient",
     "LifecycleError",
     "ObjectStore",
-    "PromptCachePolicy",
-    "ReplicaState",
-    "ResourceStatus",
-    "SnapshotRef",
-    "SnapshotType",
-    "TransitionMode",
     "delete_deployment",
     "delete_gateway",
     "endpoints",
@@ -103,18 +67,8 @@ __all__ = [
     "wait_for_deployment",
     "wait_for_gateway",
 ]
+__all__ += enums.__all__ + models.__all__
 
 _LAZY = {"s3_client": "cwtrain.infra.s3", "object_store": "cwtrain.infra.s3", "DEFAULT_S3_ENDPOINT": "cwtrain.infra.s3"}
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cwtrain.infra' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

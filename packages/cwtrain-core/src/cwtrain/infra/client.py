@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import ssl
 import time
 import uuid
@@ -49,6 +50,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -62,6 +64,7 @@ from cwtrain.errors import (
     TransportError,
     UsageError,
     api_error,
+    mask_url_userinfo,
 )
 from cwtrain.infra.enums import PromptCachePolicy, SnapshotType
 from cwtrain.infra.models import Deployment, Gateway, HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
@@ -117,6 +120,50 @@ _HTTP_CODES = {
 }
 _PAGE_SIZE = 1000
 _RETRY_AFTER_CAP = 30.0
+#: RFC 9110 header names (tchar).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _unsendable(value: str) -> int | None:
+    """Position of the first character an HTTP header value cannot carry (not printable ASCII), else ``None``."""
+    return next((i for i, c in enumerate(value) if not " " <= c <= "~"), None)
+
+
+def _check_headers(token: str | None, token_source: str, extra: Mapping[str, str]) -> None:
+    """Refuse header names and values httpx could not send, without echoing a value (they are secrets)."""
+    if token:
+        position = _unsendable(token)
+        if position is not None:
+            raise ConfigError(
+                f"the API token from {token_source} has a character an HTTP header cannot carry at position "
+                f"{position + 1} (only printable ASCII is allowed); check the value"
+            )
+    for name, value in extra.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise ConfigError(
+                f"API header name {name!r} (CWTRAIN_API_HEADERS or headers=) is not a valid HTTP header name"
+            )
+        position = _unsendable(value)
+        if position is not None:
+            raise ConfigError(
+                f"the value of API header {name!r} (CWTRAIN_API_HEADERS or headers=) has a character an HTTP "
+                f"header cannot carry at position {position + 1} (only printable ASCII is allowed)"
+            )
+
+
+def _check_origin(origin: str) -> str:
+    """The origin, refused unless it is an http(s) URL with a host (a ConfigError, never httpx's own)."""
+    try:
+        url = httpx.URL(origin)
+        valid = url.scheme in ("http", "https") and bool(url.host)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        valid = False
+    if not valid:
+        raise ConfigError(
+            f"API origin {mask_url_userinfo(origin)!r} is not an http(s) URL with a host; "
+            "check --base-url / COREWEAVE_API_URL"
+        )
+    return origin
 
 
 def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
@@ -126,6 +173,11 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
         if value:
             return value
     return None
+
+
+def _token_variable(environ: Mapping[str, str] | None) -> str:
+    """The variable :func:`token_from_env` took the token from (for messages)."""
+    return next((name for name in TOKEN_ENV_VARS if env_str(name, environ)), TOKEN_ENV_VARS[0])
 
 
 def headers_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -223,7 +275,8 @@ class InferenceClient:
     ) -> None:
         environ = environ_or(None)
         origin = (base_url or "").strip() or env_str("COREWEAVE_API_URL", environ) or DEFAULT_BASE_URL
-        self.base_url = origin.rstrip("/")
+        self.base_url = _check_origin(origin).rstrip("/")
+        self._shown_url = mask_url_userinfo(self.base_url)
         self.timeout = timeout
         self.max_retries = max(1, int(max_retries))
         #: Sleep function between retries (tests replace it).
@@ -233,6 +286,8 @@ class InferenceClient:
         self.backoff_max = 8.0
         resolved = (token or "").strip() or token_from_env(environ)
         extra = {str(k): str(v) for k, v in headers.items()} if headers is not None else headers_from_env(environ)
+        token_source = "--token / token=" if (token or "").strip() else _token_variable(environ)
+        _check_headers(resolved, token_source, extra)
         if not resolved and not extra:
             raise ConfigError(
                 "no API token: pass --token or set COREWEAVE_API_TOKEN (or CW_API_TOKEN); "
@@ -276,7 +331,7 @@ class InferenceClient:
         self._http.close()
 
     def __repr__(self) -> str:
-        return f"InferenceClient(base_url={self.base_url!r})"
+        return f"InferenceClient(base_url={self._shown_url!r})"
 
     def _mask(self, text: str) -> str:
         for secret in self._secrets:
@@ -290,7 +345,7 @@ class InferenceClient:
         except httpx.HTTPError as exc:
             raise TransportError(
                 self._mask(
-                    f"cannot reach the API: {method} {self.base_url}{API_PATH}{path} failed ({exc or type(exc).__name__}); "
+                    f"cannot reach the API: {method} {self._shown_url}{API_PATH}{path} failed ({exc or type(exc).__name__}); "
                     "check --base-url / COREWEAVE_API_URL and the network"
                 )
             ) from None
@@ -347,7 +402,7 @@ class InferenceClient:
 
     def get_gateway(self, gateway_id: str) -> Gateway:
         """One gateway; :class:`~cwtrain.errors.NotFoundError` when it does not exist."""
-        return Gateway.from_api(self._request("GET", f"/gateways/{_seg(gateway_id)}"))
+        return Gateway.from_api(self._request("GET", "/gateways/" + _resource(gateway_id, "gateway")))
 
     def create_gateway(self, request: Mapping[str, Any], *, gateway_id: str | None = None) -> Gateway:
         """Create a gateway from a CreateGatewayRequest body, idempotently.
@@ -366,7 +421,7 @@ class InferenceClient:
 
     def delete_gateway(self, gateway_id: str) -> None:
         """Send one DELETE (see :func:`cwtrain.infra.lifecycle.delete_gateway` for the wait)."""
-        self._request("DELETE", f"/gateways/{_seg(gateway_id)}", retry=False)
+        self._request("DELETE", "/gateways/" + _resource(gateway_id, "gateway"), retry=False)
 
     def get_gateway_parameters(self) -> dict[str, Any]:
         """The valid gateway parameters (zones), as the API returns them."""
@@ -388,7 +443,7 @@ class InferenceClient:
 
     def get_deployment(self, deployment_id: str) -> Deployment:
         """One deployment; :class:`~cwtrain.errors.NotFoundError` when it does not exist."""
-        return Deployment.from_api(self._request("GET", f"/deployments/{_seg(deployment_id)}"))
+        return Deployment.from_api(self._request("GET", "/deployments/" + _resource(deployment_id, "deployment")))
 
     def create_deployment(self, request: Mapping[str, Any], *, deployment_id: str | None = None) -> Deployment:
         """Create a deployment from a CreateDeploymentRequest body, idempotently.
@@ -410,7 +465,7 @@ class InferenceClient:
 
     def delete_deployment(self, deployment_id: str) -> None:
         """Send one DELETE (see :func:`cwtrain.infra.lifecycle.delete_deployment` for the wait)."""
-        self._request("DELETE", f"/deployments/{_seg(deployment_id)}", retry=False)
+        self._request("DELETE", "/deployments/" + _resource(deployment_id, "deployment"), retry=False)
 
     def get_deployment_parameters(self, gateway_ids: Sequence[str] | None = None) -> dict[str, Any]:
         """Allowed ``runtime.engine``/``version``/``engineEnv`` values, as the API returns them."""
@@ -572,11 +627,24 @@ class InferenceClient:
 
 
 def _seg(value: str) -> str:
-    """One URL path segment (ids never contain ``/``; refuse rather than escape)."""
+    """One URL path segment, percent-encoded: ``?``, ``#``, ``%`` and ``:`` in an id stay in the id.
+
+    Ids never contain ``/`` and are never ``.`` or ``..``: those are refused rather than escaped.
+    """
     text = str(value).strip()
     if not text or "/" in text or text in (".", ".."):
         raise UsageError(f"{value!r} is not a valid resource id")
-    return text
+    return quote(text, safe="")
+
+
+def _resource(value: str, kind: str) -> str:
+    """:func:`_seg` for a deployment or gateway id: ``parameters`` names their parameters endpoint."""
+    if str(value).strip() == "parameters":
+        raise UsageError(
+            f"'parameters' is not a {kind} id: GET /{kind}s/parameters is the parameters endpoint "
+            f"(cwtrain {kind} parameters)"
+        )
+    return _seg(value)
 
 
 def _items(data: Mapping[str, Any], fallback: str) -> list[Mapping[str, Any]]:

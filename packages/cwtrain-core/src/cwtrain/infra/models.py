@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 from cwtrain.infra.enums import (
@@ -67,8 +68,20 @@ def parse_time(value: object) -> datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+def _view_value(value: object) -> Any:
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, tuple):
+        return [_view_value(item) for item in value]
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else value
+
+
+def _view(model: object, *names: str) -> dict[str, Any]:
+    """The CLI view of ``model``: the named fields in order, enums as bare names, times ISO 8601."""
+    return {name: _view_value(getattr(model, name)) for name in names}
 
 
 def _obj(value: object) -> dict[str, Any]:
@@ -122,14 +135,7 @@ class Condition:
 
     def to_json(self) -> dict[str, Any]:
         """``{"type", "status", "reason", "message", "zone", "last_update_time"}``."""
-        return {
-            "type": self.type,
-            "status": self.status.name,
-            "reason": self.reason,
-            "message": self.message,
-            "zone": self.zone,
-            "last_update_time": _iso(self.last_update_time),
-        }
+        return _view(self, "type", "status", "reason", "message", "zone", "last_update_time")
 
     def describe(self) -> str:
         """``Ready=FALSE (Reason): message [zone]`` for logs and errors."""
@@ -188,17 +194,18 @@ class Gateway:
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's gateway view."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "status": self.status.name,
-            "zones": list(self.zones),
-            "endpoints": list(self.endpoints),
-            "organization_id": self.organization_id,
-            "conditions": [c.to_json() for c in self.conditions],
-            "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at),
-        }
+        return _view(
+            self,
+            "id",
+            "name",
+            "status",
+            "zones",
+            "endpoints",
+            "organization_id",
+            "conditions",
+            "created_at",
+            "updated_at",
+        )
 
 
 @dataclass(frozen=True)
@@ -211,7 +218,7 @@ class HotLoadConfig:
 
     def to_json(self) -> dict[str, Any]:
         """``{"bucket", "path_prefix", "transition_mode"}``."""
-        return {"bucket": self.bucket, "path_prefix": self.path_prefix, "transition_mode": self.transition_mode.name}
+        return _view(self, "bucket", "path_prefix", "transition_mode")
 
 
 @dataclass(frozen=True)
@@ -278,20 +285,9 @@ class Deployment:
             endpoints: the endpoints of its gateways (see :func:`cwtrain.infra.lifecycle.endpoints`).
             rollout_base_url: the OpenAI base URL derived from the first endpoint.
         """
-        return {
-            "id": self.id,
-            "name": self.name,
-            "status": self.status.name,
-            "model_name": self.model_name,
-            "model_bucket": self.model_bucket,
-            "model_path": self.model_path,
-            "engine": self.engine,
-            "hot_load": None if self.hot_load is None else self.hot_load.to_json(),
-            "gateway_ids": list(self.gateway_ids),
-            "conditions": [c.to_json() for c in self.conditions],
-            "endpoints": list(endpoints),
-            "rollout_base_url": rollout_base_url,
-        }
+        names = ("id", "name", "status", "model_name", "model_bucket", "model_path", "engine", "hot_load")
+        view = _view(self, *names, "gateway_ids", "conditions")
+        return {**view, "endpoints": list(endpoints), "rollout_base_url": rollout_base_url}
 
 
 @dataclass(frozen=True)
@@ -321,11 +317,7 @@ class IncrementalSnapshotMetadata:
 
     def to_json(self) -> dict[str, Any]:
         """``{"previous_snapshot_identity", "compression_format", "checksum_format"}``."""
-        return {
-            "previous_snapshot_identity": self.previous_snapshot_identity,
-            "compression_format": self.compression_format.name,
-            "checksum_format": self.checksum_format.name,
-        }
+        return _view(self, "previous_snapshot_identity", "compression_format", "checksum_format")
 
 
 @dataclass(frozen=True)
@@ -351,13 +343,7 @@ class SnapshotRef:
 
     def to_json(self) -> dict[str, Any]:
         """``{"identity", "type", "hot_load_id", "compression_format", "checksum_format"}``."""
-        return {
-            "identity": self.identity,
-            "type": self.type.name,
-            "hot_load_id": self.hot_load_id,
-            "compression_format": self.compression_format.name,
-            "checksum_format": self.checksum_format.name,
-        }
+        return _view(self, "identity", "type", "hot_load_id", "compression_format", "checksum_format")
 
 
 @dataclass(frozen=True)
@@ -435,26 +421,11 @@ class HotLoad:
 
     def to_json(self) -> dict[str, Any]:
         """The hot-load view of interface.md section 1.2."""
-        meta = self.incremental_snapshot_metadata
+        spec = ("id", "deployment_id", "identity", "type", "organization_id", "incremental_snapshot_metadata")
+        status = ("state", "created_at", "updated_at", "finished_at", "canceled_at", "conditions")
         return {
-            "spec": {
-                "id": self.id,
-                "deployment_id": self.deployment_id,
-                "identity": self.identity,
-                "type": self.type.name,
-                "organization_id": self.organization_id,
-                "incremental_snapshot_metadata": None if meta is None else meta.to_json(),
-                "prompt_cache_policy": self.prompt_cache_policy.name,
-                "snapshot_chain": [ref.to_json() for ref in self.snapshot_chain],
-            },
-            "status": {
-                "state": self.state.name,
-                "created_at": _iso(self.created_at),
-                "updated_at": _iso(self.updated_at),
-                "finished_at": _iso(self.finished_at),
-                "canceled_at": _iso(self.canceled_at),
-                "conditions": [c.to_json() for c in self.conditions],
-            },
+            "spec": _view(self, *spec, "prompt_cache_policy", "snapshot_chain"),
+            "status": _view(self, *status),
         }
 
 
@@ -495,14 +466,15 @@ class HotLoadReplica:
 
     def to_json(self) -> dict[str, Any]:
         """The replica view of interface.md section 1.2."""
-        return {
-            "name": self.name,
-            "state": self.state.name,
-            "zone": self.zone,
-            "current_snapshot_identity": self.current_snapshot_identity,
-            "error_reason": self.error_reason,
-            "transitioned_at": _iso(self.transitioned_at),
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(self.finished_at),
-            "updated_at": _iso(self.updated_at),
-        }
+        return _view(
+            self,
+            "name",
+            "state",
+            "zone",
+            "current_snapshot_identity",
+            "error_reason",
+            "transitioned_at",
+            "started_at",
+            "finished_at",
+            "updated_at",
+        )

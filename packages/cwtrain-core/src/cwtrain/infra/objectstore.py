@@ -9,8 +9,10 @@ underneath, configured like :func:`~cwtrain.infra.s3.s3_client`); every botocore
     from cwtrain.infra.s3 import object_store
 
     store = object_store()                                    # endpoint and region from the environment
-    store.put("weights", "p/a.bin", b"...", metadata={"cwtrain-sha256": digest}, if_none_match=True)
+    store.put("weights", "p/a.bin", b"...", metadata={"cwtrain-sha256": digest}, if_none_match=True,
+              sha256=digest)                                  # the store verifies the body's SHA-256
     store.head("weights", "p/a.bin")                          # StoredObject(key, size, etag, metadata) or None
+    store.head("weights", "p/a.bin", checksum=True).checksum_sha256   # the store's own SHA-256, if it keeps one
     with store.get("weights", "p/a.bin") as body:
         data = body.read()
     [o.key for o in store.list_objects("weights", "p/", delimiter="/")]   # every page
@@ -168,12 +170,16 @@ class StoredObject:
         size: bytes.
         etag: the ETag as sent (with its quotes).
         metadata: user metadata, names lowercased and without ``x-amz-meta-``.
+        checksum_sha256: the whole object's SHA-256 (hex) as the store recorded and verified
+            it (``x-amz-checksum-sha256``), when asked for (``head(..., checksum=True)``) and
+            kept; ``None`` otherwise (e.g. multipart objects, whose checksums are per part).
     """
 
     key: str
     size: int
     etag: str
     metadata: Mapping[str, str] = field(default_factory=dict)
+    checksum_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,18 +213,15 @@ class Payload:
     """A request body over memory views, sent as they are (no copy into a buffer).
 
     Args:
-        views: the bytes, in order (flat ``"B"`` memory views).
-        file: ``(fd, offset)`` when the views are the bytes of open file ``fd`` from
-            ``offset`` on (a read-only mapping); a store may then send from the file
-            (``sendfile``) instead of from memory.
+        views: the bytes, in order (flat ``"B"`` memory views), kept alive and unchanged
+            by the caller until the request returns.
     """
 
-    __slots__ = ("file", "size", "views")
+    __slots__ = ("size", "views")
 
-    def __init__(self, views: Sequence[memoryview], *, file: tuple[int, int] | None = None) -> None:
+    def __init__(self, views: Sequence[memoryview]) -> None:
         self.views = tuple(views)
         self.size = sum(v.nbytes for v in self.views)
-        self.file = file
 
     def __len__(self) -> int:
         return self.size
@@ -273,8 +276,12 @@ class ObjectStore(Protocol):
     docstring); ``head`` answers ``None`` for a missing key instead of raising.
     """
 
-    def head(self, bucket: str, key: str) -> StoredObject | None:
-        """The object's size, ETag and metadata (HeadObject), or ``None`` when there is no such key."""
+    def head(self, bucket: str, key: str, *, checksum: bool = False) -> StoredObject | None:
+        """The object's size, ETag and metadata (HeadObject), or ``None`` when there is no such key.
+
+        ``checksum`` also asks for the store's whole-object SHA-256 checksum
+        (``StoredObject.checksum_sha256``; ``x-amz-checksum-mode: ENABLED``).
+        """
         ...
 
     def get(self, bucket: str, key: str) -> ObjectStream:
@@ -294,10 +301,15 @@ class ObjectStore(Protocol):
         metadata: Mapping[str, str] | None = None,
         content_type: str | None = None,
         if_none_match: bool = False,
+        sha256: str | None = None,
     ) -> None:
         """Write one object (PutObject); ``if_none_match`` makes it create-only (``If-None-Match: *``).
 
+        ``sha256`` (hex) is the body's SHA-256, sent as its checksum
+        (``x-amz-checksum-sha256``): the store refuses a body that does not match it.
+
         Raises:
+            ObjectStoreStatusError: code ``BadDigest`` (or ``InvalidDigest``), the body does not match ``sha256``.
             PreconditionFailedError: create-only, and the key exists.
             ConditionalConflictError: create-only, and another conditional write is in progress.
             StoreNotImplementedError: the store refuses ``If-None-Match``.

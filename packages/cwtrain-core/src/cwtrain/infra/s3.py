@@ -47,10 +47,12 @@ without copies. :func:`as_object_store` wraps a raw boto3 client the same way, s
     store.head("my-weights", "hotload/run1-v000007/model.safetensors.index.json")
 
 **Sending bodies without copies** (:mod:`cwtrain.infra.s3_send`): a store's
-:class:`~cwtrain.infra.objectstore.Payload` bodies go out as the caller's memory views,
-and over plain HTTP (a loopback store, the LOTA cache) a mapped file's bytes go out with
-``sendfile`` from the page cache; the clients :func:`s3_client` builds are prepared for
-that before their first request.
+:class:`~cwtrain.infra.objectstore.Payload` bodies go out as the caller's memory views
+(the very buffers whose SHA-256 was computed). ``put(..., sha256=...)`` sends that digest
+as ``ChecksumSHA256`` (``x-amz-checksum-sha256`` with ``x-amz-sdk-checksum-algorithm:
+SHA256``): the store verifies the body against it (``BadDigest`` otherwise), and botocore
+computes nothing of its own. ``head(..., checksum=True)`` asks for the stored checksum
+(``ChecksumMode=ENABLED``).
 
 **TLS** verification is on. ``verify=False`` turns it off (with a warning; for
 development stores with self-signed certificates only); ``verify="/path/ca.pem"`` names
@@ -62,6 +64,7 @@ botocore's DEBUG request logs.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import logging
 import os
@@ -87,7 +90,7 @@ from cwtrain.infra.objectstore import (
     UploadedPart,
     status_error,
 )
-from cwtrain.infra.s3_send import S3Client, install_sendfile, install_zero_copy, request_body
+from cwtrain.infra.s3_send import S3Client, install_zero_copy, request_body
 
 __all__ = [
     "DEFAULT_S3_ENDPOINT",
@@ -313,7 +316,6 @@ def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None
         "s3", endpoint_url=endpoint, region_name=region, config=config, **boto3_kwargs
     )
     _shared_loader()  # drop the data path boto3 just appended again
-    install_sendfile(client)
     return client
 
 
@@ -380,8 +382,23 @@ def _translated(operation: str, key: str = "") -> Iterator[None]:
 def _stored(key: str, response: Mapping[str, Any]) -> StoredObject:
     metadata = {str(k).lower(): str(v) for k, v in (response.get("Metadata") or {}).items()}
     return StoredObject(
-        key=key, size=int(response.get("ContentLength", 0)), etag=str(response.get("ETag", "")), metadata=metadata
+        key=key,
+        size=int(response.get("ContentLength", 0)),
+        etag=str(response.get("ETag", "")),
+        metadata=metadata,
+        checksum_sha256=_sha256_hex(response.get("ChecksumSHA256")),
     )
+
+
+def _sha256_hex(value: Any) -> str | None:
+    """A whole-object ``ChecksumSHA256`` (base64) as hex; ``None`` for none or a composite (``<b64>-<parts>``)."""
+    if not isinstance(value, str) or "-" in value:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
 
 
 class _StreamBody:
@@ -422,11 +439,14 @@ class Boto3ObjectStore:
         endpoint = getattr(getattr(self.client, "meta", None), "endpoint_url", "?")
         return f"Boto3ObjectStore({endpoint})"
 
-    def head(self, bucket: str, key: str) -> StoredObject | None:
-        """HeadObject; ``None`` for a missing key."""
+    def head(self, bucket: str, key: str, *, checksum: bool = False) -> StoredObject | None:
+        """HeadObject (``ChecksumMode=ENABLED`` when ``checksum``); ``None`` for a missing key."""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if checksum:
+            kwargs["ChecksumMode"] = "ENABLED"
         try:
             with _translated("HeadObject", key):
-                response = self.client.head_object(Bucket=bucket, Key=key)
+                response = self.client.head_object(**kwargs)
         except ObjectNotFoundError:
             return None
         return _stored(key, response)
@@ -446,9 +466,13 @@ class Boto3ObjectStore:
         metadata: Mapping[str, str] | None = None,
         content_type: str | None = None,
         if_none_match: bool = False,
+        sha256: str | None = None,
     ) -> None:
-        """PutObject (create-only with ``If-None-Match: *`` when ``if_none_match``)."""
+        """PutObject (create-only with ``If-None-Match: *`` when ``if_none_match``; ``sha256`` as its checksum)."""
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Body": request_body(body)}
+        if sha256 is not None:
+            kwargs["ChecksumAlgorithm"] = "SHA256"
+            kwargs["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
         if metadata is not None:
             kwargs["Metadata"] = dict(metadata)
         if content_type is not None:

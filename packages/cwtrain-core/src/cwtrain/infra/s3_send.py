@@ -2,41 +2,44 @@
 
 :class:`~cwtrain.infra.s3.Boto3ObjectStore` does this for every client it wraps::
 
-    install_zero_copy(client)          # once per client (idempotent); s3_client() already ran install_sendfile
+    install_zero_copy(client)          # once per client (idempotent)
     client.upload_part(..., Body=request_body(payload))
 
 A :class:`~cwtrain.infra.objectstore.Payload` is memory views: the encoder's buffers, or
-a read-only mapping of a file (the page cache is the buffer). :func:`request_body` hands
-it to botocore as a :class:`_BodyFile`, a file-like object botocore validates and
-measures; the ``before-send`` hook that :func:`install_zero_copy` registers then swaps it
-for the views themselves, which urllib3 passes to ``sendall`` as they are instead of
-copying 16 KiB reads. Over plain HTTP (a loopback store, the LOTA cache) a body over a
-mapped file becomes a :class:`_FileRange`, which the connections of a client prepared by
-:func:`install_sendfile` send with ``sendfile`` straight from the page cache (HTTPS keeps
-``sendall`` of the views; a connection opened before the client was prepared iterates the
-range's views). Bodies that the SDK wraps (an ``aws-chunked`` checksum trailer, when one
-is asked for) are read through ``read`` and work unchanged, only slower.
+the buffers a file was read into and hashed from (:mod:`cwtrain.hotload.sources`).
+:func:`request_body` hands it to botocore as a :class:`_BodyFile`, a file-like object
+botocore validates and measures; the ``before-send`` hook that :func:`install_zero_copy`
+registers then swaps it for the views themselves, which urllib3 passes to ``sendall`` as
+they are instead of copying 16 KiB reads. Bodies that the SDK wraps (an ``aws-chunked``
+checksum trailer, when one is asked for) are read through ``read`` and work unchanged,
+only slower.
 
-**Measured** with ``bench/upload.py`` (256 MiB, moto on loopback, 2-core VM, one run; the
-commit log has the figures of each change): the SHA-256 pass is about 0.7 CPU-s/GB
-(OpenSSL with SHA-NI, ~1.4 GB/s on one core: the floor); the loopback send is charged to
-the sender, and ``sendfile`` saves the copy out of user memory (about 0.05 CPU-s/GB);
-botocore costs about 4 ms of CPU a request. No request carries Content-MD5 or an SDK
-checksum, and bodies go out as ``UNSIGNED-PAYLOAD``.
+**Why not ``sendfile``.** Sending a file's range with ``sendfile`` would spare the copy
+into the socket, but the kernel then sends whatever the page cache holds at that moment,
+which is not necessarily what was hashed: a file rewritten in place between the hash and
+the send would be published under a SHA-256 it does not have. Every body is therefore
+memory the hash was computed over. (Reading into ``memfd`` buffers and sending those with
+``sendfile`` keeps the guarantee, but measured on loopback it cost more, not less: 1.23
+against 1.13 CPU-s/GB.)
 
-Everything here leans on botocore internals (the ``before-send`` event, its urllib3
-connection-pool classes); nothing outside :mod:`cwtrain.infra.s3` imports it.
+**Measured** with ``bench/upload.py`` (moto on loopback; figures in the commit log): the
+SHA-256 pass is about 0.56 CPU-s/GB (OpenSSL with SHA-NI: the floor), the ``pread`` copy
+about 0.13, the loopback send of the buffers about 0.15-0.2; botocore costs about 4 ms of
+CPU a request. Bodies go out as ``UNSIGNED-PAYLOAD``; a single PutObject carries the
+``x-amz-checksum-sha256`` that cwtrain already computed (no second pass).
+
+Everything here leans on botocore internals (the ``before-send`` event); nothing outside
+:mod:`cwtrain.infra.s3` imports it.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from cwtrain.infra.objectstore import Body, Payload
 
-__all__ = ["S3Client", "install_sendfile", "install_zero_copy", "request_body"]
+__all__ = ["S3Client", "install_zero_copy", "request_body"]
 
 
 class S3Client(Protocol):
@@ -60,7 +63,7 @@ class _BodyFile:
     """A :class:`Payload` as the file botocore validates and measures (``read``/``seek``/``tell``/``len``).
 
     The ``before-send`` hook of :func:`install_zero_copy` swaps it for :class:`_Chunks`
-    so that urllib3 sends the views (or a file range) instead of copying 16 KiB reads.
+    so that urllib3 sends the views instead of copying 16 KiB reads.
     """
 
     def __init__(self, payload: Payload) -> None:
@@ -94,33 +97,13 @@ class _BodyFile:
         return b"".join(pieces)
 
 
-class _FileRange:
-    """A request-body chunk that is ``views`` = the bytes of file ``fd`` from ``offset`` on.
-
-    Plain-HTTP connections of a client prepared by :func:`install_sendfile` send it with
-    ``sendfile``; any other connection iterates it and sends the views.
-    """
-
-    def __init__(self, fd: int, offset: int, views: tuple[memoryview, ...]) -> None:
-        self.fd = fd
-        self.offset = offset
-        self.views = views
-        self.count = sum(v.nbytes for v in views)
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[memoryview]:
-        return iter(self.views)
-
-
 class _Chunks:
     """What urllib3 sends: an iterable of chunks (``seek`` so botocore can rewind on retry)."""
 
-    def __init__(self, chunks: tuple[memoryview | _FileRange, ...]) -> None:
+    def __init__(self, chunks: tuple[memoryview, ...]) -> None:
         self._chunks = chunks
 
-    def __iter__(self) -> Iterator[memoryview | _FileRange]:
+    def __iter__(self) -> Iterator[memoryview]:
         return iter(self._chunks)
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -130,13 +113,7 @@ class _Chunks:
 def _swap_body(request: Any, **_: Any) -> None:
     body = getattr(request, "body", None)
     if isinstance(body, _BodyFile):
-        payload = body.payload
-        url = str(getattr(request, "url", ""))
-        if payload.file is not None and payload.views and url.startswith("http://"):
-            fd, offset = payload.file
-            request.body = _Chunks((_FileRange(fd, offset, payload.views),))
-        else:
-            request.body = _Chunks(payload.views)
+        request.body = _Chunks(body.payload.views)
 
 
 def install_zero_copy(client: S3Client) -> None:
@@ -149,65 +126,3 @@ def install_zero_copy(client: S3Client) -> None:
         return
     for operation in ("PutObject", "UploadPart"):
         events.register(f"before-send.s3.{operation}", _swap_body, unique_id=f"cwtrain-zero-copy-{operation}")
-    install_sendfile(client)
-
-
-class _RangeFile:
-    """A file object for ``socket.sendfile`` over a shared descriptor (``pread``: no shared offset)."""
-
-    mode = "rb"
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._pos = 0
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self._pos = pos
-        return pos
-
-    def read(self, amt: int) -> bytes:
-        """Used by ``socket.sendfile`` only where ``os.sendfile`` cannot be."""
-        data = os.pread(self._fd, amt, self._pos)
-        self._pos += len(data)
-        return data
-
-
-_sendfile_pool: Any = None
-
-
-def _sendfile_pool_class() -> Any:
-    """botocore's plain-HTTP connection pool, with connections that ``sendfile`` a :class:`_FileRange`."""
-    global _sendfile_pool
-    if _sendfile_pool is None:
-        from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool
-
-        class SendfileConnection(AWSHTTPConnection):  # type: ignore[misc]
-            def send(self, data: Any) -> Any:
-                if not isinstance(data, _FileRange) or self.sock is None:
-                    return super().send(data)
-                if self._response_received:  # the store answered before the body (Expect: 100-continue)
-                    return None
-                self.sock.sendfile(_RangeFile(data.fd), data.offset, data.count)
-                return None
-
-        class SendfilePool(AWSHTTPConnectionPool):  # type: ignore[misc]
-            ConnectionCls = SendfileConnection
-
-        _sendfile_pool = SendfilePool
-    return _sendfile_pool
-
-
-def install_sendfile(client: S3Client) -> None:
-    """Let the plain-HTTP connections ``client`` opens from now on send :class:`_FileRange` chunks with ``sendfile``.
-
-    Idempotent; a no-op for a client whose HTTP session is not botocore's urllib3 one.
-    """
-    from botocore.awsrequest import AWSHTTPConnectionPool
-
-    session = getattr(getattr(client, "_endpoint", None), "http_session", None)
-    classes = getattr(session, "_pool_classes_by_scheme", None)
-    if isinstance(classes, dict) and classes.get("http") is AWSHTTPConnectionPool:
-        classes["http"] = _sendfile_pool_class()

@@ -18,8 +18,9 @@ are imported on first use.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cwtrain.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cwtrain.local.faults import Faults
@@ -35,9 +36,4 @@ _LAZY = {
     "MotoS3Server": "cwtrain.local.objectstore",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cwtrain.local' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

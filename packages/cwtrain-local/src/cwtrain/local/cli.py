@@ -7,10 +7,16 @@ export on stdout and the same as ``export`` lines on stderr, then runs until Ctr
 ``cwtrain local down``::
 
     cwtrain local up --replicas 2          # terminal 1: copy the printed "export ..." lines
-    cwtrain hotload list --deployment "$CWTRAIN_HOTLOAD_DEPLOYMENT_ID"   # terminal 2, after the exports
+    cwtrain hotload list                   # terminal 2, after the exports (--deployment from the env)
     cwtrain local down                     # or Ctrl-C in terminal 1
 
-The same variables are in the state file's ``env`` object (JSON), for scripts.
+The same variables are in the state file's ``env`` object (JSON), for scripts. With them
+exported, ``--deployment`` may be left out of every command (it defaults to
+``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``).
+
+Where the local stack differs from the service on purpose: ``cwtrain hotload cancel`` works
+locally (the hot-load ends CANCELED) although the service does not implement cancel yet (it
+answers ``unimplemented``); see :mod:`cwtrain.local.controlplane`.
 
 The environment holds ``COREWEAVE_API_URL``, ``COREWEAVE_API_TOKEN``, ``AWS_REGION``,
 ``CW_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, the bucket, and with a
@@ -65,7 +71,19 @@ def register(subparsers: Any) -> None:
         "Run the remote side of cwtrain on loopback: object store, control plane, gateway, replicas.",
     )
 
-    up = commands.add_parser("up", help="start the local stack and print the environment; runs until Ctrl-C")
+    up = commands.add_parser(
+        "up",
+        help="start the local stack and print the environment; runs until Ctrl-C",
+        description=(
+            "Start the object store, the control plane, a gateway and (unless --no-deploy) a hot-load "
+            "deployment of the tiny model; print the environment to export (stdout: JSON, stderr: export "
+            "lines, including CWTRAIN_HOTLOAD_DEPLOYMENT_ID, the default of every --deployment option); "
+            "run until Ctrl-C or 'cwtrain local down'. Differences from the service: 'cwtrain hotload "
+            "cancel' works here (the hot-load ends CANCELED) while the service does not implement cancel "
+            "yet (it answers unimplemented, exit 1); a hot-load created without a prompt cache policy "
+            "echoes PROMPT_CACHE_POLICY_PRESERVE."
+        ),
+    )
     up.add_argument("--replicas", type=positive_int, default=2, help="replicas of the deployment (2)")
     up.add_argument("--port", type=_port, default=None, help="control plane port (a free one)")
     up.add_argument("--no-deploy", action="store_true", help="start without a gateway and deployment")

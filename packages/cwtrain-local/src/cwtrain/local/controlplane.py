@@ -14,21 +14,45 @@ GET      ``/gateways/{id}``                      ``{"gateway": ...}``
 DELETE   ``/gateways/{id}``                      ``{}`` (failed_precondition while attached)
 GET      ``/deployments`` (``parentGatewayId``)  ``{"items": [deployment, ...]}``
 POST     ``/deployments``                        ``{"deployment": ...}`` (client ``id``)
-GET      ``/deployments/parameters``             allowed engines (``gatewayIds`` repeated)
+GET      ``/deployments/parameters``             ``gatewayIds``, ``runtimeParameters``, ...
+                                                 (``gatewayIds`` repeated; see below)
 GET      ``/deployments/{id}``                   ``{"deployment": ...}``
 PATCH    ``/deployments/{id}``                   ``{"deployment": ...}`` (``hotLoad`` frozen)
 DELETE   ``/deployments/{id}``                   ``{}``; STATUS_DELETING, then not_found
-POST     ``/hotLoads``                           ``{"hotLoad": ...}`` (client ``hotLoadId``)
+POST     ``/hotLoads``                           ``{"hotLoad": ...}`` (client ``hotLoadId``;
+                                                 no ``promptCachePolicy``: PRESERVE echoed)
 GET      ``/hotLoads``                           ``hotLoads[]``, ``nextPageToken``, newest first
 GET      ``/hotLoads/{id}``                      ``{"hotLoad": ...}``
 GET      ``/hotLoads/{id}/replicas``             ``replicas[]``, ``nextPageToken``
-POST     ``/hotLoads/{id}:cancel``               ``{"hotLoad": ...}``
+POST     ``/hotLoads/{id}:cancel``               ``{"hotLoad": ...}`` CANCELED (the service:
+                                                 ``unimplemented``, see below)
 =======  ======================================  ==========================================
+
+``/deployments/parameters`` answers in the public API reference's shape
+(:func:`cwtrain.local.resources.deployment_parameters`)::
+
+    {"gatewayIds": ["7f6c..."],
+     "runtimeParameters": {"runtimeVersions": {"dynamo-vllm": {"versions": ["1.2.3", "1.3.0"]}, ...},
+                           "runtimeConfigOptions": {"dynamo-vllm": {"allowedKeys": ["max-model-len", ...]}, ...},
+                           "engineEnvOptions": {"dynamo-vllm": {"allowedNames": ["HF_HUB_OFFLINE", ...]}, ...}},
+     "resourceParameters": {"instanceTypes": ["CPU_LOCAL", "H100_80GB_SXM5"]}}
+
+A hot-load created without ``promptCachePolicy`` echoes ``PROMPT_CACHE_POLICY_PRESERVE``
+(the public reference does not say what the service echoes; the spec's rule is that an
+absent policy means PRESERVE). Cancel works here by default (``cancel_implemented``); the
+service documents it as not implemented yet and answers ``unimplemented`` (HTTP 501), which
+``LocalStack(cancel_implemented=False)`` reproduces.
 
 Every call needs ``Authorization: Bearer <token>``: an admin token may write, a viewer
 token may only read (``permission_denied`` otherwise), anything else is
-``unauthenticated``. Errors are ``{"code": <Connect code>, "message", "details": []}`` with
-the usual HTTP status. Armed :class:`~cwtrain.local.faults.APIFaults` apply before routing.
+``unauthenticated``; the token is checked before a byte of the body is read. Bodies are
+bounded (:data:`MAX_BODY_BYTES`, 413) and framed strictly (400 for a ``Content-Length``
+such as ``abc``, ``-1`` or ``1e11``; :mod:`cwtrain.local.loopback`). Ids in paths are
+matched segment by segment before they are unescaped, and an id that is not 1-128
+characters of ``[A-Za-z0-9._-]`` (``x?junk``, ``a%2Fb``, control characters) is refused
+with ``invalid_argument`` instead of being looked up. Errors are ``{"code": <Connect
+code>, "message", "details": []}`` with the usual HTTP status. Armed
+:class:`~cwtrain.local.faults.APIFaults` apply after authentication, before routing.
 """
 
 from __future__ import annotations
@@ -43,19 +67,22 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from cwtrain.local.faults import APIFaults
-from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer
-from cwtrain.local.resources import ServiceError
+from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer, RequestRefused
+from cwtrain.local.resources import ServiceError, check_resource_id
 from cwtrain.local.state import ControlPlaneState
 
-__all__ = ["API_PREFIX", "ControlPlaneServer"]
+__all__ = ["API_PREFIX", "MAX_BODY_BYTES", "ControlPlaneServer"]
 
 log = logging.getLogger("cwtrain.local.controlplane")
 
 #: Path prefix of the inference API.
 API_PREFIX = "/v1alpha1/inference"
+#: The longest request body the control plane reads (gRPC's default message limit).
+MAX_BODY_BYTES = 4 << 20
 
 Query = dict[str, list[str]]
-Route = tuple[str, re.Pattern[str], Callable[[ControlPlaneState, re.Match[str], Query, Any], dict[str, Any]]]
+Ids = list[str]
+Route = tuple[str, re.Pattern[str], Callable[[ControlPlaneState, Ids, Query, Any], dict[str, Any]]]
 
 _SEGMENT = r"([^/:]+)"
 
@@ -73,8 +100,8 @@ _ROUTES: tuple[Route, ...] = (
     ("GET", re.compile(r"^/gateways/parameters$"), lambda s, m, q, b: s.gateway_parameters()),
     ("GET", re.compile(r"^/gateways$"), lambda s, m, q, b: s.list_gateways(_one(q, "updatedAfter"))),
     ("POST", re.compile(r"^/gateways$"), lambda s, m, q, b: s.create_gateway(b)),
-    ("GET", re.compile(rf"^/gateways/{_SEGMENT}$"), lambda s, m, q, b: s.get_gateway(m[1])),
-    ("DELETE", re.compile(rf"^/gateways/{_SEGMENT}$"), lambda s, m, q, b: s.delete_gateway(m[1])),
+    ("GET", re.compile(rf"^/gateways/{_SEGMENT}$"), lambda s, m, q, b: s.get_gateway(m[0])),
+    ("DELETE", re.compile(rf"^/gateways/{_SEGMENT}$"), lambda s, m, q, b: s.delete_gateway(m[0])),
     (
         "GET",
         re.compile(r"^/deployments/parameters$"),
@@ -86,10 +113,10 @@ _ROUTES: tuple[Route, ...] = (
         lambda s, m, q, b: s.list_deployments(_one(q, "parentGatewayId") or None, _one(q, "updatedAfter")),
     ),
     ("POST", re.compile(r"^/deployments$"), lambda s, m, q, b: s.create_deployment(b)),
-    ("GET", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.get_deployment(m[1])),
-    ("PATCH", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.update_deployment(m[1], b)),
-    ("PUT", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.update_deployment(m[1], b)),
-    ("DELETE", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.delete_deployment(m[1])),
+    ("GET", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.get_deployment(m[0])),
+    ("PATCH", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.update_deployment(m[0], b)),
+    ("PUT", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.update_deployment(m[0], b)),
+    ("DELETE", re.compile(rf"^/deployments/{_SEGMENT}$"), lambda s, m, q, b: s.delete_deployment(m[0])),
     ("POST", re.compile(r"^/hotLoads$"), lambda s, m, q, b: s.create_hot_load(b)),
     (
         "GET",
@@ -98,18 +125,22 @@ _ROUTES: tuple[Route, ...] = (
             _one(q, "parentDeploymentId") or None, _one(q, "maxPageSize"), _one(q, "pageToken")
         ),
     ),
-    ("POST", re.compile(rf"^/hotLoads/{_SEGMENT}:cancel$"), lambda s, m, q, b: s.cancel_hot_load(m[1])),
-    ("GET", re.compile(rf"^/hotLoads/{_SEGMENT}$"), lambda s, m, q, b: s.get_hot_load(m[1])),
+    ("POST", re.compile(rf"^/hotLoads/{_SEGMENT}:cancel$"), lambda s, m, q, b: s.cancel_hot_load(m[0])),
+    ("GET", re.compile(rf"^/hotLoads/{_SEGMENT}$"), lambda s, m, q, b: s.get_hot_load(m[0])),
     (
         "GET",
         re.compile(rf"^/hotLoads/{_SEGMENT}/replicas$"),
-        lambda s, m, q, b: s.list_replicas(m[1], _one(q, "maxPageSize"), _one(q, "pageToken")),
+        lambda s, m, q, b: s.list_replicas(m[0], _one(q, "maxPageSize"), _one(q, "pageToken")),
     ),
 )
 
 
+_KINDS = {"gateways": "gateway id", "deployments": "deployment id", "hotLoads": "hot-load id"}
+
+
 class _Handler(JSONHandler):
     server: _Server
+    max_body_bytes = MAX_BODY_BYTES
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("api: " + format, *args)
@@ -136,25 +167,38 @@ class _Handler(JSONHandler):
             return
         raise ServiceError("unauthenticated", "invalid or expired token")
 
+    def authenticate(self) -> None:
+        try:
+            self._auth(self.command)
+        except ServiceError as exc:
+            raise RequestRefused(exc.http_status, exc.message, code=exc.code) from None
+
+    def refusal_body(self, error: RequestRefused) -> Any:
+        return {"code": error.code, "message": error.message, "details": []}
+
     def _handle(self, method: str) -> None:
         split = urlsplit(self.path)
-        raw = self.read_body()
-        path = unquote(split.path)
-        if not path.startswith(API_PREFIX + "/"):
-            self.send_json(404, ServiceError("not_found", f"no route for {method} {path}").body())
+        try:
+            raw = self.read_body()  # authenticates first
+        except RequestRefused as exc:
+            self.refuse(exc)
             return
-        path = path[len(API_PREFIX) :].rstrip("/")
+        if not split.path.startswith(API_PREFIX + "/"):
+            path = unquote(split.path)
+            self.send_json(404, ServiceError("not_found", f"no route for {method} {path[:200]}").body())
+            return
+        route = split.path[len(API_PREFIX) :].rstrip("/")  # still escaped: ids are unescaped per segment
+        path = unquote(route)
         faults = self.server.faults.take(method, path)
         for fault in faults:
             if fault.kind == "delay":
                 time.sleep(fault.seconds)
         drop = any(f.kind == "drop" for f in faults)
         try:
-            self._auth(method)
             for fault in faults:
                 if fault.kind == "fail":
                     raise ServiceError(fault.code, fault.message, http_status=fault.http_status)
-            status, payload = 200, self._route(method, path, parse_qs(split.query), raw)
+            status, payload = 200, self._route(method, route, parse_qs(split.query), raw)
         except ServiceError as exc:
             status, payload = exc.http_status, exc.body()
         except Exception as exc:
@@ -165,7 +209,7 @@ class _Handler(JSONHandler):
             return
         self.send_json(status, payload)
 
-    def _route(self, method: str, path: str, query: Query, raw: bytes) -> dict[str, Any]:
+    def _route(self, method: str, route: str, query: Query, raw: bytes) -> dict[str, Any]:
         body: Any = None
         if method in ("POST", "PATCH", "PUT"):
             try:
@@ -176,12 +220,15 @@ class _Handler(JSONHandler):
                 raise ServiceError("invalid_argument", "request body must be a JSON object")
         known = False
         for verb, pattern, handler in _ROUTES:
-            match = pattern.match(path)
+            match = pattern.match(route)
             if match is None:
                 continue
             known = True
+            what = _KINDS.get(route.split("/")[1], "id")
+            ids = [check_resource_id(unquote(group), what) for group in match.groups()]
             if verb == method:
-                return handler(self.server.state, match, query, body)
+                return handler(self.server.state, ids, query, body)
+        path = unquote(route)[:200]
         if known:
             raise ServiceError("unimplemented", f"method {method} is not supported on {path}", http_status=405)
         raise ServiceError("not_found", f"no route for {method} {API_PREFIX}{path}")

@@ -2,7 +2,7 @@
 
 What it does, all on loopback::
 
-    cwtrain demo [--steps 40] [--seed 0] [--replicas 2] [--full-every 10] [--group-size 8]
+    cwtrain demo [--steps 40] [--seed 0] [--replicas 2] [--full-every 10] [--group-size 8] [--report PATH]
 
 1. Starts :class:`~cwtrain.local.LocalStack` (moto S3, control plane, gateway, replicas) and
    uploads the tiny model's base weights.
@@ -23,7 +23,10 @@ What it does, all on loopback::
 
 stderr shows one line per step (reward, snapshot type and size, publish and hot-load
 latency) and a summary table; stdout gets one JSON document with every figure (both from
-:mod:`cwtrain.local.demo_report`). The run
+:mod:`cwtrain.local.demo_report`). ``--report PATH`` also writes the run as one
+self-contained HTML page with four plots (reward, publish and hot-load latency, snapshot
+bytes FULL vs delta, served identity lag; :mod:`cwtrain.local.demo_page`), which opens
+offline in any browser. The run
 is reproducible: ``--seed`` fixes the base weights, the prompts and every sampling seed
 (groups are sent as ``n = 1`` requests with seeds drawn from it; ``--group-requests`` sends
 one unseeded ``n = group size`` request per group instead, faster but not reproducible).
@@ -114,6 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout", type=float, default=d.timeout, help="seconds per publish and hot-load (default 120)"
+    )
+    parser.add_argument(
+        "--report",
+        metavar="PATH",
+        default=None,
+        help="also write the run as a self-contained HTML page with four plots (opens offline)",
     )
 
 
@@ -341,5 +350,10 @@ def main(args: argparse.Namespace) -> int:
         for logger, level in levels:
             logger.setLevel(level)
     print_summary(summary, sys.stderr)
+    report = getattr(args, "report", None)
+    if report:
+        from cwtrain.local.demo_page import write_report
+
+        print(f"report: {write_report(summary, report)}", file=sys.stderr, flush=True)
     emit(summary)
     return 0 if summary["reward_goal_met"] or not config.check else 1

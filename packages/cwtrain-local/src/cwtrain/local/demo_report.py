@@ -11,7 +11,8 @@ prints its table on stderr::
     print_summary(summary, sys.stderr)                # summary  value / -------  ----- / ...
 
 The reward goal (``reward_goal_met``): the final mean reward is at least 0.5 and at least
-twice the first.
+twice the first. The same summary drawn as an HTML page (``cwtrain demo --report PATH``) is
+:mod:`cwtrain.local.demo_page`.
 """
 
 from __future__ import annotations

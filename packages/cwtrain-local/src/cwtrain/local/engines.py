@@ -2,7 +2,7 @@
 
 A :class:`ReplicaProcess` is one ``python -m cwtrain.local.replica`` child (the replica
 protocol: ``GET /health``, ``POST /admin/hotload``, ``GET /admin/weights``, the OpenAI
-routes) in its own process group, with its output in a log file. A background monitor
+routes, each with the replica token) in its own process group, with its output in a log file. A background monitor
 thread keeps :attr:`ReplicaProcess.health` fresh: fast while something is changing (the
 replica is starting or loading a snapshot), slowly otherwise.
 
@@ -29,10 +29,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_REPLICA_COMMAND", "ReplicaProcess", "kill_all"]
+__all__ = ["DEFAULT_REPLICA_COMMAND", "TOKEN_VARIABLE", "ReplicaProcess", "kill_all"]
 
 log = logging.getLogger("cwtrain.local.engines")
 
+#: The environment variable giving a replica the bearer token every request to it must carry.
+TOKEN_VARIABLE = "CWTRAIN_LOCAL_REPLICA_TOKEN"
 #: argv prefix that starts one replica; the protocol's options are appended.
 DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "cwtrain.local.replica")
 
@@ -78,6 +80,7 @@ class ReplicaProcess:
         env: its environment.
         log_path: file receiving its stdout and stderr.
         on_change: called (from the monitor thread) when ``/health`` changes state or identity.
+        token: the replica token sent on every request (``Authorization: Bearer``).
     """
 
     def __init__(
@@ -88,8 +91,10 @@ class ReplicaProcess:
         env: Mapping[str, str],
         log_path: Path,
         on_change: Callable[[], None] | None = None,
+        token: str | None = None,
     ) -> None:
         self.name = name
+        self.token = token
         self.on_change = on_change
         self.port = port
         self.argv = list(argv)
@@ -194,6 +199,8 @@ class ReplicaProcess:
         try:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Content-Type": "application/json"} if payload is not None else {}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
             conn.request(method, path, body=payload, headers=headers)
             response = conn.getresponse()
             raw = response.read()

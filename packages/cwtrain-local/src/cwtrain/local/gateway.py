@@ -3,32 +3,46 @@
 One :class:`GatewayServer` per gateway resource, on its own loopback port; its URL is the
 gateway's ``status.endpoints[0]``. It serves
 
-- ``GET /v1/models``: the ``spec.model.name`` of every deployment attached to the gateway;
-- ``POST /v1/completions`` (and ``/v1/chat/completions``): the deployment is chosen by the
-  gateway's routing (``bodyBasedRouting``: the body's ``model``; ``headerBasedRouting``:
-  the named header; ``pathBasedRouting``: ``/<model>/v1/...``), then the request goes to
-  that deployment's routable replicas round-robin, unchanged, and the replica's answer comes
-  back unchanged (its ``x-cwtrain-snapshot-identity`` header included). A replica that does
-  not answer is skipped for the next one.
+- ``GET /v1/models``: a card for the ``spec.model.name`` of every deployment attached to the
+  gateway (the card a replica of it gives, vLLM's; a minimal one while none answers);
+- ``POST /v1/*`` (``/v1/completions``, ``/v1/chat/completions``) and vLLM's ``POST /tokenize``
+  and ``POST /detokenize`` at the root: the deployment is chosen by the gateway's routing
+  (``bodyBasedRouting``: the body's ``model``; ``headerBasedRouting``: the named header;
+  ``pathBasedRouting``: ``/<model>/v1/...``, ``/<model>/tokenize``), then the request goes to
+  one of that deployment's routable replicas, unchanged (a ``Transfer-Encoding: chunked``
+  body is read whole and sent on with its length), and the replica's answer comes back
+  unchanged (its ``x-cwtrain-snapshot-identity`` header included). A stream (an answer
+  without ``Content-Length``: server-sent events) is relayed as it arrives, chunk by chunk.
+  A replica that does not answer is skipped for the next one.
 
 Auth: ``coreWeaveAuth`` gateways want ``Authorization: Bearer <the stack's API token>``;
-``weightsAndBiasesAuth`` gateways accept any non-empty bearer key. Errors use OpenAI's body
+``weightsAndBiasesAuth`` gateways accept any non-empty bearer key. The key is checked before
+a byte of the body is read, and bodies are bounded (:data:`MAX_BODY_BYTES`, 413;
+:mod:`cwtrain.local.loopback`). The gateway speaks to replicas with the replicas' own token
+(``replica_token``), never with the caller's key. Errors use OpenAI's body
 ``{"error": {"message", "type", "code"}}``.
 """
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer
+from cwtrain.local.loopback import (
+    DEFAULT_MAX_BODY_BYTES,
+    BackgroundServer,
+    JSONHandler,
+    LoopbackHTTPServer,
+    RequestRefused,
+)
 
-__all__ = ["GatewayServer", "Router"]
+__all__ = ["MAX_BODY_BYTES", "GatewayServer", "Router"]
 
 log = logging.getLogger("cwtrain.local.gateway")
 
@@ -36,10 +50,17 @@ log = logging.getLogger("cwtrain.local.gateway")
 Router = Callable[[str], tuple[Mapping[str, Any] | None, Mapping[str, list[str]]]]
 
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
+#: Engine routes outside ``/v1`` that the gateway relays (vLLM's tokenizer endpoints).
+ROOT_ROUTES = ("/tokenize", "/detokenize")
+_RELAY_READ = 64 * 1024
+#: The longest request body the gateway reads (and relays; replicas take as much).
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 
 
 class _Handler(JSONHandler):
     server: _Server
+    max_body_bytes = MAX_BODY_BYTES
+    _routing: tuple[Mapping[str, Any], Mapping[str, list[str]]] = ({}, {})
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("gateway %s: " + format, self.server.gateway_id, *args)
@@ -48,62 +69,88 @@ class _Handler(JSONHandler):
         body = {"error": {"message": message, "type": kind, "code": code or str(status)}}
         self.send_json(status, body, {"Retry-After": "1"} if status == 503 else None)
 
-    def _serving(self) -> tuple[Mapping[str, Any], Mapping[str, list[str]]] | None:
-        """The gateway's spec and routes, or ``None`` once an error was sent (not serving, not authorized)."""
+    def refusal_body(self, error: RequestRefused) -> Any:
+        kind = "authentication_error" if error.status == 401 else "server_error" if error.status >= 500 else None
+        return {"error": {"message": error.message, "type": kind or "invalid_request_error", "code": str(error.status)}}
+
+    def refuse(self, error: RequestRefused, headers: Mapping[str, str] | None = None) -> None:
+        super().refuse(error, {"Retry-After": "1"} if error.status == 503 else headers)
+
+    def authenticate(self) -> None:
+        """The gateway must serve and the bearer key must be accepted (before any body byte is read)."""
         spec, models = self.server.router(self.server.gateway_id)
         if spec is None:
-            self._error(503, "gateway is not serving", "server_error")
-            return None
-        if not self._authorized(spec):
-            return None
-        return spec, models
-
-    def _authorized(self, spec: Mapping[str, Any]) -> bool:
+            raise RequestRefused(503, "gateway is not serving", code="503")
         header = self.headers.get("Authorization", "")
         scheme, _, key = header.partition(" ")
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
-            self._error(401, "missing bearer token (Authorization: Bearer <key>)", "authentication_error", "401")
-            return False
-        if "coreWeaveAuth" in spec and key not in self.server.tokens:
-            self._error(401, "invalid API key", "authentication_error", "401")
-            return False
-        return True
+            raise RequestRefused(401, "missing bearer token (Authorization: Bearer <key>)", code="401")
+        if "coreWeaveAuth" in spec and not any(
+            hmac.compare_digest(key.encode(), token.encode()) for token in self.server.tokens
+        ):
+            raise RequestRefused(401, "invalid API key", code="401")
+        self._routing = (spec, models)
+
+    def _body(self) -> bytes | None:
+        """The authenticated request's body, or ``None`` once the refusal was sent."""
+        try:
+            return self.read_body()
+        except RequestRefused as exc:
+            self.refuse(exc)
+            return None
 
     def do_GET(self) -> None:
-        serving = self._serving()
-        if serving is None:
+        if self._body() is None:
             return
-        _, models = serving
+        _, models = self._routing
         path = urlsplit(self.path).path.rstrip("/")
         if path.endswith("/v1/models"):
-            created = int(self.server.started)
-            data = [
-                {"id": m, "object": "model", "created": created, "owned_by": "cwtrain-local"} for m in sorted(models)
-            ]
-            self.send_json(200, {"object": "list", "data": data})
+            self.send_json(200, {"object": "list", "data": [self._card(m, models[m]) for m in sorted(models)]})
             return
         self._error(404, f"no route for GET {path}", code="404")
 
+    def _card(self, model: str, replicas: list[str]) -> dict[str, Any]:
+        """The model's card as a replica gives it, else a minimal vLLM-shaped one."""
+        for url in replicas[:2]:
+            parts = urlsplit(url)
+            conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=5)
+            try:
+                conn.request("GET", "/v1/models", headers=self._replica_auth())
+                response = conn.getresponse()
+                doc = json.loads(response.read()) if response.status == 200 else {}
+                for card in doc.get("data") or []:
+                    if isinstance(card, dict) and card.get("id") == model:
+                        return card
+            except (OSError, http.client.HTTPException, ValueError):
+                continue
+            finally:
+                conn.close()
+        created = int(self.server.started)
+        return {"id": model, "object": "model", "created": created, "owned_by": "vllm", "root": model, "parent": None}
+
     def do_POST(self) -> None:
-        raw = self.read_body()
-        serving = self._serving()
-        if serving is None:
+        raw = self._body()
+        if raw is None:
             return
-        spec, models = serving
+        spec, models = self._routing
         path = urlsplit(self.path).path
         model = self._model(spec, path, raw)
         if model is None:
             return
         if "pathBasedRouting" in spec:
             path = path[len(model) + 1 :]
-        if not path.startswith("/v1/"):
+        if not path.startswith("/v1/") and path not in ROOT_ROUTES:
             self._error(404, f"no route for POST {path}", code="404")
             return
         if model not in models:
             self._error(404, f"the model {model!r} does not exist on this gateway", code="model_not_found")
             return
         self._proxy(models[model], path, raw)
+
+    def _replica_auth(self) -> dict[str, str]:
+        token = self.server.replica_token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def _model(self, spec: Mapping[str, Any], path: str, raw: bytes) -> str | None:
         if "headerBasedRouting" in spec:
@@ -135,7 +182,7 @@ class _Handler(JSONHandler):
             return
         query = urlsplit(self.path).query
         target = path + (f"?{query}" if query else "")
-        headers = {"Content-Type": self.headers.get("Content-Type", "application/json")}
+        headers = {"Content-Type": self.headers.get("Content-Type", "application/json"), **self._replica_auth()}
         last = ""
         for url in replicas:
             parts = urlsplit(url)
@@ -143,30 +190,43 @@ class _Handler(JSONHandler):
             try:
                 conn.request("POST", target, body=raw, headers=headers)
                 response = conn.getresponse()
-                body = response.read()
+                body = response.read() if response.getheader("Content-Length") is not None else None
             except (OSError, http.client.HTTPException) as exc:
+                conn.close()
                 last = f"{url}: {exc}"
                 log.info("gateway: replica %s did not answer (%s); trying the next one", url, exc)
                 continue
+            relayed = {k: v for k, v in response.getheaders() if k.lower() not in _HOP_HEADERS | {"content-type"}}
+            content_type = response.getheader("Content-Type") or "application/json"
+            try:
+                if body is not None:
+                    self.send_body(response.status, body, content_type=content_type, headers=relayed)
+                else:
+                    self.send_stream(response.status, _relay(response), content_type=content_type, headers=relayed)
             finally:
                 conn.close()
-            self.send_response(response.status)
-            for key, value in response.getheaders():
-                if key.lower() not in _HOP_HEADERS:
-                    self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
             return
         self._error(503, f"no replica answered ({last})", "server_error", "503")
 
 
+def _relay(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """A streamed answer's bytes as they arrive (each read returns what one chunk has ready)."""
+    try:
+        while data := response.read1(_RELAY_READ):
+            yield data
+    except (OSError, http.client.HTTPException) as exc:
+        log.info("gateway: the replica's stream broke off (%s)", exc)
+
+
 class _Server(LoopbackHTTPServer):
-    def __init__(self, port: int, gateway_id: str, router: Router, tokens: frozenset[str]) -> None:
+    def __init__(
+        self, port: int, gateway_id: str, router: Router, tokens: frozenset[str], replica_token: str | None
+    ) -> None:
         super().__init__(port, _Handler)
         self.gateway_id = gateway_id
         self.router = router
         self.tokens = tokens
+        self.replica_token = replica_token
         self.started = time.time()
 
 
@@ -178,7 +238,16 @@ class GatewayServer(BackgroundServer):
         router: gives the gateway's spec and, per model name, the replica URLs to use.
         tokens: API tokens accepted by ``coreWeaveAuth`` gateways.
         port: the port (a free one when 0).
+        replica_token: the bearer token replicas accept (sent on every relayed request).
     """
 
-    def __init__(self, gateway_id: str, router: Router, tokens: frozenset[str], port: int = 0) -> None:
-        super().__init__(_Server(port, gateway_id, router, tokens), f"gateway-{gateway_id}")
+    def __init__(
+        self,
+        gateway_id: str,
+        router: Router,
+        tokens: frozenset[str],
+        port: int = 0,
+        *,
+        replica_token: str | None = None,
+    ) -> None:
+        super().__init__(_Server(port, gateway_id, router, tokens, replica_token), f"gateway-{gateway_id}")

@@ -7,16 +7,16 @@ checkpoints, XOR+zstd deltas, chain replay) runs on realistic bytes.
 
 Pieces:
 
-- :class:`Tokenizer` — 64 tokens: ``<eos>`` (0), ``<bos>`` (1), then one token per
-  character (space, newline, digits, lowercase letters, punctuation). Characters outside
-  the alphabet encode as ``?``; decoding skips special tokens unless asked otherwise.
+- :class:`Tokenizer` (:mod:`cwtrain.local.tokenizer`) — 64 tokens: ``<eos>`` (0), ``<bos>``
+  (1), then one token per character; its chat template goes to ``tokenizer_config.json``.
 - :class:`ModelConfig` — sizes (``config.json`` uses HuggingFace key names).
 - :func:`init_weights` / :func:`write_base_checkpoint` — deterministic weights from a seed.
 - :func:`forward` — logits from any dict of named tensors (BF16 served weights or the
   trainer's float32 parameters, differentiable).
 - :class:`TinyLM` — a loaded model that samples: :meth:`TinyLM.generate` returns, per
   sequence, the token ids, the log-prob of each sampled token and a finish reason. Same
-  weights and same ``seed`` give the same tokens.
+  weights and same ``seed`` give the same tokens. ``on_token`` sees every token as it is
+  sampled (:class:`TokenEvent`), which is how replicas stream.
 - :func:`token_logprobs` — the log-probs the model assigns to given completion tokens,
   computed exactly as :meth:`TinyLM.generate` reports them.
 
@@ -38,8 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,13 +52,16 @@ from safetensors.torch import save as st_save
 from cwtrain.hotload.format import SINGLE_FILE_NAME
 from cwtrain.hotload.tensors import TensorData
 from cwtrain.hotload.torch import TORCH_DTYPES
+from cwtrain.local.tokenizer import TOKENIZER_CONFIG_FILE, Tokenizer
 
 __all__ = [
     "CHECKPOINT_FILE",
     "CONFIG_FILE",
     "GeneratedSequence",
+    "OnToken",
     "ModelConfig",
     "TinyLM",
+    "TokenEvent",
     "Tokenizer",
     "forward",
     "from_tensor_data",
@@ -75,64 +77,6 @@ __all__ = [
 CONFIG_FILE = "config.json"
 #: The checkpoint's one weights file (:data:`cwtrain.hotload.format.SINGLE_FILE_NAME`).
 CHECKPOINT_FILE = SINGLE_FILE_NAME
-
-_SPECIALS = ("<eos>", "<bos>")
-_CHARS = " \n" + string.digits + string.ascii_lowercase + ".,:;!?'\"-+=*/()[]<>_#@%&"
-_UNKNOWN = "?"
-
-
-class Tokenizer:
-    """Character tokenizer of the tiny model: 2 special tokens, then one id per character."""
-
-    def __init__(self) -> None:
-        self.tokens: tuple[str, ...] = _SPECIALS + tuple(_CHARS)
-        self._ids = {tok: i for i, tok in enumerate(self.tokens)}
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of token ids (64)."""
-        return len(self.tokens)
-
-    @property
-    def eos_token_id(self) -> int:
-        """Id of ``<eos>``: generation ends when it is sampled."""
-        return 0
-
-    @property
-    def pad_token_id(self) -> int | None:
-        """No padding token (``None``, as a HuggingFace tokenizer without one): pad with ``<eos>``."""
-        return None
-
-    @property
-    def bos_token_id(self) -> int:
-        """Id of ``<bos>``, prepended by ``encode(..., add_special_tokens=True)``."""
-        return 1
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """Ids of the special tokens (not shown by :meth:`decode`)."""
-        return frozenset(range(len(_SPECIALS)))
-
-    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text`` (unknown characters become ``?``; ``<bos>`` first if asked)."""
-        unknown = self._ids[_UNKNOWN]
-        ids = [self._ids.get(ch, unknown) for ch in text]
-        return [self.bos_token_id, *ids] if add_special_tokens else ids
-
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        """Text of ``ids``; special tokens are dropped unless ``skip_special_tokens`` is false."""
-        parts = []
-        for i in ids:
-            if not 0 <= i < len(self.tokens):
-                raise ValueError(f"token id {i} is outside the vocabulary [0, {len(self.tokens)})")
-            if skip_special_tokens and i < len(_SPECIALS):
-                continue
-            parts.append(self.tokens[i])
-        return "".join(parts)
-
-    def token_text(self, token_id: int) -> str:
-        """The text of one token (special tokens by name, e.g. ``<eos>``)."""
-        return self.tokens[token_id]
 
 
 @dataclass(frozen=True)
@@ -226,7 +170,10 @@ def weights_from_safetensors(data: bytes) -> tuple[dict[str, torch.Tensor], dict
 def write_base_checkpoint(
     directory: str | os.PathLike[str], *, seed: int = 0, config: ModelConfig | None = None
 ) -> None:
-    """Write the tiny model's base checkpoint: ``config.json`` and ``model.safetensors``.
+    """Write the tiny model's base checkpoint: ``config.json``, ``tokenizer_config.json``, ``model.safetensors``.
+
+    ``tokenizer_config.json`` holds the tokenizer's special tokens and chat template, as a
+    HuggingFace checkpoint does.
 
     Args:
         directory: Target directory (created if missing).
@@ -237,6 +184,8 @@ def write_base_checkpoint(
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).write_text(json.dumps(config.to_json() | {"seed": seed}, indent=2, sort_keys=True) + "\n")
+    tokenizer_config = Tokenizer().tokenizer_config() | {"model_max_length": config.max_position_embeddings}
+    (path / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     (path / CHECKPOINT_FILE).write_bytes(weights_to_safetensors(init_weights(config, seed=seed), {"format": "pt"}))
 
 
@@ -332,6 +281,32 @@ class GeneratedSequence:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of one sequence, as generation produces it (what a stream sends).
+
+    Attributes:
+        token_id: The token.
+        logprob: Its log-prob under the model (raw logits).
+        top: The ``top_logprobs`` most likely ``(token id, log-prob)`` pairs at this step.
+        text: The sequence's whole completion text after this token, as
+            :attr:`GeneratedSequence.text` would be if it ended here.
+        finish_reason: ``"stop"`` or ``"length"`` on the sequence's last token, else ``None``.
+        stop_reason: As :attr:`GeneratedSequence.stop_reason`, on the last token.
+    """
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+    text: str
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+#: ``on_token(request index, sequence index within the request, event)``.
+OnToken = Callable[[int, int, TokenEvent], None]
+
+
 class TinyLM:
     """A loaded tiny model that samples completions (weights are never changed in place)."""
 
@@ -365,6 +340,7 @@ class TinyLM:
         include_stop_str_in_output: bool = False,
         ignore_eos: bool = False,
         top_logprobs: int = 0,
+        on_token: Callable[[int, TokenEvent], None] | None = None,
     ) -> list[GeneratedSequence]:
         """Sample ``n`` completions of one prompt.
 
@@ -378,9 +354,11 @@ class TinyLM:
             seed: Sampling seed; the same seed and weights give the same tokens. ``None`` = random.
             stop_token_ids: Tokens that end a sequence (kept in ``token_ids``).
             stop: Strings that end a sequence once the completion text ends with one.
-            include_stop_str_in_output: Keep the stop string in ``text``.
+            include_stop_str_in_output: Keep the stop string in ``text``, and the text of a stop
+                token (special tokens have none), as vLLM does.
             ignore_eos: Do not stop at EOS.
             top_logprobs: Also report the k most likely tokens at each step (0 = none).
+            on_token: Called with ``(sequence index, event)`` for every token as it is sampled.
 
         Returns:
             One :class:`GeneratedSequence` per sequence, in order.
@@ -397,6 +375,7 @@ class TinyLM:
             include_stop_str_in_output=include_stop_str_in_output,
             ignore_eos=ignore_eos,
             top_logprobs=top_logprobs,
+            on_token=None if on_token is None else (lambda _request, index, event: on_token(index, event)),
         )[0]
 
     @torch.inference_mode()
@@ -414,12 +393,14 @@ class TinyLM:
         include_stop_str_in_output: bool = False,
         ignore_eos: bool = False,
         top_logprobs: int = 0,
+        on_token: OnToken | None = None,
     ) -> list[list[GeneratedSequence]]:
         """Several requests for one prompt and the same settings, run as one batch.
 
         Each request ``(n, seed)`` samples its own rows with its own generator, so its
         tokens are the same as from :meth:`generate` alone (batching changes nothing but
-        the speed). Other arguments as in :meth:`generate`.
+        the speed). ``on_token`` gets ``(request index, sequence index, event)`` for every
+        token as it is sampled. Other arguments as in :meth:`generate`.
         """
         cfg = self.config
         if not prompt_ids:
@@ -434,10 +415,12 @@ class TinyLM:
                 f"context of {cfg.max_position_embeddings} tokens"
             )
         slices: list[tuple[slice, torch.Generator]] = []
+        owners: list[tuple[int, int]] = []  # per row: (request index, sequence index)
         start = 0
-        for n, seed in requests:
+        for r, (n, seed) in enumerate(requests):
             seed = seed if seed is not None else int.from_bytes(os.urandom(7), "little")
             slices.append((slice(start, start + n), torch.Generator().manual_seed(seed)))
+            owners.extend((r, j) for j in range(n))
             start += n
         rows = start
         ids = torch.tensor([list(prompt_ids)] * rows, dtype=torch.long)
@@ -448,6 +431,7 @@ class TinyLM:
         texts = [""] * rows
         finish: list[tuple[str, int | str | None] | None] = [None] * rows
         stop_set = set(stop_token_ids)
+        specials = self.tokenizer.special_ids
         for _ in range(max_tokens):
             if all(f is not None for f in finish):
                 break
@@ -463,22 +447,29 @@ class TinyLM:
                 tok = int(nxt[j])
                 out_ids[j].append(tok)
                 out_lp[j].append(float(chosen[j]))
+                step_top = [(int(i), float(v)) for i, v in zip(top.indices[j], top.values[j])] if top else []
                 if top is not None:
-                    out_top[j].append([(int(i), float(v)) for i, v in zip(top.indices[j], top.values[j])])
+                    out_top[j].append(step_top)
+                # vLLM: EOS or a stop token ends the sequence; its text is kept only with
+                # include_stop_str_in_output (special tokens have none); stop strings are then
+                # looked for in the text, so a stop string can still end it.
                 if tok == cfg.eos_token_id and not ignore_eos:
                     finish[j] = ("stop", None)
-                    continue
-                if tok in stop_set:
+                elif tok in stop_set:
                     finish[j] = ("stop", tok)
-                    continue
-                if tok not in self.tokenizer.special_ids:
+                if (finish[j] is None or include_stop_str_in_output) and tok not in specials:
                     texts[j] += self.tokenizer.token_text(tok)
-                for s in stop:
-                    if s and texts[j].endswith(s):
-                        if not include_stop_str_in_output:
-                            texts[j] = texts[j][: -len(s)]
-                        finish[j] = ("stop", s)
-                        break
+                    for s in stop:
+                        if s and texts[j].endswith(s):
+                            if not include_stop_str_in_output:
+                                texts[j] = texts[j][: -len(s)]
+                            finish[j] = ("stop", s)
+                            break
+                if finish[j] is None and len(out_ids[j]) == max_tokens:
+                    finish[j] = ("length", None)
+                if on_token is not None:
+                    reason, why = finish[j] or (None, None)
+                    on_token(*owners[j], TokenEvent(tok, out_lp[j][-1], step_top, texts[j], reason, why))
         results = []
         for j in range(rows):
             reason, stop_reason = finish[j] or ("length", None)

@@ -2,7 +2,7 @@
 
 Started by :class:`cwtrain.local.LocalStack` (or by hand)::
 
-    AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… AWS_REGION=US-EAST-04A \\
+    AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… AWS_REGION=US-EAST-04A CWTRAIN_LOCAL_REPLICA_TOKEN=… \\
     python -m cwtrain.local.replica --name r0 --port 8101 --s3-endpoint http://127.0.0.1:9000 \\
         --bucket weights --path-prefix hotload --model-name tiny \\
         --model-bucket models --model-path tiny/base [--peer http://127.0.0.1:8102]
@@ -16,20 +16,31 @@ then answers on ``127.0.0.1:<port>``:
 | ``GET /health`` | ``{"name", "state", "identity", "error_reason", "hot_load_id", …}``; 503 until weights are loaded |
 | ``POST /admin/hotload`` | body ``{"hot_load_id", "identity", "chain": [{"identity", "type"}, …]}`` → 202; loads in the background |
 | ``GET /admin/weights`` | the served weights as one safetensors file (``__metadata__.identity``) |
-| ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible (:mod:`cwtrain.local.completions`) |
+| ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible, as vLLM 0.31 serves them (:mod:`cwtrain.local.completions`) |
+| ``POST /v1/chat/completions`` | the same for chat, with the tokenizer's chat template (:mod:`cwtrain.local.chat`) |
+| ``POST /tokenize``, ``POST /detokenize`` | vLLM's tokenizer endpoints (:mod:`cwtrain.local.tokenization`) |
+
+With ``stream: true`` the completions endpoints answer with server-sent events, each token's
+chunk sent as soon as the token is sampled.
+
+Every route, ``/health`` included, wants ``Authorization: Bearer <token>`` with the replica
+token from ``CWTRAIN_LOCAL_REPLICA_TOKEN`` (the stack makes one and gives it to the
+supervisor and the gateways; a replica started without it refuses to run): 401 otherwise,
+before a byte of the body is read. Bodies are bounded (:data:`MAX_BODY_BYTES`, 413).
 
 States: ``READY`` (serving), ``PENDING_UPDATE`` (hot-load accepted), ``UPDATING`` (reading and
 verifying), ``ERROR`` (the last hot-load failed: ``error_reason`` says why, the previous
 weights keep serving). A hot-load reads only the deltas after the served identity when it is
-in the chain, else the chain's FULL root and every delta after it (at most 63); every Adler-32
-is verified before the swap. The swap replaces one reference between requests: a request in
+in the chain, else the chain's FULL root and every delta after it (at most 63); every
+object's SHA-256 is checked against its ``cwtrain-sha256`` metadata as it is read, and every
+Adler-32 before the swap (:mod:`cwtrain.local.snapshots`). The swap replaces one reference between requests: a request in
 flight finishes on the weights it started with. Every completion names the identity that
 produced it in ``system_fingerprint`` and the ``x-cwtrain-snapshot-identity`` header.
 
 Generation runs on one thread (:class:`Batcher`): concurrent requests for the same prompt
 and settings on the same weights are merged into one batch, each keeping its own seed, so a
 GRPO group split into seeded ``n = 1`` requests costs about as much as one ``n``-request
-and gives the same tokens however the requests were batched or routed.
+and gives the same tokens however the requests were batched or routed (streamed or not).
 
 ``--apply-delay S`` sleeps S seconds after verification and before the swap (for tests that
 must catch a replica mid hot-load). SIGTERM or SIGINT stops the server, and so does the exit
@@ -39,21 +50,39 @@ of the process that started it.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cwtrain.local.completions import CompletionError, complete, error_body, models_body
-from cwtrain.local.loopback import JSONHandler, LoopbackHTTPServer
-from cwtrain.local.model import GeneratedSequence, TinyLM
+from cwtrain.errors import UsageError
+from cwtrain.local.chat import chat_complete
+from cwtrain.local.completions import (
+    SSE_CONTENT_TYPE,
+    Answer,
+    CompletionError,
+    complete,
+    error_body,
+    models_body,
+)
+from cwtrain.local.engines import TOKEN_VARIABLE
+from cwtrain.local.loopback import (
+    DEFAULT_MAX_BODY_BYTES,
+    BackgroundServer,
+    JSONHandler,
+    LoopbackHTTPServer,
+    RequestRefused,
+)
+from cwtrain.local.model import GeneratedSequence, TinyLM, TokenEvent
 from cwtrain.local.snapshots import (
     ChainLink,
     ServedWeights,
@@ -62,10 +91,24 @@ from cwtrain.local.snapshots import (
     served_from_weights_file,
     weights_file,
 )
+from cwtrain.local.tokenization import detokenize, tokenize
 
-__all__ = ["IDENTITY_HEADER", "Batcher", "Replica", "main"]
+__all__ = [
+    "ENGINE_ROUTES",
+    "IDENTITY_HEADER",
+    "MAX_BODY_BYTES",
+    "TOKEN_VARIABLE",
+    "Batcher",
+    "Replica",
+    "ReplicaServer",
+    "main",
+]
 
 IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
+#: The longest request body a replica reads (as much as a gateway relays).
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
+#: The POST routes a replica serves as an inference engine (the gateway relays exactly these).
+ENGINE_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 log = logging.getLogger("cwtrain.local.replica")
 
 
@@ -76,12 +119,18 @@ class _Job:
     n: int
     seed: int | None
     sampling: dict[str, Any]
+    events: queue.SimpleQueue[tuple[int, TokenEvent] | None] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: list[GeneratedSequence] | None = None
     error: BaseException | None = None
 
     def key(self) -> tuple[Any, ...]:
         return (id(self.lm), tuple(self.prompt), tuple(sorted(self.sampling.items())))
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.events is not None:
+            self.events.put(None)
 
 
 class Batcher:
@@ -90,7 +139,9 @@ class Batcher:
     Concurrent requests for the same prompt (the ``n = 1`` requests of a split GRPO group,
     or several groups of one prompt) become one batched forward pass per token; each keeps
     its own seed, so its tokens do not depend on what it was batched with. Requests that
-    started on different weights are never merged.
+    started on different weights are never merged. It is the replica's
+    :class:`~cwtrain.local.completions.Engine`: :meth:`generate` waits for the sequences,
+    :meth:`stream` yields each token as it is sampled.
     """
 
     def __init__(self, max_rows: int = 256) -> None:
@@ -100,18 +151,33 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="replica-batcher", daemon=True)
         self._thread.start()
 
-    def __call__(
-        self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]
-    ) -> list[GeneratedSequence]:
-        job = _Job(lm, list(prompt), n, seed, dict(sampling))
+    def _submit(self, job: _Job) -> _Job:
         with self._cv:
             self._queue.append(job)
             self._cv.notify()
+        return job
+
+    def generate(
+        self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        """``n`` sequences for ``prompt``, generated in a batch with whatever matches them."""
+        job = self._submit(_Job(lm, list(prompt), n, seed, dict(sampling)))
         job.done.wait()
         if job.error is not None:
             raise job.error
         assert job.result is not None
         return job.result
+
+    def stream(
+        self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]
+    ) -> Iterator[tuple[int, TokenEvent]]:
+        """The same as :meth:`generate`, as ``(sequence index, event)`` per token while it runs."""
+        events: queue.SimpleQueue[tuple[int, TokenEvent] | None] = queue.SimpleQueue()
+        job = self._submit(_Job(lm, list(prompt), n, seed, dict(sampling), events))
+        while (item := events.get()) is not None:
+            yield item
+        if job.error is not None:
+            raise job.error
 
     def _run(self) -> None:
         while True:
@@ -134,23 +200,52 @@ class Batcher:
     @staticmethod
     def _generate(part: list[_Job]) -> None:
         first = part[0]
+        streams = [job.events for job in part]
+
+        def on_token(request: int, index: int, event: TokenEvent) -> None:
+            events = streams[request]
+            if events is not None:
+                events.put((index, event))
+
         try:
-            outs = first.lm.generate_many(first.prompt, [(j.n, j.seed) for j in part], **first.sampling)
+            outs = first.lm.generate_many(
+                first.prompt,
+                [(j.n, j.seed) for j in part],
+                on_token=on_token if any(e is not None for e in streams) else None,
+                **first.sampling,
+            )
             for job, out in zip(part, outs):
                 job.result = out
         except BaseException as exc:
             for job in part:
                 job.error = exc
         for job in part:
-            job.done.set()
+            job.finish()
 
 
 class Replica:
-    """The state of one replica: served weights, hot-load state, and the loader thread."""
+    """The state of one replica: served weights, hot-load state, and the loader thread.
 
-    def __init__(self, name: str, model_name: str, source: SnapshotSource, *, apply_delay: float = 0.0) -> None:
+    Args:
+        name: The replica's name (in ``/health`` and logs).
+        model_name: The served model name (the OpenAI ``model``).
+        source: Where hot-loads read snapshots (``None``: this replica cannot hot-load).
+        apply_delay: Seconds to wait before each swap (tests).
+        model_root: The model's path, the ``root`` of its ``/v1/models`` card.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model_name: str,
+        source: SnapshotSource | None,
+        *,
+        apply_delay: float = 0.0,
+        model_root: str | None = None,
+    ) -> None:
         self.name = name
         self.model_name = model_name
+        self.model_root = model_root or model_name
         self.source = source
         self.apply_delay = apply_delay
         self.created = int(time.time())
@@ -210,6 +305,8 @@ class Replica:
                 return 409, {"error": f"hot-load {self.hot_load_id} is still running on replica {self.name}"}
             if self.served is None:
                 return 409, {"error": f"replica {self.name} has no weights yet"}
+            if self.source is None:
+                return 409, {"error": f"replica {self.name} has no object store to hot-load from"}
             self.hot_load_id, self.target, self.error_reason, self.step = hot_load_id, identity, None, None
             self.state = "PENDING_UPDATE"
             self._loader = threading.Thread(target=self._run_hot_load, args=(hot_load_id, chain), daemon=True)
@@ -221,8 +318,8 @@ class Replica:
 
     def _run_hot_load(self, hot_load_id: str, chain: list[ChainLink]) -> None:
         started = time.monotonic()
-        served = self.served
-        assert served is not None
+        served, source = self.served, self.source
+        assert served is not None and source is not None
         with self._lock:
             self.state = "UPDATING"
 
@@ -231,7 +328,7 @@ class Replica:
                 self.step = identity
 
         try:
-            new = apply_chain(self.source, served, chain, on_step=on_step)
+            new = apply_chain(source, served, chain, on_step=on_step)
             if self.apply_delay > 0:
                 time.sleep(self.apply_delay)
         except Exception as exc:  # any failure leaves the old weights serving
@@ -264,20 +361,52 @@ class Replica:
             self._weights_file = cached
         return cached
 
-    def completion(self, body: Any) -> tuple[str, dict[str, Any]]:
-        """Run one completions request on the weights served when it starts."""
+    def answer(self, route: str, body: Any) -> tuple[str, Answer]:
+        """Answer one request to an engine route on the weights served when it starts.
+
+        Args:
+            route: ``/v1/completions``, ``/v1/chat/completions``, ``/tokenize`` or ``/detokenize``.
+            body: The decoded JSON body.
+
+        Returns:
+            The served identity and the answer (a JSON object, or a stream's events).
+
+        Raises:
+            CompletionError: The request is refused (503 before the first weights load).
+        """
         served = self.served
         if served is None:
             raise CompletionError("no weights loaded yet", status=503)
-        doc = complete(body, served.lm, identity=served.identity, model=self.model_name, generate=self._batcher)
-        return served.identity, doc
+        lm, identity, model = served.lm, served.identity, self.model_name
+        if route == "/v1/completions":
+            return identity, complete(body, lm, identity=identity, model=model, engine=self._batcher)
+        if route == "/v1/chat/completions":
+            return identity, chat_complete(body, lm, identity=identity, model=model, engine=self._batcher)
+        if route == "/tokenize":
+            return identity, tokenize(body, lm, model=model)
+        return identity, detokenize(body, lm, model=model)
+
+    def models(self) -> dict[str, Any]:
+        """The ``/v1/models`` document (vLLM's card for the served model)."""
+        served = self.served
+        max_len = served.lm.config.max_position_embeddings if served is not None else None
+        return models_body(self.model_name, self.created, root=self.model_root, max_model_len=max_len)
 
 
 class _Handler(JSONHandler):
     server: _Server
+    max_body_bytes = MAX_BODY_BYTES
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
+
+    def authenticate(self) -> None:
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.server.token.encode()):
+            raise RequestRefused(401, "missing or invalid replica token (Authorization: Bearer <token>)", code="401")
+
+    def refusal_body(self, error: RequestRefused) -> Any:
+        return error_body(error.message, error.status)
 
     def _json_body(self) -> Any:
         raw = self.read_body()
@@ -286,11 +415,16 @@ class _Handler(JSONHandler):
     def do_GET(self) -> None:
         replica = self.server.replica
         path = self.path.split("?", 1)[0]
+        try:
+            self.read_body()
+        except RequestRefused as exc:
+            self.refuse(exc)
+            return
         if path == "/health":
             doc = replica.health()
             self.send_json(200 if doc["identity"] is not None else 503, doc)
         elif path == "/v1/models":
-            self.send_json(200, models_body(replica.model_name, replica.created))
+            self.send_json(200, replica.models())
         elif path == "/admin/weights":
             found = replica.weights_bytes()
             if found is None:
@@ -306,19 +440,25 @@ class _Handler(JSONHandler):
         path = self.path.split("?", 1)[0]
         try:
             body = self._json_body()
+        except RequestRefused as exc:
+            self.refuse(exc)
+            return
         except ValueError as exc:
             self.send_json(400, error_body(f"the request body is not JSON: {exc}", 400))
             return
         if path == "/admin/hotload":
             status, doc = replica.start_hot_load(body)
             self.send_json(status, doc)
-        elif path == "/v1/completions":
+        elif path in ENGINE_ROUTES:
             try:
-                identity, doc = replica.completion(body)
+                identity, answer = replica.answer(path, body)
             except CompletionError as exc:
                 self.send_json(exc.status, error_body(exc.message, exc.status, exc.param))
                 return
-            self.send_json(200, doc, {IDENTITY_HEADER: identity})
+            if isinstance(answer, dict):
+                self.send_json(200, answer, {IDENTITY_HEADER: identity})
+            else:
+                self.send_stream(200, answer, content_type=SSE_CONTENT_TYPE, headers={IDENTITY_HEADER: identity})
         else:
             self.send_json(404, error_body(f"no route {path}", 404))
 
@@ -326,9 +466,25 @@ class _Handler(JSONHandler):
 class _Server(LoopbackHTTPServer):
     request_queue_size = 256  # a split GRPO batch opens dozens of connections at once
 
-    def __init__(self, port: int, replica: Replica) -> None:
+    def __init__(self, port: int, replica: Replica, token: str) -> None:
+        if not token:
+            raise UsageError(f"replica {replica.name} needs a token ({TOKEN_VARIABLE}); every route requires it")
         self.replica = replica
+        self.token = token
         super().__init__(port, _Handler)
+
+
+class ReplicaServer(BackgroundServer):
+    """A replica's HTTP server in a background thread of this process (the module's CLI runs the same server).
+
+    Args:
+        replica: The replica it serves.
+        port: The port (a free one when 0).
+        token: The bearer token every request must carry (not empty).
+    """
+
+    def __init__(self, replica: Replica, port: int = 0, *, token: str) -> None:
+        super().__init__(_Server(port, replica, token), f"replica-{replica.name}")
 
 
 def _s3_client(endpoint: str) -> Any:
@@ -348,8 +504,9 @@ def _s3_client(endpoint: str) -> Any:
     )
 
 
-def _copy_from_peer(peer: str, timeout: float = 30.0) -> ServedWeights:
-    with urllib.request.urlopen(peer.rstrip("/") + "/admin/weights", timeout=timeout) as resp:
+def _copy_from_peer(peer: str, token: str, timeout: float = 30.0) -> ServedWeights:
+    request = urllib.request.Request(peer.rstrip("/") + "/admin/weights", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
         return served_from_weights_file(resp.read())
 
 
@@ -372,6 +529,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a replica until SIGTERM/SIGINT; returns the exit code."""
     parent = os.getppid()  # before anything slow, so that a parent dying during start-up is noticed
     args = _parser().parse_args(argv)
+    token = os.environ.get(TOKEN_VARIABLE, "").strip()
+    if not token:
+        print(f"error: set {TOKEN_VARIABLE} to the token every request to this replica must carry", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s replica {args.name} %(levelname)s %(message)s")
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -379,8 +540,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     source = SnapshotSource(_s3_client(args.s3_endpoint), args.bucket, args.path_prefix)
-    replica = Replica(args.name, args.model_name, source, apply_delay=args.apply_delay)
-    server = _Server(args.port, replica)
+    root = f"s3://{args.model_bucket}/{args.model_path.strip('/')}"
+    replica = Replica(args.name, args.model_name, source, apply_delay=args.apply_delay, model_root=root)
+    server = _Server(args.port, replica, token)
     stop = threading.Event()
 
     def _stop(signum: int, frame: Any) -> None:
@@ -395,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = None
         if args.peer:
             try:
-                served = _copy_from_peer(args.peer)
+                served = _copy_from_peer(args.peer, token)
                 log.info("copied %s from peer %s", served.identity, args.peer)
             except Exception as exc:
                 log.warning("cannot copy weights from peer %s (%s); loading the base checkpoint", args.peer, exc)

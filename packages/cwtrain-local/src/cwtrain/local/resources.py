@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,9 +25,15 @@ __all__ = [
     "GPU_COUNTS",
     "HOT_LOAD_ENGINE",
     "NAME_RE",
+    "RESERVED_IDS",
     "TERMINAL_HOT_LOAD_STATES",
     "ServiceError",
+    "ENGINE_CONFIG_KEYS",
+    "ENGINE_ENV_NAMES",
+    "INSTANCE_TYPES",
     "check_identity",
+    "check_resource_id",
+    "deployment_parameters",
     "enum_value",
     "new_id",
     "now",
@@ -69,6 +75,17 @@ HOT_LOAD_ENGINE = "dynamo-vllm"
 #: resolves a hot-load's chain (the service's limit; a replica starting cold replays at most
 #: :data:`cwtrain.hotload.chain.MAX_CHAIN_DELTAS`, which is lower).
 API_MAX_CHAIN_DELTAS = 128
+#: ``runtimeConfigOptions``: the ``runtime.engineConfig`` keys each engine takes. Local
+#: values (the replicas ignore engineConfig); the service answers its own lists.
+ENGINE_CONFIG_KEYS: Mapping[str, tuple[str, ...]] = {
+    HOT_LOAD_ENGINE: ("gpu-memory-utilization", "max-model-len", "tensor-parallel-size"),
+    "vllm": ("gpu-memory-utilization", "max-model-len", "tensor-parallel-size"),
+    "sglang": ("context-length", "mem-fraction-static", "tp-size"),
+}
+#: ``engineEnvOptions``: the ``runtime.engineEnv`` names each engine takes (any engine: these).
+ENGINE_ENV_NAMES: tuple[str, ...] = ("HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL")
+#: ``resourceParameters.instanceTypes`` (the local replicas run on the CPU whatever is chosen).
+INSTANCE_TYPES: tuple[str, ...] = ("CPU_LOCAL", "H100_80GB_SXM5")
 TERMINAL_HOT_LOAD_STATES = frozenset({"HOT_LOAD_STATE_COMPLETED", "HOT_LOAD_STATE_FAILED", "HOT_LOAD_STATE_CANCELED"})
 
 _ENUMS: Mapping[str, tuple[str, ...]] = {
@@ -153,6 +170,37 @@ def enum_value(prefix: str, value: Any, field: str, *, default: str | None = Non
     raise _invalid(f"{field}: {value!r} is not one of {', '.join(prefix + n for n in names[1:])}")
 
 
+def deployment_parameters(gateway_ids: Sequence[str], engines: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """The body of ``GET /deployments/parameters``, in the public API reference's shape.
+
+    ::
+
+        {"gatewayIds": [...],
+         "runtimeParameters": {"runtimeVersions": {"<engine>": {"versions": [...]}},
+                               "runtimeConfigOptions": {"<engine>": {"allowedKeys": [...]}},
+                               "engineEnvOptions": {"<engine>": {"allowedNames": [...]}}},
+         "resourceParameters": {"instanceTypes": [...]}}
+
+    ``engineEnvOptions`` is not in the reference's example but is a field of the public
+    SDK's response; clients treat a missing map as empty.
+
+    Args:
+        gateway_ids: the gateways a new deployment may reference (the caller's
+            ``gatewayIds`` query, or every usable gateway of the organisation).
+        engines: allowed ``runtime.engine`` names, each with its versions.
+    """
+    names = sorted(engines)
+    return {
+        "gatewayIds": list(gateway_ids),
+        "runtimeParameters": {
+            "runtimeVersions": {name: {"versions": list(engines[name])} for name in names},
+            "runtimeConfigOptions": {name: {"allowedKeys": list(ENGINE_CONFIG_KEYS.get(name, ()))} for name in names},
+            "engineEnvOptions": {name: {"allowedNames": list(ENGINE_ENV_NAMES)} for name in names},
+        },
+        "resourceParameters": {"instanceTypes": list(INSTANCE_TYPES)},
+    }
+
+
 def check_identity(identity: Any, field: str = "identity") -> str:
     """A snapshot identity: 1-128 characters, one path segment, not reserved
     (:data:`cwtrain.hotload.identity.RESERVED_IDENTITIES`)."""
@@ -167,12 +215,29 @@ def check_identity(identity: Any, field: str = "identity") -> str:
     return identity
 
 
+#: Ids that name a route of their own (``GET /deployments/parameters``), so no resource may take them.
+RESERVED_IDS = frozenset({"parameters"})
+
+
+def check_resource_id(value: str, what: str) -> str:
+    """A resource id from a request path: 1-128 characters of ``[A-Za-z0-9._-]``, as ids are created.
+
+    Ids with ``?``, ``/``, ``%``, spaces or control characters (an unescaped or doubly
+    escaped path) are refused with ``invalid_argument`` rather than looked up.
+    """
+    if not _ID_RE.fullmatch(value):
+        raise _invalid(f"{what} {value[:80]!r} is not a valid id (1-128 characters of [A-Za-z0-9._-])")
+    return value
+
+
 def _client_id(body: Mapping[str, Any], key: str = "id") -> str:
     value = body.get(key)
     if value is None or value == "":
         return new_id()
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         raise _invalid(f"{key}: {value!r} is not a valid id (1-128 characters of [A-Za-z0-9._-])")
+    if value in RESERVED_IDS:
+        raise _invalid(f"{key}: {value!r} is reserved (it names a route of the API); choose another id")
     return value
 
 

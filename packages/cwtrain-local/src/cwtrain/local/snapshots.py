@@ -16,18 +16,25 @@ built from them). This module builds new ones without touching the served copy:
   deltas with the codec (:func:`cwtrain.hotload.codec.load_full` and
   :func:`cwtrain.hotload.codec.apply_delta`, which verify every Adler-32). Any error leaves
   the served weights untouched.
+
+Every snapshot object (index and shards) is checked as it is read, as a strict engine
+would: its SHA-256 must equal its ``cwtrain-sha256`` metadata, which cwtrain's uploader
+writes on every snapshot object, so a flipped byte is caught even in a plain FULL snapshot
+without Adler-32s; an object without the metadata is refused too. Base checkpoint objects
+are checked where they carry it. Errors name the object (``s3://bucket/key``).
 - :func:`weights_file` / :func:`served_from_weights_file` — the one-file safetensors form a
   cold replica copies from a peer (``__metadata__`` holds ``identity`` and ``config``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cwtrain.errors import SnapshotError
+from cwtrain.errors import SnapshotChecksumError, SnapshotError
 from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
 from cwtrain.hotload.decode import apply_delta, load_full
 from cwtrain.hotload.format import (
@@ -39,6 +46,7 @@ from cwtrain.hotload.format import (
     parse_index,
 )
 from cwtrain.hotload.identity import snapshot_prefix
+from cwtrain.hotload.objects import SHA256_METADATA
 from cwtrain.hotload.tensors import TensorData
 from cwtrain.local.model import (
     CONFIG_FILE,
@@ -99,13 +107,29 @@ class SnapshotSource:
     def _key(self, identity: str, name: str) -> str:
         return f"{snapshot_prefix(self.path_prefix, identity)}/{name}"
 
-    def _get(self, bucket: str, key: str) -> bytes:
+    def _get(self, bucket: str, key: str, *, require_sha256: bool = False) -> bytes:
+        """The object's bytes, checked against its ``cwtrain-sha256`` metadata (required or where present)."""
         try:
-            body = self.s3.get_object(Bucket=bucket, Key=key)["Body"]
-            return bytes(body.read())
+            response = self.s3.get_object(Bucket=bucket, Key=key)
+            data = bytes(response["Body"].read())
         except Exception as exc:
             code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
             raise SnapshotError(f"cannot read s3://{bucket}/{key}: {code}") from exc
+        recorded = {k.lower(): v for k, v in (response.get("Metadata") or {}).items()}.get(SHA256_METADATA)
+        if recorded is None:
+            if require_sha256:
+                raise SnapshotChecksumError(
+                    f"s3://{bucket}/{key} has no {SHA256_METADATA} metadata, so its bytes cannot be checked; "
+                    "publish snapshots with cwtrain, which records the SHA-256 of every object it stores"
+                )
+            return data
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != recorded.strip().lower():
+            raise SnapshotChecksumError(
+                f"s3://{bucket}/{key}: SHA-256 of the stored bytes is {actual}, but its {SHA256_METADATA} "
+                f"metadata says {recorded[:64]}; the object changed after upload: publish the weights again"
+            )
+        return data
 
     def _exists(self, bucket: str, key: str) -> bool:
         try:
@@ -121,13 +145,13 @@ class SnapshotSource:
 
     def read_index(self, identity: str) -> dict[str, Any]:
         """The parsed index (:data:`~cwtrain.hotload.format.INDEX_NAME`) of snapshot ``identity``."""
-        raw = self._get(self.bucket, self._key(identity, INDEX_NAME))
+        raw = self._get(self.bucket, self._key(identity, INDEX_NAME), require_sha256=True)
         return parse_index(raw, source=f"index of snapshot {identity!r}")
 
     def read_shards(self, identity: str, index: Mapping[str, Any]) -> dict[str, bytes]:
         """The shards named by ``index`` of snapshot ``identity``."""
         names = sorted(set(index["weight_map"].values()))
-        return {name: self._get(self.bucket, self._key(identity, name)) for name in names}
+        return {name: self._get(self.bucket, self._key(identity, name), require_sha256=True) for name in names}
 
     def read_base(self, bucket: str, path: str) -> ServedWeights:
         """The deployment's base checkpoint at ``s3://bucket/path/``, served as ``initial``."""

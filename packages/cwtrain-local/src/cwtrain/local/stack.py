@@ -15,7 +15,9 @@ also after an exception or Ctrl-C, and an ``atexit`` hook kills whatever is left
         stack.faults.api.fail_next(1)         # see cwtrain.local.faults
 
 The control plane accepts ``stack.token`` (admin) and ``stack.viewer_token`` (reads only);
-the gateway accepts ``stack.token`` as its ``coreWeaveAuth`` key.
+the gateway accepts ``stack.token`` as its ``coreWeaveAuth`` key. Replicas accept only
+``stack.replica_token`` (a token of their own, given to them in their environment): the
+supervisor and the gateways send it, and nothing reaches a replica without it.
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ class LocalStack:
         self._port = port or 0
         self.token = token or "cwl-" + secrets.token_urlsafe(24)
         self.viewer_token = "cwl-viewer-" + secrets.token_urlsafe(16)
+        self.replica_token = "cwl-replica-" + secrets.token_urlsafe(24)
         self.bucket = bucket
         self.region = DEFAULT_REGION
         self._hot_load_enabled = hot_load_enabled
@@ -228,6 +231,7 @@ class LocalStack:
             replica_command=self._replica_command,
             start_gateway=self._start_gateway,
             hot_load_timeout=self._hot_load_timeout,
+            replica_token=self.replica_token,
         ).start()
         self._cleanups.append(supervisor.stop)
         self._faults = Faults(faults, self._proxy, supervisor, self._direct_s3)
@@ -253,7 +257,9 @@ class LocalStack:
         self.stop()
 
     def _start_gateway(self, gateway_id: str) -> tuple[str, Callable[[], None]]:
-        server = GatewayServer(gateway_id, self._route, frozenset({self.token})).start()
+        server = GatewayServer(
+            gateway_id, self._route, frozenset({self.token}), replica_token=self.replica_token
+        ).start()
         return server.url, server.stop
 
     def _route(self, gateway_id: str) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:

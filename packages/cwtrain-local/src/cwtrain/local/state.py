@@ -4,7 +4,9 @@
 records for one organisation and applies the service's rules on every call: client-chosen
 ids with ``already_exists``, the hot-load deployment requirements (engine ``dynamo-vllm``,
 a ``hotLoad`` section with ``TRANSITION_MODE_ASYNC``, gateways in one zone, the
-organisation flag), single-flight hot-loads, chain resolution (oldest first from the last
+organisation flag), hot-loads only on READY deployments or ones in the recoverable
+STATUS_ERROR (:data:`HOT_LOADABLE`: a hot-load is how an ERROR deployment comes back),
+single-flight hot-loads, chain resolution (oldest first from the last
 FULL, at most :data:`~cwtrain.local.resources.API_MAX_CHAIN_DELTAS` deltas) and pagination
 with page tokens tied to the parent filter (:mod:`cwtrain.local.pages`). It starts no process: the
 :mod:`cwtrain.local.supervisor` drives the asynchronous transitions (CREATING → READY,
@@ -26,6 +28,7 @@ from cwtrain.local.resources import (
     API_MAX_CHAIN_DELTAS,
     HOT_LOAD_ENGINE,
     ServiceError,
+    deployment_parameters,
     now,
     parse_rfc3339,
     validate_deployment_request,
@@ -35,6 +38,7 @@ from cwtrain.local.resources import (
 
 __all__ = [
     "DEFAULT_ENGINES",
+    "HOT_LOADABLE",
     "DEFAULT_ZONES",
     "ControlPlaneState",
     "DeploymentRecord",
@@ -49,9 +53,12 @@ DEFAULT_ENGINES: Mapping[str, tuple[str, ...]] = {
     "vllm": ("0.11.0", "0.12.0"),
     "sglang": ("0.5.4",),
 }
-_ENGINE_ENV = ("VLLM_LOGGING_LEVEL", "HF_HUB_OFFLINE")
 
 ObjectExists = Callable[[str, str], bool]
+#: Deployment statuses that accept a hot-load. STATUS_ERROR (no replica serves the current
+#: weights, e.g. a corrupt object in the chain a restarted replica must replay) is
+#: recoverable, and a hot-load of an intact snapshot (a rollback, a FULL) is the way back.
+HOT_LOADABLE = frozenset({"STATUS_READY", "STATUS_ERROR"})
 
 
 class ControlPlaneState:
@@ -155,17 +162,20 @@ class ControlPlaneState:
     # --------------------------------------------------------------- deployments
 
     def deployment_parameters(self, gateway_ids: list[str]) -> dict[str, Any]:
-        """GET /deployments/parameters: allowed engines, versions and engineEnv names."""
+        """GET /deployments/parameters (:func:`~cwtrain.local.resources.deployment_parameters`).
+
+        With ``gatewayIds`` the answer names those gateways (each must exist); without,
+        every gateway of the organisation that is not being deleted.
+        """
         with self.lock:
             for gateway_id in gateway_ids:
                 self._gateway(gateway_id)
-        return {
-            "runtimes": [
-                {"engine": engine, "versions": list(versions), "engineEnv": list(_ENGINE_ENV)}
-                for engine, versions in sorted(self.engines.items())
-            ],
-            "gpuCounts": [1, 2, 4, 8, 16],
-        }
+            usable = list(dict.fromkeys(gateway_ids)) or [
+                g.id
+                for g in sorted(self.gateways.values(), key=lambda g: g.created_at)
+                if g.status != "STATUS_DELETING"
+            ]
+        return deployment_parameters(usable, self.engines)
 
     def create_deployment(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST /deployments, with every hot-load requirement of spec section 8."""
@@ -311,7 +321,7 @@ class ControlPlaneState:
                     "failed_precondition",
                     f"deployment {deployment.id} has no hotLoad section; hot-load can only be enabled at creation",
                 )
-            if deployment.status != "STATUS_READY":
+            if deployment.status not in HOT_LOADABLE:
                 raise ServiceError(
                     "failed_precondition",
                     f"deployment {deployment.id} is {deployment.status}, not STATUS_READY; wait until it is ready",

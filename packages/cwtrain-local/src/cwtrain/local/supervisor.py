@@ -16,7 +16,16 @@ quarter second), for each
 
 A replica is *routable* (the gateway sends it requests) once it answered ``/health`` and
 serves the deployment's current identity or the active hot-load's; a cold replica
-catching up is not.
+catching up is not. A catch-up that fails (a stored object of the current chain is
+corrupt or gone, the store did not answer) is retried with a growing pause (2 s to 60 s).
+
+A READY deployment that no replica serves any more becomes STATUS_ERROR, and its Ready
+condition says why, replica by replica: restarting (with how it exited), starting, catching
+up, or unable to load the current weights (with the replica's reason). STATUS_ERROR is
+recoverable: hot-loads are accepted in it (:mod:`cwtrain.local.state`), so hot-loading an
+intact snapshot (``cwtrain hotload rollback --identity <an earlier identity>``, or
+``cwtrain hotload trigger`` of a stored FULL snapshot) brings the replicas back and the
+deployment back to READY.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import UsageError
-from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND, ReplicaProcess
+from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND, TOKEN_VARIABLE, ReplicaProcess
 from cwtrain.local.objectstore import free_port
 from cwtrain.local.records import DeploymentRecord, HotLoadRecord, ReplicaRecord
 from cwtrain.local.resources import now
@@ -43,6 +52,7 @@ __all__ = ["Supervisor"]
 log = logging.getLogger("cwtrain.local.supervisor")
 
 _MAX_START_FAILURES = 3
+_CATCH_UP_RETRY = (2.0, 60.0)  # first pause and cap, doubling, between attempts of a failed catch-up
 
 
 @dataclass
@@ -54,6 +64,8 @@ class Slot:
     generation: int = 0
     start_failures: int = 0
     catch_up: str | None = None  # hot-load id sent to bring a cold replica up to date
+    catch_up_failures: int = 0
+    catch_up_retry_at: float = 0.0  # monotonic time of the next attempt after a failed catch-up
     last_exit: str = ""
 
     def health(self) -> dict[str, Any] | None:
@@ -77,6 +89,8 @@ class Supervisor:
         replica_command: argv prefix starting a replica (default ``python -m cwtrain.local.replica``).
         start_gateway: ``(gateway_id) -> (url, stop)`` starting one gateway server.
         hot_load_timeout: seconds after which an unfinished hot-load fails.
+        replica_token: the token replicas accept (given to them in
+            ``CWTRAIN_LOCAL_REPLICA_TOKEN`` and sent on every request to them).
     """
 
     def __init__(
@@ -89,8 +103,10 @@ class Supervisor:
         replica_command: Sequence[str] = DEFAULT_REPLICA_COMMAND,
         start_gateway: Callable[[str], tuple[str, Callable[[], None]]] | None = None,
         hot_load_timeout: float = 600.0,
+        replica_token: str,
     ) -> None:
         self.state = state
+        self.replica_token = replica_token
         self.s3_endpoint = s3_endpoint
         self.s3_env = dict(s3_env)
         self.workdir = workdir
@@ -220,7 +236,7 @@ class Supervisor:
             return False
         peer = self._peer(deployment, slots, exclude=slot)
         slot.generation += 1
-        slot.catch_up = None
+        slot.catch_up, slot.catch_up_failures, slot.catch_up_retry_at = None, 0, 0.0
         slot.process = self._spawn(deployment, slot, peer).start()
         return True
 
@@ -256,12 +272,12 @@ class Supervisor:
         ]  # fmt: skip
         if peer:
             argv += ["--peer", peer]
-        env = {**os.environ, **self.s3_env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.s3_env, "PYTHONUNBUFFERED": "1", TOKEN_VARIABLE: self.replica_token}
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("MKL_NUM_THREADS", "1")
         log_path = self.workdir / f"replica-{slot.name}-{slot.generation}.log"
         log.info("starting replica %s on port %d%s", slot.name, port, f" (copying from {peer})" if peer else "")
-        return ReplicaProcess(slot.name, port, argv, env, log_path, on_change=self._notify)
+        return ReplicaProcess(slot.name, port, argv, env, log_path, on_change=self._notify, token=self.replica_token)
 
     def _notify(self) -> None:
         with self.state.lock:
@@ -276,12 +292,32 @@ class Supervisor:
             if health is None or slot.process is None:
                 continue
             if health.get("identity") == deployment.current_identity:
-                slot.catch_up = None  # serving the current weights (even in ERROR after a failed hot-load)
+                slot.catch_up, slot.catch_up_failures, slot.catch_up_retry_at = None, 0, 0.0  # serving (even in ERROR)
                 continue
+            if slot.catch_up is not None and self._catch_up_failed(slot, health):
+                if time.monotonic() < slot.catch_up_retry_at:
+                    continue
+                log.info("replica %s: retrying the catch-up to %s", slot.name, deployment.current_identity)
+                slot.catch_up, slot.catch_up_retry_at = None, 0.0
             if slot.catch_up is None:
                 hot_load_id = deployment.current_hot_load_id
                 if slot.process.post_hot_load(hot_load_id, deployment.current_identity, deployment.current_chain):
                     slot.catch_up = hot_load_id
+
+    @staticmethod
+    def _catch_up_failed(slot: Slot, health: dict[str, Any]) -> bool:
+        """Whether the replica reported its catch-up failed; the first time, schedules the retry."""
+        if health.get("state") != "ERROR" or health.get("hot_load_id") != slot.catch_up:
+            return False
+        if slot.catch_up_retry_at <= 0:
+            first, cap = _CATCH_UP_RETRY
+            slot.catch_up_failures += 1
+            pause = min(cap, first * 2 ** (slot.catch_up_failures - 1))
+            slot.catch_up_retry_at = time.monotonic() + pause
+            log.warning(
+                "replica %s cannot catch up (%s); retrying in %.0f s", slot.name, health.get("error_reason"), pause
+            )
+        return True
 
     def _deployment_status(self, deployment: DeploymentRecord, slots: list[Slot]) -> bool:
         serving = self._serving(deployment)
@@ -301,10 +337,47 @@ class Supervisor:
                     return True
             elif deployment.status in ("STATUS_READY", "STATUS_ERROR"):
                 if ready == 0:
-                    deployment.set_status("STATUS_ERROR", "no replica is serving; restarting replicas")
+                    deployment.set_status("STATUS_ERROR", self._not_serving(deployment, slots))
                 else:
                     deployment.set_status("STATUS_READY", f"{ready}/{len(slots)} replicas ready")
         return deployment.status == "STATUS_CREATING"
+
+    def _not_serving(self, deployment: DeploymentRecord, slots: list[Slot]) -> str:
+        """Why no replica serves the deployment's weights, replica by replica, and the way back."""
+        current = deployment.current_identity
+        reasons: list[str] = []
+        cannot_load = False
+        for slot in slots:
+            proc, health = slot.process, slot.health()
+            if slot.start_failures >= _MAX_START_FAILURES:
+                reasons.append(f"replica {slot.name} failed to start {slot.start_failures} times ({slot.last_exit})")
+            elif proc is None or not proc.alive():
+                reasons.append(
+                    f"replica {slot.name} is restarting" + (f" (it {slot.last_exit})" if slot.last_exit else "")
+                )
+            elif health is None:
+                reasons.append(f"replica {slot.name} is starting (loading its first weights)")
+            elif slot.catch_up is not None and health.get("state") == "ERROR":
+                cannot_load = True
+                reasons.append(
+                    f"replica {slot.name} serves {health.get('identity')!r} and cannot load {current!r} "
+                    f"(attempt {slot.catch_up_failures}): {health.get('error_reason') or 'unknown error'}"
+                )
+            elif slot.catch_up is not None:
+                reasons.append(f"replica {slot.name} is catching up from {health.get('identity')!r} to {current!r}")
+            else:
+                reasons.append(f"replica {slot.name} serves {health.get('identity')!r}, not {current!r}")
+        message = f"no replica serves {current!r}: " + "; ".join(reasons)
+        active = self.state.active_hot_load(deployment.id)
+        if active is not None:
+            message += f"; hot-load {active.id} of {active.spec['identity']!r} is in progress"
+        elif cannot_load:
+            message += (
+                "; to recover, hot-load an intact snapshot (hot-loads are accepted in STATUS_ERROR): "
+                "`cwtrain hotload rollback --identity <an earlier identity>` or `cwtrain hotload trigger` of a "
+                "stored FULL snapshot"
+            )
+        return message
 
     def routes(self, deployment_id: str) -> list[str]:
         """URLs of the deployment's routable replicas, rotated for round-robin."""

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Concatenate, TypeVar
 
 import httpx
 
@@ -106,6 +106,26 @@ def _percentile(sorted_values: list[float], q: float) -> float:
         return 0.0
     rank = max(0, math.ceil(q * len(sorted_values)) - 1)
     return sorted_values[min(rank, len(sorted_values) - 1)]
+
+
+def _blocking[**P, R](
+    method: Callable[Concatenate[CompletionSampler, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[CompletionSampler, P], R]:
+    """The blocking twin of a sampler coroutine method: same arguments, run on the sampler's loop thread."""
+
+    def blocking(self: CompletionSampler, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._runner.here():
+            raise RolloutError(
+                f"{method.__name__}_sync called on the sampler's own loop thread; await {method.__name__}"
+            )
+        return self._runner.submit(method(self, *args, **kwargs)).result()
+
+    blocking.__name__ = blocking.__qualname__ = f"{method.__name__}_sync"
+    blocking.__doc__ = (
+        f"Blocking :meth:`{method.__name__}` (same arguments); works with or without a running event loop "
+        "in this thread."
+    )
+    return blocking
 
 
 class CompletionSampler:
@@ -208,19 +228,7 @@ class CompletionSampler:
         batch = await self.sample_groups([prompt], n, params, cache_salt=cache_salt, split=split)
         return batch.groups[0]
 
-    def sample_groups_sync(
-        self,
-        prompts: Sequence[PromptLike],
-        n: int | Sequence[int],
-        params: SamplingParams,
-        *,
-        cache_salt: str | None = None,
-        split: bool | None = None,
-    ) -> RolloutBatch:
-        """Blocking :meth:`sample_groups`; works with or without a running event loop in this thread."""
-        if self._runner.here():
-            raise RolloutError("sample_groups_sync called on the sampler's own loop thread; await sample_groups")
-        return self._runner.submit(self._batch(prompts, n, params, cache_salt, split)).result()
+    sample_groups_sync = _blocking(sample_groups)
 
     async def aclose(self) -> None:
         """Close the connection pool and stop the loop thread."""

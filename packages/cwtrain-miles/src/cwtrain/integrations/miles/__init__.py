@@ -10,7 +10,23 @@ rejected by miles in this mode)::
       --update-weight-local-checkpoint-dir /tmp/run1-local \\
       --update-weight-delta-encoding xor --update-weight-delta-checksum adler32 \\
       --custom-update-weight-post-write-path cwtrain.integrations.miles.hook \\
-      --rollout-function-path cwtrain.integrations.miles.CoreWeaveRolloutFn
+      --custom-megatron-init-path cwtrain.integrations.miles.init_hook \\
+      --rollout-function-path cwtrain.integrations.miles.CoreWeaveRolloutFn \\
+      --rollout-num-gpus 0 --sglang-config zero-engines.yaml
+
+No local engines: ``--rollout-num-gpus 0`` alone fails miles' server-group check (a group
+needs GPUs), so ``--sglang-config`` names a YAML whose model has no server groups::
+
+    sglang:
+      - name: default
+        server_groups: []
+
+miles then starts only its router, and its ``update_weights()`` still runs the updater and
+the hook (no patch). Not ``--debug-train-only`` (``update_weights`` returns at once), not a
+``placeholder`` worker (it reserves GPUs). Megatron's argument check needs
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor parallelism in the job's environment
+(``ray job submit --runtime-env-json``). miles rejects unknown flags, so every flag must exist
+in the image's miles.
 
 Entry points (miles loads ``module.attr``; a class is built with
 ``RolloutFnConstructorInput(args, data_source)``):
@@ -22,6 +38,10 @@ Entry points (miles loads ``module.attr``; a class is built with
   does not skip when there are no engines, so no patch is needed.
 * ``cwtrain.integrations.miles.actor_hook`` - the same through a publishing Ray actor, one
   step ahead.
+* ``cwtrain.integrations.miles.init_hook`` - for ``--custom-megatron-init-path``: gives the
+  gloo group the other ranks wait in while rank 0 publishes max(``--distributed-timeout-minutes``,
+  2 × ``CWTRAIN_HOTLOAD_TIMEOUT``) instead of torch's 30-minute default
+  (:mod:`cwtrain.integrations.slime.barrier`).
 * ``cwtrain.integrations.miles.CoreWeaveRolloutFn`` - an ``InferenceRolloutFn`` subclass: one
   ``/v1/completions`` request per group; it replaces miles' engine semaphore (sized from local
   rollout GPUs, zero here) with ``CWTRAIN_ROLLOUT_CONCURRENCY`` slots.
@@ -29,7 +49,11 @@ Entry points (miles loads ``module.attr``; a class is built with
   ``MILES_USE_LEGACY_ROLLOUT_V1=1``.
 * ``cwtrain.integrations.miles.post_save_hook`` - the alternative to the post-write hook:
   ``--custom-megatron-post-save-hook-path cwtrain.integrations.miles.post_save_hook`` with
-  ``--save`` and ``--save-hf`` publishes each checkpoint's HF export.
+  ``--save`` and ``--save-hf`` publishes each checkpoint's complete HF export (the critic's
+  saves and failed exports publish nothing). See :mod:`~cwtrain.integrations.miles.post_save`.
+
+miles discards what its hooks return: the ``hotload/*`` metrics go to the run's own logger
+through miles' tracking (:mod:`cwtrain.integrations.slime.tracking`).
 
 ``train.py`` (synchronous) and ``train_async.py`` (generation k+1 overlaps training k) both
 work. With ``CWTRAIN_HOTLOAD_WAIT=0`` the hook returns once the hot-load exists and the next
@@ -47,7 +71,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cwtrain.integrations.slime import HookConfig, actor_hook, hook
+from cwtrain.integrations.slime import HookConfig, actor_hook, hook, init_hook
 
 from .post_save import post_save_hook
 from .rollout import generate_rollout, make_rollout_fn_cls
@@ -60,6 +84,7 @@ __all__ = [
     "actor_hook",
     "generate_rollout",
     "hook",
+    "init_hook",
     "post_save_hook",
     "reset",
 ]

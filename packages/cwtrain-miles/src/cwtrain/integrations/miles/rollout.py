@@ -8,8 +8,11 @@ imports miles.
 
 Each call takes ``--rollout-batch-size`` groups from the data source and sends one
 ``/v1/completions`` request per group (``n = --n-samples-per-prompt``) through the rollout
-sampler, fills the samples, tags them with the served weight version and scores them with
-miles' reward hooks. miles sizes ``GenerateState.generate_fn_semaphore`` from its local
+sampler, fills the samples, tags them with the served weight version (only this run's
+identities become numbers, see :func:`cwtrain.integrations.slime.rollout.identity_tag`) and
+scores them with miles' reward hooks. ``--use-session-server`` (miles' session server, which
+slime does not have) is refused, like the other flags that replace the part of the rollout
+cwtrain owns. miles sizes ``GenerateState.generate_fn_semaphore`` from its local
 rollout GPUs, which is zero here (and would hang every generate); the semaphore is replaced
 by one of ``CWTRAIN_ROLLOUT_CONCURRENCY`` slots.
 """
@@ -24,18 +27,26 @@ from typing import Any, cast
 from cwtrain.errors import ConfigError
 from cwtrain.integrations.frameworks import MILES, install_line, require
 from cwtrain.integrations.slime import SlimeRuntime
+from cwtrain.integrations.slime.rollout import REFUSED_FLAGS as SLIME_REFUSED_FLAGS
 from cwtrain.integrations.slime.rollout import (
     DataSource,
     RewardHooks,
+    rollout_run_id,
     run_sync,
     sample_groups_into,
     served_version,
     trainer_sampler,
 )
 
-__all__ = ["MILES_MISSING", "generate_rollout", "make_rollout_fn_cls"]
+__all__ = ["MILES_MISSING", "REFUSED_FLAGS", "generate_rollout", "make_rollout_fn_cls"]
 
 log = logging.getLogger(__name__)
+
+REFUSED_FLAGS: tuple[str, ...] = (*SLIME_REFUSED_FLAGS, "--use-session-server")
+"""miles' flags the rollout function refuses: slime's, and miles' own session server.
+
+Every one is a flag of miles' parser (the contract suite checks).
+"""
 
 MILES_MISSING = (
     "cwtrain.integrations.miles.CoreWeaveRolloutFn runs inside miles "
@@ -85,7 +96,10 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
             version = await asyncio.to_thread(served_version, args)
             if version is None:
                 version = input.weight_version
-            metrics = await sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=self.sampler)
+            run_id = await asyncio.to_thread(rollout_run_id, args)
+            metrics = await sample_groups_into(
+                args, groups, rm=rm_hub, version=version, sampler=self.sampler, run_id=run_id
+            )
             metrics["coreweave/rollout_id"] = float(input.rollout_id)
             return base_types.RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
@@ -113,6 +127,7 @@ def generate_rollout(
     sampler = trainer_sampler(args)
     groups = data_source.get_samples(int(args.rollout_batch_size))
     version = served_version(args)
-    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=sampler))
+    run_id = rollout_run_id(args)
+    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=sampler, run_id=run_id))
     metrics["coreweave/rollout_id"] = float(rollout_id)
     return base_types.RolloutFnTrainOutput(samples=groups, metrics=metrics)

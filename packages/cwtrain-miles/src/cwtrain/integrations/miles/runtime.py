@@ -31,8 +31,13 @@ __all__ = ["MilesRuntime", "PostSaveTarget", "reset"]
 class PostSaveTarget(Protocol):
     """What ``post_save_hook`` calls on each save (a ``PostSavePublisher``)."""
 
-    def __call__(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
-        """Publish the HF export of ``rollout_id``; returns ``hotload/*`` metrics."""
+    @property
+    def run_id(self) -> str:
+        """The run id of the identities it publishes."""
+        ...
+
+    def publish(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> list[dict[str, float]]:
+        """Publish the HF export of ``rollout_id``; returns one ``hotload/*`` record per version handled."""
         ...
 
 

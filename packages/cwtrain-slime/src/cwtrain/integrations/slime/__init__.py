@@ -5,7 +5,7 @@ With cwtrain there are no local engines: each weight version slime writes is pub
 CoreWeave Dedicated Inference deployment by checkpoint hot-load, and rollouts come from the
 deployment's ``/v1/completions``.
 
-Flags to copy (delta mode, recommended)::
+Flags to copy (delta mode, recommended; slime carrying the recipe's patch)::
 
     python train.py ... \\
       --hf-checkpoint /models/Qwen3-4B \\
@@ -13,9 +13,19 @@ Flags to copy (delta mode, recommended)::
       --update-weight-disk-dir /shared/run1/weights \\
       --update-weight-local-checkpoint-dir /tmp/run1-local \\
       --update-weight-delta-encoding xor --update-weight-delta-checksum adler32 \\
+      --update-weight-standalone-publish \\
       --custom-update-weight-post-write-path cwtrain.integrations.slime.hook \\
+      --custom-megatron-init-path cwtrain.integrations.slime.init_hook \\
       --rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout \\
-      --rollout-num-gpus 0 --custom-config-path zero_engines.yaml   # rollout_num_engines: 1
+      --rollout-num-gpus 0
+
+Without local engines slime's ``update_weights()`` returns before its updater (and so the
+hook) runs; ``recipes/slime/patches/slime-standalone-publish.patch`` adds
+``--update-weight-standalone-publish``, which runs it anyway. An unpatched slime drops the
+flag silently (it ignores unknown flags): ``init_hook`` and the rollout function stop such a
+run at start. ``python -m cwtrain.integrations.slime.launch`` (live tensors) needs no patch.
+Megatron's argument check needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor parallelism in
+the job's environment (``ray job submit --runtime-env-json``), as slime's own scripts set it.
 
 Full mode (each version a complete HF checkpoint) works too:
 ``--update-weight-mode full --update-weight-transport disk --update-weight-disk-dir DIR``.
@@ -27,15 +37,23 @@ Entry points, all loadable the way slime loads them (``module.attr``):
   as ``<run>-v000000``; each ``weight_vNNNNNN`` is then published as a delta over what the
   replicas serve, empty deltas are skipped, and a FULL snapshot cuts the chain every
   ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions (default 20) from the served copy kept in the state
-  directory. Only rank 0 publishes. See :mod:`~cwtrain.integrations.slime.publisher`.
+  directory. Only rank 0 publishes; its ``hotload/*`` metrics go to the run's logger
+  (slime's wandb/TensorBoard, :mod:`~cwtrain.integrations.slime.tracking`), since slime
+  discards what the hook returns. See :mod:`~cwtrain.integrations.slime.publisher`.
 * ``cwtrain.integrations.slime.actor_hook`` - the same, handed to a long-lived Ray actor on
   the trainer node so upload and hot-load overlap the next step (at most one step ahead;
   a failure raises at the next step). See :mod:`~cwtrain.integrations.slime.actor`.
+* ``cwtrain.integrations.slime.init_hook`` - for ``--custom-megatron-init-path``: the other
+  ranks wait in slime's gloo barrier while rank 0 publishes, and slime creates that group
+  with torch's 30-minute default, not ``--distributed-timeout-minutes``; this gives it
+  max(``--distributed-timeout-minutes``, 2 × ``CWTRAIN_HOTLOAD_TIMEOUT``) on every rank.
+  See :mod:`~cwtrain.integrations.slime.barrier`.
 * ``cwtrain.integrations.slime.rollout.generate_rollout`` - slime's rollout function, one
   ``/v1/completions`` request per GRPO group. See :mod:`~cwtrain.integrations.slime.rollout`.
 * ``python -m cwtrain.integrations.slime.launch train.py ARGS`` - runs slime's ``train.py``
   with a ``MegatronTrainRayActor`` subclass whose ``update_weights()`` publishes from the
-  model's tensors (no HF export to disk). See :mod:`~cwtrain.integrations.slime.tensors`.
+  model's tensors (no HF export to disk, no patch). See
+  :mod:`~cwtrain.integrations.slime.train_actor`.
 
 Variables (``CWTRAIN_HOTLOAD_*`` for publishing, ``CWTRAIN_ROLLOUT_*`` for rollouts; see
 :mod:`~cwtrain.integrations.slime.config`)::
@@ -45,10 +63,8 @@ Variables (``CWTRAIN_HOTLOAD_*`` for publishing, ``CWTRAIN_ROLLOUT_*`` for rollo
     export CWTRAIN_ROLLOUT_BASE_URL=https://.../v1     CWTRAIN_ROLLOUT_MODEL=Qwen3-4B
     export AWS_REGION=US-EAST-04A                       # plus object-storage credentials
 
-Other ranks wait in slime's gloo barrier while rank 0 uploads and hot-loads, so the gloo
-timeout must exceed ``CWTRAIN_HOTLOAD_TIMEOUT`` plus upload time. Nothing here imports
-slime, Ray or torch until it is used; a missing one raises ``ImportError`` naming the
-install (:func:`cwtrain.integrations.frameworks.require`).
+Nothing here imports slime, Ray or torch until it is used; a missing one raises
+``ImportError`` naming the install (:func:`cwtrain.integrations.frameworks.require`).
 
 What the plug-in keeps between calls (the run's publisher, the actor client, the tokenizer
 and samplers) lives in one object per process, ``SlimeRuntime.current()``
@@ -59,6 +75,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .barrier import init_hook
 from .config import HookConfig, is_rank_zero
 from .post_write import actor_hook, drain, hook
 from .publisher import SlimePublisher
@@ -72,6 +89,7 @@ __all__ = [
     "default_run_id",
     "drain",
     "hook",
+    "init_hook",
     "is_rank_zero",
     "make_actor_cls",
     "reset",
@@ -79,7 +97,11 @@ __all__ = [
 
 
 def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
-    """The ``MegatronTrainRayActor`` subclass that publishes from live tensors (see ``tensors``)."""
-    from .tensors import make_actor_cls as make
+    """The ``MegatronTrainRayActor`` subclass that publishes from live tensors (see ``train_actor``).
+
+    Raises:
+        ImportError: slime, or a module its actor needs, is not importable (named, with the fix).
+    """
+    from .train_actor import make_actor_cls as make
 
     return make(base)

@@ -51,6 +51,7 @@ __all__ = [
     "parse_prompt_cache_policy",
     "resolve_rank",
     "run_id_from",
+    "shared_run_id",
     "state_dir_for",
 ]
 
@@ -62,20 +63,48 @@ _DEFAULT_RUN_ID_LENGTH = 100
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
+def _run_base(args: argparse.Namespace | None) -> str:
+    disk_dir = str(getattr(args, "update_weight_disk_dir", None) or "")
+    return _UNSAFE.sub("-", os.path.basename(disk_dir.rstrip("/\\"))) or "slime"
+
+
+def _wandb_run_id(args: argparse.Namespace | None) -> str | None:
+    value = getattr(args, "wandb_run_id", None)
+    return _UNSAFE.sub("-", value) if isinstance(value, str) and value else None
+
+
 def run_id_from(args: argparse.Namespace | None, stamp: str) -> str:
-    """The default run id of ``args`` with the process's UTC ``stamp`` (``%Y%m%dT%H%M%SZ``).
+    """The default run id of ``args``: its :func:`shared_run_id`, else one with the process's ``stamp``.
 
     The basename of ``--update-weight-disk-dir`` (characters outside ``[A-Za-z0-9._-]`` become
-    ``-``; empty gives ``slime``), then ``-<stamp>``, cut to 100 characters.
-    :func:`cwtrain.integrations.slime.default_run_id` supplies the stamp, taken once per process.
+    ``-``; empty gives ``slime``), then ``-<wandb run id>`` when the run logs to wandb (slime
+    and miles give every process the same ``args.wandb_run_id``), else ``-<stamp>``; cut to 100
+    characters. :func:`cwtrain.integrations.slime.default_run_id` supplies the stamp, taken
+    once per process.
 
     Args:
-        args: slime's or miles' argument namespace (``update_weight_disk_dir`` is read).
-        stamp: the UTC time the run started.
+        args: slime's or miles' argument namespace (``update_weight_disk_dir``, ``wandb_run_id``).
+        stamp: the UTC time (``%Y%m%dT%H%M%SZ``) this process started the run.
     """
-    disk_dir = str(getattr(args, "update_weight_disk_dir", None) or "")
-    base = _UNSAFE.sub("-", os.path.basename(disk_dir.rstrip("/\\"))) or "slime"
-    return f"{base}-{stamp}"[:_DEFAULT_RUN_ID_LENGTH]
+    return f"{_run_base(args)}-{_wandb_run_id(args) or stamp}"[:_DEFAULT_RUN_ID_LENGTH]
+
+
+def shared_run_id(args: argparse.Namespace | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The run id every process of one run derives alike, or ``None`` when only a stamp could tell.
+
+    ``CWTRAIN_HOTLOAD_RUN_ID``, else ``<basename of --update-weight-disk-dir>-<wandb run id>``
+    when ``args.wandb_run_id`` is set (slime's and miles' driver set it before creating the
+    train actors and the rollout manager). The hook on rank 0 and the rollout function in the
+    rollout manager run in different processes; this is what lets both name the same run.
+
+    Raises:
+        ConfigError: ``CWTRAIN_HOTLOAD_RUN_ID`` is not a usable run id.
+    """
+    explicit = env_str("CWTRAIN_HOTLOAD_RUN_ID", environ)
+    if explicit:
+        return _validate_run_id(explicit, "CWTRAIN_HOTLOAD_RUN_ID")
+    wandb_id = _wandb_run_id(args)
+    return f"{_run_base(args)}-{wandb_id}"[:_DEFAULT_RUN_ID_LENGTH] if wandb_id else None
 
 
 def state_dir_for(disk_dir: str | os.PathLike[str]) -> str:

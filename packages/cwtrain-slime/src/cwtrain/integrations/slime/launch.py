@@ -10,7 +10,7 @@
 
 The first argument is slime's training script (``train.py`` or ``train_async.py``); the rest
 are its arguments, unchanged. Before the script runs, ``slime.ray.placement_group.create_training_models``
-is rebound so that its ``actor_cls`` defaults to :func:`~cwtrain.integrations.slime.tensors.make_actor_cls`'s
+is rebound so that its ``actor_cls`` defaults to :func:`~cwtrain.integrations.slime.train_actor.make_actor_cls`'s
 ``MegatronTrainRayActor`` subclass: every ``actor_model.update_weights()`` then publishes the
 model's tensors by hot-load (baseline first, deltas, FULL every ``CWTRAIN_HOTLOAD_FULL_EVERY``),
 without slime's disk updaters, patches or local engines. The script runs as ``__main__``
@@ -51,7 +51,7 @@ def inject_actor_cls(actor_cls: type[Any] | None = None) -> Callable[..., Any]:
         ImportError: slime is not installed.
     """
     placement = require(SLIME, "slime.ray.placement_group")
-    from .tensors import make_actor_cls
+    from .train_actor import make_actor_cls
 
     original: Callable[..., Any] = getattr(placement.create_training_models, "__wrapped__", None) or (
         placement.create_training_models

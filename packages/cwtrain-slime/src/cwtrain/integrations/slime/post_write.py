@@ -4,7 +4,10 @@
 ``load_function`` import :mod:`cwtrain.integrations.slime` and take its attribute ``hook``
 (this module's :func:`hook`, re-exported there). slime calls it with its delta root once on
 rank 0 (the baseline) and with each ``weight_vNNNNNN`` directory on every rank; only rank 0
-acts, the other ranks return at once and wait in slime's barrier.
+publishes, the other ranks give the gloo group its timeout
+(:func:`~cwtrain.integrations.slime.barrier.extend_gloo_timeout`) and wait in slime's barrier.
+slime and miles discard what the hook returns, so rank 0 also hands the metrics to the run's
+logger (:mod:`~cwtrain.integrations.slime.tracking`).
 
 ``...slime.actor_hook`` (:func:`actor_hook`) publishes one step ahead through the publishing
 Ray actor (see :mod:`~cwtrain.integrations.slime.actor`); :func:`drain` waits for its last
@@ -25,8 +28,10 @@ from cwtrain.config import env_str
 from cwtrain.errors import ConfigError
 
 from .actor import actor_name, ray_module
+from .barrier import extend_gloo_timeout
 from .config import is_rank_zero
 from .runtime import SlimeRuntime
+from .tracking import log_metrics
 
 __all__ = ["actor_hook", "drain", "hook"]
 
@@ -40,15 +45,19 @@ def hook(args: argparse.Namespace, version_dir: str, rollout_engines: Sequence[A
         rollout_engines: slime's engine handles; ignored (the deployment replaces them).
 
     Returns:
-        ``hotload/*`` metrics on rank 0, ``None`` elsewhere.
+        ``hotload/*`` metrics on rank 0 (also logged to the run's logger), ``None`` elsewhere.
 
     Raises:
         CWTrainError: publishing failed; slime stops the run rather than train on.
     """
     del rollout_engines
+    extend_gloo_timeout(args)  # every rank: a group slime re-created since start-up waits long enough too
     if not is_rank_zero(args):
         return None
-    return SlimeRuntime.current().publisher(args)(args, str(version_dir))
+    publisher = SlimeRuntime.current().publisher(args)
+    metrics = publisher(args, str(version_dir))
+    log_metrics(args, metrics, run_id=publisher.config.run_id)
+    return metrics
 
 
 def actor_hook(
@@ -64,6 +73,7 @@ def actor_hook(
         CWTrainError: the previous publish failed.
     """
     del rollout_engines
+    extend_gloo_timeout(args)
     if not is_rank_zero(args):
         return None
     if getattr(args, "update_weight_mode", None) == "full" and not getattr(args, "update_weight_disk_keep_files", True):
@@ -71,7 +81,10 @@ def actor_hook(
             "in --update-weight-mode full slime deletes each version directory after the hook returns, before the "
             "publishing actor reads it: pass --update-weight-disk-keep-files, or use cwtrain.integrations.slime.hook"
         )
-    return SlimeRuntime.current().actor_client(args).submit(args, str(version_dir))
+    client = SlimeRuntime.current().actor_client(args)
+    metrics = client.submit(args, str(version_dir))
+    log_metrics(args, metrics, run_id=client.config.run_id)
+    return metrics
 
 
 def drain(deployment_id: str | None = None, *, timeout: float | None = None) -> str | None:

@@ -257,6 +257,7 @@ class SlimePublisher:
         self.record_served(identity, 0)
         self._version = 0
         self.cadence.published(full=True)
+        self.state_metrics(metrics, 0)
 
         if self.config.use_mirror:
             started = time.perf_counter()
@@ -270,9 +271,22 @@ class SlimePublisher:
     # ------------------------------------------------------------------ versions
 
     def publish_version(
-        self, args: argparse.Namespace, version_dir: str | os.PathLike[str], version: int
+        self,
+        args: argparse.Namespace,
+        version_dir: str | os.PathLike[str],
+        version: int,
+        *,
+        cadence_position: int | None = None,
     ) -> dict[str, float]:
         """Publish ``weight_v{version:06d}`` (FULL cut, delta, or nothing for an empty delta).
+
+        Args:
+            args: slime's or miles' namespace.
+            version_dir: the version's directory (a delta, or a full checkpoint in full mode).
+            version: its version number (the identity's suffix).
+            cadence_position: the count the FULL cadence goes by (default ``version``); a
+                caller whose versions skip numbers (miles' post-save hook) passes how many
+                versions it has published, so ``CWTRAIN_HOTLOAD_FULL_EVERY`` counts publishes.
 
         Raises:
             SnapshotError: the directory is malformed or out of order.
@@ -308,27 +322,27 @@ class SlimePublisher:
             metrics["tensors_changed"] = float(len(weight_map))
         self._version = version
 
-        if self.cadence.is_full(version):
+        if self.cadence.is_full(cadence_position if cadence_position is not None else version):
             if mirror is None:
                 raise CWTrainError(
                     f"{identity} must be published FULL (chain cut) but no served copy is kept: "
                     "turn CWTRAIN_HOTLOAD_MIRROR on"
                 )
             self._publish_from_mirror(mirror, identity, version, metrics)
-            return _prefixed(metrics)
+            return self.state_metrics(metrics, version)
         if not weight_map:
             metrics["skipped_empty"] = 1.0
             log.info("%s is an empty delta: nothing to publish; replicas keep %s", identity, self.served_identity)
             if mirror is not None:
                 mirror.advance(f"{version:06d}")
-            return _prefixed(metrics)
+            return self.state_metrics(metrics, version)
         previous = self.served_identity
         self._publish(directory, identity, previous=previous, metrics=metrics)
         metrics["incremental"] = 1.0
         self.record_served(identity, version)
         if mirror is not None:
             self.write_manifest(identity, version, mirror.checksums)
-        return _prefixed(metrics)
+        return self.state_metrics(metrics, version)
 
     def _publish_from_mirror(
         self, mirror: WeightMirror, identity: str, version: int, metrics: dict[str, float]
@@ -346,7 +360,7 @@ class SlimePublisher:
         self._publish(directory, identity, previous=None, metrics=metrics)
         self.record_served(identity, version)
         self._version = version
-        return _prefixed(metrics)
+        return self.state_metrics(metrics, version)
 
     # ------------------------------------------------------------------ hot-load
 
@@ -387,12 +401,23 @@ class SlimePublisher:
                 if config.verify:
                     metrics["replicas_verified"] = float(len(loader.verify_served(hot_load.id, identity)))
             metrics["hot_load_seconds"] = time.perf_counter() - started
+            metrics["publish_seconds"] = metrics["upload_seconds"] + metrics["hot_load_seconds"]
         except BaseException:
             # The replicas keep what they served: cut the chain on the next version.
             self.cadence.failed()
             raise
         self.cadence.published(full=previous is None)
         self._record(hot_load, metrics)
+
+    def state_metrics(self, metrics: dict[str, float], version: int) -> dict[str, float]:
+        """``metrics`` (unprefixed names) with ``version``, the served version and the chain length, prefixed.
+
+        The keys :mod:`~cwtrain.integrations.slime.tracking` logs every record with.
+        """
+        metrics["version"] = float(version)
+        metrics["served_version"] = float(self.served_version if self.served_version is not None else -1)
+        metrics["chain_length"] = float(self.cadence.deltas_in_chain)
+        return _prefixed(metrics)
 
     @staticmethod
     def _record(hot_load: HotLoad, metrics: dict[str, float]) -> None:

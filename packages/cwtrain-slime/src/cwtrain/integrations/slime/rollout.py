@@ -12,23 +12,30 @@ come from slime's own reward hooks (``--custom-rm-path``, ``--rm-type``, ``--gro
 Flags to copy::
 
     --rollout-function-path cwtrain.integrations.slime.rollout.generate_rollout
-    --rollout-num-gpus 0                     # no local engines
-    --custom-config-path zero_engines.yaml   # holds "rollout_num_engines: 1" so slime does not
-                                             # size its (unused) engine semaphore to zero
+    --rollout-num-gpus 0                     # no local engines (slime starts only its router)
     --rollout-top-p 1.0                      # other values need a patched SGLang's token ids
     --apply-chat-template                    # prompts are strings, tokenised by the trainer
 
-Refused, naming the flag (they replace the part of the rollout cwtrain owns):
+slime sizes its own rollout semaphore from the engine count (zero here); this function never
+uses it, it bounds its requests by ``CWTRAIN_ROLLOUT_CONCURRENCY``.
+
+Refused, naming the flag (they replace the part of the rollout cwtrain owns; slime has no
+``--use-session-server``, miles' refusal of it is in :mod:`cwtrain.integrations.miles`):
 ``--custom-generate-function-path``, ``--dynamic-sampling-filter-path``,
-``--rollout-sample-filter-path``, ``--rollout-all-samples-process-path``,
-``--use-session-server``, and ``--over-sampling-batch-size`` above ``--rollout-batch-size``.
-``--use-tis``, ``--use-rollout-logprobs`` and ``--get-mismatch-metrics`` make log-probs
-required (and need ``--rollout-temperature 1.0``).
+``--rollout-sample-filter-path``, ``--rollout-all-samples-process-path``, and
+``--over-sampling-batch-size`` above ``--rollout-batch-size``. ``--use-tis``,
+``--use-rollout-logprobs`` and ``--get-mismatch-metrics`` make log-probs required (and need
+``--rollout-temperature 1.0``). A slime run that could never publish (no local engine and an
+unpatched slime, see :func:`~cwtrain.integrations.slime.barrier.check_standalone_publish`)
+is refused at the first rollout, before any training step.
 
 Variables: ``CWTRAIN_ROLLOUT_BASE_URL``, ``CWTRAIN_ROLLOUT_MODEL`` (required) and the other
-``CWTRAIN_ROLLOUT_*`` of the sampler. The served version comes from the endpoint's
-``x-cwtrain-snapshot-identity`` when it sends one, else from the deployment's current identity
-(``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``), else from the hook's state directory.
+``CWTRAIN_ROLLOUT_*`` of the sampler. Each sample's ``weight_versions`` gets the version that
+served it: the endpoint's ``x-cwtrain-snapshot-identity`` when it sends one, else the
+deployment's current identity (``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``), else the hook's state
+directory. Only this run's identities become version numbers (``"7"`` for ``<run>-v000007``);
+another run's identity, or ``initial``, is tagged as it is, so it never counts as one of this
+run's versions. The run id is :func:`rollout_run_id`'s.
 """
 
 from __future__ import annotations
@@ -48,17 +55,21 @@ from cwtrain.errors import ConfigError
 from cwtrain.integrations.frameworks import SLIME, require
 from cwtrain.integrations.nvext import read_served_identity
 
-from .config import HookConfig, state_dir_for
+from .barrier import check_standalone_publish
+from .config import HookConfig, shared_run_id, state_dir_for
 from .runtime import PromptTokenizer, SlimeRuntime
 
 if TYPE_CHECKING:
     from cwtrain.integrations.rollout import CompletionSampler, Prompt, SamplingParams
 
 __all__ = [
+    "REFUSED_FLAGS",
     "DataSource",
     "RewardHooks",
     "generate_rollout",
+    "identity_tag",
     "prompt_of",
+    "rollout_run_id",
     "run_sync",
     "sample_groups_into",
     "sampling_params",
@@ -69,6 +80,18 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+REFUSED_FLAGS: tuple[str, ...] = (
+    "--custom-generate-function-path",
+    "--dynamic-sampling-filter-path",
+    "--rollout-sample-filter-path",
+    "--rollout-all-samples-process-path",
+)
+"""slime's flags the rollout function refuses: they replace the part of the rollout cwtrain owns.
+
+Every one is a flag of slime's parser (the contract suite checks); ``--over-sampling-batch-size``
+is refused only above ``--rollout-batch-size``.
+"""
 
 _IDENTITY_VERSION = re.compile(r"-v(\d{6,})$")
 
@@ -113,14 +136,51 @@ def version_of_identity(identity: str | None, run_id: str | None = None) -> int 
     return int(match.group(1))
 
 
+def identity_tag(identity: str, run_id: str | None) -> str:
+    """What a sample served by ``identity`` gets in ``weight_versions``.
+
+    ``"7"`` for this run's ``<run_id>-v000007`` (any ``<run>-vNNNNNN`` when ``run_id`` is
+    unknown); anything else (``initial``, another run's identity) as it is, so it never
+    passes for one of this run's versions.
+    """
+    version = version_of_identity(identity, run_id)
+    return str(version) if version is not None else identity
+
+
+def _state_dir(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    return env_str("CWTRAIN_HOTLOAD_STATE_DIR", env) or state_dir_for(
+        str(getattr(args, "update_weight_disk_dir", "") or "")
+    )
+
+
+def rollout_run_id(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str | None:
+    """The run id the rollout side tags samples against, or ``None`` when it cannot be told.
+
+    :func:`~cwtrain.integrations.slime.config.shared_run_id` (``CWTRAIN_HOTLOAD_RUN_ID``, else
+    one derived from the wandb run id), else the run of the identity the hook recorded in its
+    state directory (the hook's own run id, when the rollout runs on the trainer's node).
+    """
+    env = os.environ if environ is None else environ
+    run_id = shared_run_id(args, env)
+    if run_id is not None:
+        return run_id
+    try:
+        recorded = read_served_identity(_state_dir(args, env))
+    except OSError:
+        return None
+    match = _IDENTITY_VERSION.search(recorded or "")
+    return recorded[: match.start()] if recorded and match else None
+
+
 def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int | None:
-    """The weight version the deployment serves now, or ``None`` when it cannot be told.
+    """The version of this run the deployment serves now, or ``None`` when it cannot be told.
 
     Asks the control plane for the current identity when ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` is
-    set, else reads the ``served_identity`` file the hook keeps in its state directory.
+    set, else reads the ``served_identity`` file the hook keeps in its state directory. An
+    identity of another run (see :func:`rollout_run_id`) gives ``None``.
     """
     env = dict(os.environ if environ is None else environ)
-    run_id = env_str("CWTRAIN_HOTLOAD_RUN_ID", env)
+    run_id = rollout_run_id(args, env)
     if env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", env):
         try:
             from .publisher import build_loader
@@ -133,11 +193,8 @@ def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None =
                 loader.client.close()
         except Exception as exc:
             log.warning("could not ask the deployment which identity it serves: %s", exc)
-    state_dir = env_str("CWTRAIN_HOTLOAD_STATE_DIR", env) or state_dir_for(
-        str(getattr(args, "update_weight_disk_dir", "") or "")
-    )
     try:
-        return version_of_identity(read_served_identity(state_dir), run_id)
+        return version_of_identity(read_served_identity(_state_dir(args, env)), run_id)
     except OSError:
         return None
 
@@ -196,6 +253,7 @@ async def sample_groups_into(
     rm: RewardHooks,
     version: int | None,
     sampler: CompletionSampler | None = None,
+    run_id: str | None = None,
 ) -> dict[str, float]:
     """Sample every group with one request each, fill its samples, then score them.
 
@@ -205,6 +263,8 @@ async def sample_groups_into(
         rm: the framework's reward module (``async_rm``, ``batched_async_rm``).
         version: the served version when the endpoint does not report one.
         sampler: the sampler to use (default: the process's, :func:`trainer_sampler`).
+        run_id: this run's id: an identity the endpoint reports becomes a version number
+            only when it is this run's (:func:`identity_tag`); ``None`` accepts any run's.
 
     Returns:
         the ``coreweave/*`` metrics of the batch.
@@ -220,10 +280,12 @@ async def sample_groups_into(
     batch = await sampler.sample_groups(prompts, [len(group) for group in groups], params)
     for group, completions in zip(groups, batch.groups, strict=True):
         fill_group(group, completions)  # tokens, response, status, log-probs, routes, served version
-        if version is not None:
-            for sample, completion in zip(group, completions, strict=True):
-                if completion.identity is None:  # the endpoint did not say: what the deployment serves
-                    sample.weight_versions.append(str(version))
+        for sample, completion in zip(group, completions, strict=True):
+            if completion.identity is not None:
+                if run_id is not None:  # fill_group reads any run's "-vNNNNNN" as a version
+                    sample.weight_versions[-1] = identity_tag(completion.identity, run_id)
+            elif version is not None:  # the endpoint did not say: what the deployment serves
+                sample.weight_versions.append(str(version))
     await _score(args, groups, rm)
     metrics = dict(batch.metrics)
     metrics.setdefault("coreweave/generation_seconds", time.perf_counter() - started)
@@ -283,7 +345,8 @@ def generate_rollout(
 
     Raises:
         ImportError: slime is not installed (naming the install).
-        ConfigError: a refused flag is set, or ``evaluation`` is requested.
+        ConfigError: a refused flag is set, ``evaluation`` is requested, or the run could never
+            publish (no local engine, unpatched slime).
         RolloutError: sampling failed.
     """
     rm_hub = cast(RewardHooks, require(SLIME, "slime.rollout.rm_hub"))
@@ -293,9 +356,11 @@ def generate_rollout(
             "evaluation rollouts are not served by cwtrain.integrations.slime.rollout: unset --eval-interval "
             "(or point --eval-function-path at your own evaluation)"
         )
+    check_standalone_publish(args)
     groups = data_source.get_samples(int(args.rollout_batch_size))
     version = served_version(args)
-    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version))
+    run_id = rollout_run_id(args)
+    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, run_id=run_id))
     metrics["coreweave/rollout_id"] = float(rollout_id)
     if version is not None:
         metrics["coreweave/served_version"] = float(version)

@@ -1,20 +1,25 @@
-"""Publishing from live tensors: a ``MegatronTrainRayActor`` whose ``update_weights()`` hot-loads.
+"""Publishing from live tensors: :class:`TensorPublisher`, one snapshot per version from every rank.
 
-slime's disk updaters export every version as files before the hook sees them. This path
-skips the disk: ``python -m cwtrain.integrations.slime.launch train.py ARGS`` injects
-:func:`make_actor_cls`'s subclass through ``create_training_models(..., actor_cls=...)``,
-and its ``update_weights()`` hands the HF-named tensors each rank holds (the same gathered
-tensors slime's updaters produce) to a :class:`TensorPublisher`:
+slime's disk updaters export every version as files before the hook sees them. The
+live-tensor path skips the disk: the ``MegatronTrainRayActor`` subclass of
+:mod:`~cwtrain.integrations.slime.train_actor` (``python -m cwtrain.integrations.slime.launch``)
+hands the HF-named tensors each rank gathers, chunk by chunk, to a :class:`TensorPublisher`:
 
-* every rank XORs its tensors against its own served copy, skips unchanged ones and
-  encodes its shards (:mod:`cwtrain.hotload.torch` on the device where available, else the
-  numpy codec after one copy to host memory);
+* each chunk (at most ``--update-weight-buffer-size`` bytes, as slime's own updaters gather
+  them) is XORed against the rank's served copy and encoded, then let go before the next
+  one is gathered, so the device never holds more than one chunk of gathered tensors
+  (:mod:`cwtrain.hotload.torch` on the device where available, else the numpy codec after
+  one copy to host memory);
 * shard numbers are agreed over ``torch.distributed`` (slime's gloo group), every rank
   uploads its own shards, and rank 0 commits the index and runs the hot-load;
 * the first call publishes ``--hf-checkpoint`` as ``<run>-v000000`` (rank 0) and seeds
   every rank's served copy from it; a FULL snapshot cuts the chain every
   ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions; empty deltas are skipped; the outcome is
   broadcast, so a failure raises on every rank.
+
+The snapshot is byte-identical to publishing the same weights from a delta directory: the
+changed tensors of every chunk are packed into shards in name order once all are encoded
+(their compressed frames live in host memory until then).
 
 Configuration is the hook's (:class:`~cwtrain.integrations.slime.config.HookConfig`); rank 0
 builds it and sends it to the others, so all ranks agree on the run id. No slime flag for
@@ -28,30 +33,43 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Buffer, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.errors import CWTrainError, SnapshotError, UsageError
 from cwtrain.hotload.chain import ChainCadence
+from cwtrain.hotload.codec import ShardSink
 from cwtrain.hotload.identity import version_identity
 from cwtrain.infra.enums import HotLoadState
-from cwtrain.integrations.frameworks import SLIME, require
 
 from .config import HookConfig
 from .publisher import SlimePublisher, build_loader
-from .runtime import SlimeRuntime
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.codec import EncodedSnapshot
+    from cwtrain.hotload.codec import DeltaEncoder
     from cwtrain.hotload.format import SnapshotFile
     from cwtrain.hotload.loader import HotLoader, ProgressEvent
     from cwtrain.hotload.store import SnapshotStore
     from cwtrain.hotload.tensors import TensorData
 
-__all__ = ["Collective", "SingleProcess", "TensorPublisher", "TorchCollective", "make_actor_cls"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "Chunk",
+    "Collective",
+    "SingleProcess",
+    "TensorPublisher",
+    "TorchCollective",
+    "chunked",
+]
 
 log = logging.getLogger(__name__)
+
+Chunk = Sequence[tuple[str, Any]]
+"""HF-named tensors gathered together (one of slime's ``_iter_*_chunks`` buckets)."""
+
+DEFAULT_CHUNK_BYTES = 512 * 1024**2
+"""slime's and miles' default ``--update-weight-buffer-size``."""
 
 
 class Collective(Protocol):
@@ -85,22 +103,31 @@ class SingleProcess:
 
 
 class TorchCollective:
-    """Collectives over ``torch.distributed`` (slime's gloo group when it has one)."""
+    """Collectives over ``torch.distributed``: slime's gloo group when it has one, else the default group.
+
+    The group is looked up at every call: slime re-creates its gloo group when it offloads
+    the trainer, and a group kept from before would be a destroyed one.
+
+    Args:
+        group: a fixed group to use instead.
+    """
 
     def __init__(self, group: Any = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
-        if group is None:
-            try:
-                from slime.utils.distributed_utils import get_gloo_group  # type: ignore[import-not-found]
-
-                group = get_gloo_group()
-            except Exception:  # not slime, or no gloo group: the default group
-                group = None
-        self.group = group
+        self._group = group
         self.rank = int(dist.get_rank())
         self.world_size = int(dist.get_world_size())
+
+    @property
+    def group(self) -> Any:
+        """The group the collectives run on (``None``: the default group)."""
+        if self._group is not None:
+            return self._group
+        from .barrier import gloo_group
+
+        return gloo_group()
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
@@ -154,6 +181,14 @@ def _nbytes(tensor: Any) -> int:
     return int(tensor.nbytes)
 
 
+def _checkpoint_names(hf_checkpoint: str) -> set[str]:
+    """The tensor names of ``--hf-checkpoint`` (headers only)."""
+    from cwtrain.hotload.delta import open_checkpoint
+
+    with open_checkpoint(hf_checkpoint) as checkpoint:
+        return set(checkpoint.tensors)
+
+
 def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, TensorData]:
     """This rank's tensors as served at the baseline: read from ``--hf-checkpoint`` into host memory."""
     import numpy as np
@@ -175,6 +210,60 @@ def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, TensorData
                     raise CWTrainError(f"{hf_checkpoint}: file ended early while reading tensor {name!r}") from None
                 out[name] = TensorData(tensor.dtype, tuple(tensor.shape), np.frombuffer(raw, dtype=np.uint8))
     return out
+
+
+def chunked(
+    named_tensors: Iterable[tuple[str, Any]], limit: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[list[tuple[str, Any]]]:
+    """Group ``(name, tensor)`` pairs into chunks of at most ``limit`` bytes (a bigger tensor alone)."""
+    chunk: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = _nbytes(tensor)
+        if chunk and size + nbytes > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
+class _Frames(ShardSink):
+    """Collects the encoded frames of one chunk; shards are packed once every chunk is in."""
+
+    def __init__(self, into: list[tuple[str, list[Buffer], int]]) -> None:
+        super().__init__()
+        self._into = into
+
+    def add(self, name: str, pieces: list[Buffer], length: int) -> None:
+        """Keep the frame (pieces of ``length`` bytes) of changed tensor ``name``."""
+        self._into.append((name, pieces, length))
+
+
+@dataclass
+class _RankSnapshot:
+    """What one rank encoded for one version, chunk by chunk."""
+
+    full: bool
+    frames: list[tuple[str, list[Buffer], int]] = field(default_factory=list)
+    host: dict[str, TensorData] = field(default_factory=dict)  # FULL: the new served copy
+    checksums: dict[str, str] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+    size: int = 0
+
+    def files(self, encoder: DeltaEncoder) -> tuple[list[SnapshotFile], dict[str, str]]:
+        """This rank's shard files and weight map, packed in name order as one encode would."""
+        if self.full:
+            if not self.host:
+                return [], {}
+            snap = encoder.encode_full({n: self.host[n] for n in sorted(self.host)}, checksums=self.checksums)
+            return list(snap.files), dict(snap.index_json["weight_map"])
+        sink = ShardSink(encoder.shard_bytes)
+        for name, pieces, length in sorted(self.frames, key=lambda frame: frame[0]):
+            sink.add(name, pieces, length)
+        files = sink.finish({name: int(value, 16) for name, value in self.checksums.items()}) if self.frames else []
+        return files, sink.weight_map()
 
 
 @dataclass
@@ -236,33 +325,37 @@ class TensorPublisher:
         return self._publisher
 
     def publish(
-        self, args: argparse.Namespace | None, named_tensors: Iterable[tuple[str, Any]]
+        self,
+        args: argparse.Namespace | None,
+        named_tensors: Iterable[tuple[str, Any]],
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> dict[str, float] | None:
-        """Publish this version from ``named_tensors`` (the HF-named tensors this rank holds).
+        """Publish this version from ``named_tensors``, taken ``chunk_bytes`` at a time (see :meth:`publish_chunks`)."""
+        return self.publish_chunks(args, chunked(named_tensors, chunk_bytes))
 
-        Every rank must call it, in step. Returns ``hotload/*`` metrics on rank 0.
+    def publish_chunks(self, args: argparse.Namespace | None, chunks: Iterable[Chunk]) -> dict[str, float] | None:
+        """Publish this version from ``chunks`` of the HF-named tensors this rank holds.
+
+        Each chunk is encoded and then let go before the next one is drawn, so only one
+        chunk of gathered tensors is alive at a time (slime bounds a chunk by
+        ``--update-weight-buffer-size``). Every rank must call it, in step. Returns
+        ``hotload/*`` metrics on rank 0.
 
         Raises:
             CWTrainError: publishing failed on some rank (raised on every rank).
         """
-        started = time.perf_counter()
-        tensors = dict(named_tensors)  # live tensors: on the device for the torch path
-        export_seconds = time.perf_counter() - started
         if self.served is None:
             if args is None:
                 raise UsageError("the first publish is the baseline: pass slime's args (--hf-checkpoint)")
-            return self._baseline(args, tensors)
+            return self._baseline(args, chunks)
         self.version += 1
         identity = version_identity(self.config.run_id, self.version)
-        full = self.cadence.is_full(self.version)
-        metrics = self._publish(identity, tensors, full=full)
-        if metrics is not None:
-            metrics["hotload/export_seconds"] = export_seconds
-        return metrics
+        return self._publish(identity, chunks, full=self.cadence.is_full(self.version))
 
     # ------------------------------------------------------------------ baseline
 
-    def _baseline(self, args: argparse.Namespace, tensors: Mapping[str, Any]) -> dict[str, float] | None:
+    def _baseline(self, args: argparse.Namespace, chunks: Iterable[Chunk]) -> dict[str, float] | None:
         metrics: dict[str, float] | None = None
         error: str | None = None
         if self.rank == 0:
@@ -273,11 +366,19 @@ class TensorPublisher:
                 self._raise_everywhere(error)
                 raise
         self._raise_everywhere(error)
-        base = _read_base(str(args.hf_checkpoint), tensors)
-        for name, tensor in tensors.items():
-            if name not in base:  # as slime does: absent from the HF checkpoint, seed from the model
-                log.warning("%s is not in --hf-checkpoint; its served copy starts from the trainer's tensor", name)
-                base[name] = _host_copy(name, tensor)
+        hf_checkpoint = str(args.hf_checkpoint)
+        in_checkpoint = _checkpoint_names(hf_checkpoint)
+        names: list[str] = []
+        missing: dict[str, TensorData] = {}
+        for chunk in chunks:  # every rank gathers (the gather's collectives need all of them)
+            for name, tensor in chunk:
+                names.append(name)
+                if name not in in_checkpoint:  # as slime does: seed it from the model
+                    log.warning("%s is not in --hf-checkpoint; its served copy starts from the trainer's tensor", name)
+                    missing[name] = _host_copy(name, tensor)
+            del chunk
+        base = _read_base(hf_checkpoint, names)
+        base.update(missing)
         self.served = base
         self.served_identity = version_identity(self.config.run_id, 0)
         self.cadence.published(full=True)
@@ -290,65 +391,81 @@ class TensorPublisher:
 
     # ------------------------------------------------------------------ versions
 
-    def _encode(
-        self, tensors: Mapping[str, Any], host: Mapping[str, TensorData], *, full: bool
-    ) -> EncodedSnapshot | None:
-        """This rank's snapshot: FULL from host copies, else the delta against the served copy.
+    def _encode_chunk(self, snap: _RankSnapshot, chunk: Chunk, encoder: DeltaEncoder, torch_encoder: Any) -> None:
+        """Encode one chunk into ``snap``; the served copy takes the chunk's changed tensors.
 
         Torch tensors are XORed where they live (:class:`~cwtrain.hotload.torch.TorchDeltaEncoder`,
-        byte-identical to the numpy codec); anything else goes through the numpy codec.
+        byte-identical to the numpy codec); anything else goes through the numpy codec. A
+        FULL keeps host copies (they become the served copy).
         """
-        from cwtrain.hotload.codec import DeltaEncoder
-
-        if full:  # name order: the same bytes whatever order the model yields its tensors in
-            if not host:
-                return None
-            with DeltaEncoder() as encoder:
-                return encoder.encode_full({n: host[n] for n in sorted(host)})
+        tensors = dict(chunk)
+        snap.size += sum(_nbytes(t) for t in tensors.values())
+        if snap.full:
+            for name, tensor in tensors.items():
+                snap.host[name] = _host_copy(name, tensor)
+            snap.checksums.update(encoder.checksums({n: snap.host[n] for n in tensors}))
+            return
         assert self.served is not None
         base = {name: self.served[name] for name in tensors}
-        if tensors and all(_is_torch(t) for t in tensors.values()):
-            from cwtrain.hotload.torch import TorchDeltaEncoder
+        if tensors and torch_encoder is not None and all(_is_torch(t) for t in tensors.values()):
+            encoded = torch_encoder.encode(tensors, base, sink=_Frames(snap.frames))
+        else:
+            host = {n: _host_copy(n, t) for n, t in tensors.items()}
+            encoded = encoder.encode(host, base, sink=_Frames(snap.frames))
+        snap.checksums.update(encoded.checksums)
+        snap.changed.extend(encoded.changed)
+        for name in encoded.changed:  # only changed tensors cross to host memory again
+            self.served[name] = _host_copy(name, tensors[name])
 
-            with TorchDeltaEncoder() as torch_encoder:
-                return torch_encoder.encode(tensors, base)
+    def _encode(
+        self, chunks: Iterable[Chunk], *, full: bool
+    ) -> tuple[_RankSnapshot, list[SnapshotFile], dict[str, str]]:
+        """This rank's snapshot, chunk by chunk: its files and weight map (unnumbered names)."""
+        from cwtrain.hotload.codec import DeltaEncoder
+
+        snap = _RankSnapshot(full)
         with DeltaEncoder() as encoder:
-            return encoder.encode({n: _host_copy(n, t) for n, t in tensors.items()}, base)
+            torch_encoder = _torch_encoder(encoder)
+            try:
+                for chunk in chunks:
+                    self._encode_chunk(snap, chunk, encoder, torch_encoder)
+                    del chunk  # let the gathered tensors go before the next chunk is gathered
+            finally:
+                if torch_encoder is not None:
+                    torch_encoder.close()
+            files, weight_map = snap.files(encoder)
+        if full:
+            self.served = snap.host
+            snap.changed = sorted(snap.host)
+        return snap, files, weight_map
 
-    def _publish(self, identity: str, tensors: Mapping[str, Any], *, full: bool) -> dict[str, float] | None:
+    def _publish(self, identity: str, chunks: Iterable[Chunk], *, full: bool) -> dict[str, float] | None:
         from cwtrain.hotload.format import SnapshotFile, full_shard_name, shard_name
 
         metrics: dict[str, float] = {"hotload/chain_cut": float(full), "hotload/incremental": 0.0}
         started = time.perf_counter()
-        snap: EncodedSnapshot | None = None
+        snap: _RankSnapshot | None = None
+        files: list[SnapshotFile] = []
+        encoded_map: dict[str, str] = {}
         problem: str | None = None
         try:
-            host = {name: _host_copy(name, tensor) for name, tensor in tensors.items()} if full else {}
-            snap = self._encode(tensors, host, full=full)
-            # the next delta's base (a failure forces a FULL next, which needs no base)
-            if full:
-                self.served = host
-            elif snap is not None:
-                assert self.served is not None
-                for name in snap.changed:  # only changed tensors cross to host memory again
-                    self.served[name] = _host_copy(name, tensors[name])
+            snap, files, encoded_map = self._encode(chunks, full=full)
         except Exception as exc:  # every rank must reach the collectives below, then all raise
             problem = f"rank {self.rank}: {type(exc).__name__}: {exc}"
-        files = list(snap.files) if snap is not None else []
         gathered = self.collective.all_gather_object((len(files), problem))
         problems = [p for _, p in gathered if p]
         if problems:
             self.cadence.failed()
             raise CWTrainError(f"encoding {identity} failed: {problems[0]}")
+        assert snap is not None
         counts = [count for count, _ in gathered]
         total, offset = sum(counts), sum(counts[: self.rank])
         metrics["hotload/stage_seconds"] = time.perf_counter() - started
-        changed = len(snap.changed) if snap is not None else 0
-        metrics["hotload/tensors_changed"] = float(sum(self.collective.all_gather_object(changed)))
+        metrics["hotload/tensors_changed"] = float(sum(self.collective.all_gather_object(len(snap.changed))))
         if total == 0 and not full:
             log.info("%s is an empty delta: nothing to publish; replicas keep %s", identity, self.served_identity)
             metrics["hotload/skipped_empty"] = 1.0
-            return metrics if self.rank == 0 else None
+            return self._state_metrics(metrics) if self.rank == 0 else None
         if full and self.collective.world_size == 1:
             renamed = {f.name: f.name for f in files}  # the codec's own FULL layout
         elif full:  # HF-style 1-based names, numbered across the ranks
@@ -356,10 +473,7 @@ class TensorPublisher:
         else:
             renamed = {f.name: shard_name(offset + i, total) for i, f in enumerate(files)}
         files = [SnapshotFile(renamed[f.name], tuple(f.buffers)) for f in files]
-        encoded_map: dict[str, str] = snap.index_json["weight_map"] if snap is not None else {}
         weight_map = {name: renamed[shard] for name, shard in encoded_map.items()}
-        checksums = dict(snap.checksums) if snap is not None else {}
-        size = sum(_nbytes(t) for t in tensors.values())
 
         error: str | None = None
         started = time.perf_counter()
@@ -370,7 +484,7 @@ class TensorPublisher:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         results: list[_RankResult] = self.collective.all_gather_object(
-            _RankResult(weight_map, checksums, size, error, sum(f.size for f in files))
+            _RankResult(weight_map, dict(snap.checksums), snap.size, error, sum(f.size for f in files))
         )
         failed = [r.error for r in results if r.error]
         outcome: str | None = failed[0] if failed else None
@@ -385,7 +499,18 @@ class TensorPublisher:
             raise CWTrainError(f"publishing {identity} failed: {outcome}")
         self.cadence.published(full=full)
         self.served_identity = identity
-        return metrics if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        metrics["hotload/publish_seconds"] = time.perf_counter() - started
+        return self._state_metrics(metrics)
+
+    def _state_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Add the version, the served version and the chain length (the keys ``tracking`` logs)."""
+        served = self.served_identity
+        metrics["hotload/version"] = float(self.version)
+        metrics["hotload/served_version"] = float(int(served.rsplit("-v", 1)[1])) if served else -1.0
+        metrics["hotload/chain_length"] = float(self.cadence.deltas_in_chain)
+        return metrics
 
     def _shared_store(self) -> SnapshotStore:
         """The deployment's snapshot store: resolved on rank 0, its bucket and prefix shared with every rank."""
@@ -467,76 +592,10 @@ class TensorPublisher:
         self.publisher.record_served(identity, self.version)
 
 
-# ---------------------------------------------------------------------- the actor
+def _torch_encoder(encoder: DeltaEncoder) -> Any:
+    """A :class:`~cwtrain.hotload.torch.TorchDeltaEncoder` on ``encoder``'s pool, or ``None`` without torch."""
+    if "torch" not in sys.modules:  # nothing gathered torch tensors in this process
+        return None
+    from cwtrain.hotload.torch import TorchDeltaEncoder
 
-
-def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
-    """The ``MegatronTrainRayActor`` subclass whose ``update_weights()`` publishes live tensors.
-
-    Args:
-        base: the class to extend (default: slime's ``MegatronTrainRayActor``).
-
-    Raises:
-        ImportError: slime is not installed.
-    """
-    if base is None:
-        base = require(SLIME, "slime.backends.megatron_utils.actor").MegatronTrainRayActor
-
-    class CoreWeaveTrainRayActor(base):  # type: ignore[misc, valid-type]
-        """slime's train actor publishing each weight version by hot-load from its tensors."""
-
-        _cwtrain: TensorPublisher | None = None
-
-        def cwtrain_publisher(self) -> TensorPublisher:
-            """This rank's publisher (config built on rank 0 and broadcast)."""
-            if self._cwtrain is None:
-                collective: Collective = TorchCollective() if _distributed() else SingleProcess()
-                config: HookConfig | str | None = None
-                if collective.rank == 0:
-                    try:
-                        config = SlimeRuntime.current().hook_config(self.args)
-                    except Exception as exc:  # the other ranks wait in the broadcast: tell them
-                        config = f"{type(exc).__name__}: {exc}"
-                config = collective.broadcast_object(config)
-                if not isinstance(config, HookConfig):
-                    raise CWTrainError(f"cwtrain publishing is misconfigured: {config}")
-                start = int(getattr(self.args, "update_weight_start_version", 0) or 0)
-                self._cwtrain = TensorPublisher(config, collective, start_version=start)
-            return self._cwtrain
-
-        def cwtrain_named_tensors(self) -> Iterator[tuple[str, Any]]:
-            """The HF-named tensors this rank holds, gathered the way slime's updaters do."""
-            updater = self.weight_updater
-            if not hasattr(updater, "_is_pp_src_rank"):
-                updater._is_pp_src_rank = _is_pp_source()
-            for chunks in (updater._iter_non_expert_chunks(), updater._iter_expert_chunks()):
-                for chunk in chunks:
-                    yield from chunk
-
-        def update_weights(self) -> None:
-            args = self.args
-            if getattr(args, "debug_train_only", False) or getattr(args, "debug_rollout_only", False):
-                return
-            metrics = self.cwtrain_publisher().publish(args, self.cwtrain_named_tensors())
-            sink = getattr(getattr(self, "weight_updater", None), "update_weight_metrics", None)
-            if metrics and isinstance(sink, dict):
-                sink.update(metrics)
-
-    CoreWeaveTrainRayActor.__qualname__ = CoreWeaveTrainRayActor.__name__
-    return CoreWeaveTrainRayActor
-
-
-def _distributed() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
-
-
-def _is_pp_source() -> bool:
-    """DP rank 0 and TP rank 0 of its pipeline stage (the ranks holding gathered HF tensors)."""
-    try:
-        from megatron.core import mpu  # type: ignore[import-not-found]
-    except ImportError:
-        return True
-    return bool(
-        mpu.get_data_parallel_rank(with_context_parallel=True) == 0 and mpu.get_tensor_model_parallel_rank() == 0
-    )
+    return TorchDeltaEncoder(encoder)

@@ -1,0 +1,309 @@
+"""``cwtrain demo --report PATH``: the run as one self-contained HTML page with four plots.
+
+::
+
+    summary = run_demo(config)                 # what `cwtrain demo` prints as JSON
+    write_report(summary, "demo-report.html")  # open it in any browser, offline
+
+The page holds the run's figures as JSON in a ``<script type="application/json">`` block
+and an inline script that draws four SVG plots from them when the page opens, in a 2 × 2
+grid:
+
+1. **reward**: the mean reward of each step's rollouts (0 to 1);
+2. **latency**: per published step, the publish time (encode + upload + create the
+   hot-load) and the hot-load time (until every replica serves the identity), in ms;
+3. **snapshot bytes**: the bytes stored per published step, FULL and delta in two colours;
+4. **served identity lag**: per step, how many versions the identity that served the
+   step's rollouts was behind the newest identity published before them
+   (:func:`identity_lag`; 0 = every sample came from the newest weights).
+
+Each plot has a caption with its figures (first and final reward, median and maximum
+latencies, median sizes, the largest lag). Nothing is fetched: no stylesheet, script,
+font or image comes from anywhere else, so the file opens without a network. Once drawn,
+each plot's ``<svg>`` carries ``data-rect="x,y,width,height"`` (its place on the page, in
+CSS pixels), which the tests use to look at each plot in a screenshot.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["identity_lag", "render_report", "write_report"]
+
+_VERSION = re.compile(r"-v(\d+)$")
+
+
+def _version(identity: str) -> int | None:
+    match = _VERSION.search(identity)
+    return int(match.group(1)) if match else None
+
+
+def identity_lag(steps: Sequence[Mapping[str, Any]]) -> list[int | None]:
+    """Per step: versions between the newest published identity and the oldest that served its rollouts.
+
+    Step ``k``'s rollouts run after step ``k - 1`` published (or skipped) its weights, so
+    the newest identity is step ``k - 1``'s ``identity``; the lag is its version number
+    minus that of the oldest identity in ``served_identities``. ``None`` for step 0 (no
+    rollouts) and where an identity carries no ``-v<N>`` version.
+    """
+    lags: list[int | None] = [None] * len(steps)
+    for k in range(1, len(steps)):
+        newest = _version(str(steps[k - 1].get("identity", "")))
+        served = [_version(str(s)) for s in steps[k].get("served_identities") or ()]
+        if newest is None or not served or any(v is None for v in served):
+            continue
+        lags[k] = newest - min(v for v in served if v is not None)
+    return lags
+
+
+def _page_data(summary: Mapping[str, Any]) -> dict[str, Any]:
+    steps = list(summary.get("steps") or [])
+    lags = identity_lag(steps)
+    config = summary.get("config") or {}
+    return {
+        "title": f"cwtrain demo: {config.get('steps', len(steps) - 1)} steps, seed {config.get('seed', 0)}",
+        "config": {k: config[k] for k in ("steps", "seed", "replicas", "full_every", "group_size") if k in config},
+        "deployment_id": summary.get("deployment_id", ""),
+        "final_identity": summary.get("final_identity", ""),
+        "total_seconds": summary.get("total_seconds"),
+        "reward_goal_met": bool(summary.get("reward_goal_met")),
+        "steps": [
+            {
+                "step": r.get("step", i),
+                "identity": r.get("identity", ""),
+                "type": r.get("snapshot_type", ""),
+                "reward": r.get("mean_reward"),
+                "bytes": r.get("snapshot_bytes", 0),
+                "publish": r.get("publish_seconds", 0.0),
+                "hot_load": r.get("hot_load_seconds", 0.0),
+                "served": list(r.get("served_identities") or []),
+                "lag": lags[i],
+            }
+            for i, r in enumerate(steps)
+        ],
+    }
+
+
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 16px 24px; color: #1d2330; background: #fff; }
+h1 { font-size: 20px; margin: 0 0 4px; }
+p.meta { margin: 0 0 12px; color: #4a5263; }
+main { display: grid; grid-template-columns: repeat(2, 640px); gap: 16px 24px; }
+figure { margin: 0; }
+figcaption { font-weight: 600; margin-bottom: 2px; }
+svg { display: block; background: #fbfcfe; border: 1px solid #d8dde8; }
+svg text { font: 12px system-ui, sans-serif; fill: #1d2330; }
+svg text.caption { font-size: 13px; font-weight: 600; }
+svg .grid { stroke: #e3e7ef; }
+svg .axis { stroke: #7a8396; }
+"""
+
+_SCRIPT = r"""
+"use strict";
+const data = JSON.parse(document.getElementById("run-data").textContent);
+const NS = "http://www.w3.org/2000/svg";
+const W = 640, H = 340, M = {left: 80, right: 16, top: 48, bottom: 40};
+const COLORS = {reward: "#1f77b4", publish: "#ff7f0e", hot_load: "#2ca02c",
+                FULL: "#d62728", INCREMENTAL: "#9467bd", lag: "#17becf"};
+
+function el(parent, name, attrs, text) {
+  const node = document.createElementNS(NS, name);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  parent.appendChild(node);
+  return node;
+}
+function median(xs) {
+  const s = [...xs].sort((a, b) => a - b), n = s.length;
+  if (!n) return null;
+  return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+function fmtBytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return i === 0 ? Math.round(n) + " B" : n.toFixed(1) + " " + units[i];
+}
+function fmtMs(seconds) { return seconds === null ? "—" : Math.round(seconds * 1000) + " ms"; }
+function niceMax(v) {  // the top of an axis with four round steps: 301 -> 400 (ticks 0, 100, ... 400)
+  if (!(v > 0)) return 4;
+  const step = v / 4, p = Math.pow(10, Math.floor(Math.log10(step))), m = step / p;
+  return 4 * (m <= 1 ? 1 : m <= 2 ? 2 : m <= 2.5 ? 2.5 : m <= 5 ? 5 : 10) * p;
+}
+function niceBytes(v) {  // the same in binary units: 400 KiB, not 390.6 KiB
+  let unit = 1;
+  while (v >= 1024 * unit && unit < Math.pow(1024, 4)) unit *= 1024;
+  return niceMax(v / unit) * unit;
+}
+function tickBytes(v) { return fmtBytes(v).replace(".0 ", " "); }
+
+// One plot: axes, ticks, then marks drawn by `draw(svg, x, y)`.
+function plot(id, spec) {
+  const svg = el(document.getElementById(id), "svg",
+                 {width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-plot": id});
+  const steps = data.steps.length ? data.steps[data.steps.length - 1].step : 1;
+  const bar = Math.max(3, (W - M.left - M.right) / (steps + 1) * 0.6), pad = bar / 2 + 4;
+  const x = s => M.left + pad + (W - M.left - M.right - 2 * pad) * (steps ? s / steps : 0.5);
+  const y = v => H - M.bottom - (H - M.top - M.bottom) * (v - spec.ymin) / (spec.ymax - spec.ymin);
+  el(svg, "text", {x: M.left, y: 20, class: "caption"}, spec.caption);
+  for (let i = 0; i <= 4; i++) {
+    const v = spec.ymin + (spec.ymax - spec.ymin) * i / 4;
+    el(svg, "line", {x1: M.left, x2: W - M.right, y1: y(v), y2: y(v), class: "grid"});
+    el(svg, "text", {x: M.left - 6, y: y(v) + 4, "text-anchor": "end"}, spec.tick(v));
+  }
+  const every = Math.max(1, Math.ceil(steps / 10));
+  for (let s = 0; s <= steps; s += every) {
+    el(svg, "text", {x: x(s), y: H - M.bottom + 16, "text-anchor": "middle"}, String(s));
+  }
+  el(svg, "line", {x1: M.left, x2: W - M.right, y1: H - M.bottom, y2: H - M.bottom, class: "axis"});
+  el(svg, "line", {x1: M.left, x2: M.left, y1: M.top, y2: H - M.bottom, class: "axis"});
+  el(svg, "text", {x: (M.left + W - M.right) / 2, y: H - 6, "text-anchor": "middle"}, "step");
+  el(svg, "text", {x: 14, y: (M.top + H - M.bottom) / 2, "text-anchor": "middle",
+                   transform: `rotate(-90 14 ${(M.top + H - M.bottom) / 2})`}, spec.unit);
+  spec.draw(svg, x, y, bar);
+  let lx = W - M.right - 6;
+  for (const [name, color] of [...spec.legend].reverse()) {
+    el(svg, "text", {x: lx, y: 38, "text-anchor": "end"}, name);
+    lx -= name.length * 6.5 + 6;
+    el(svg, "rect", {x: lx - 10, y: 29, width: 10, height: 10, fill: color});
+    lx -= 22;
+  }
+  return svg;
+}
+function line(svg, points, color, name) {
+  if (!points.length) return;
+  el(svg, "polyline", {points: points.map(([px, py]) => `${px},${py}`).join(" "),
+                       fill: "none", stroke: color, "stroke-width": 2.5});
+  for (const [px, py, step, label] of points) {
+    el(svg, "circle", {cx: px, cy: py, r: 3.5, fill: color, "data-series": name, "data-step": step},
+       undefined).appendChild(document.createElementNS(NS, "title")).textContent = label;
+  }
+}
+
+const steps = data.steps;
+const published = steps.filter(s => s.type !== "SKIPPED");
+
+// 1. reward per step
+const rewards = steps.filter(s => s.reward !== null);
+plot("reward", {
+  caption: rewards.length
+    ? `mean reward: first ${rewards[0].reward.toFixed(3)}, final ${rewards[rewards.length - 1].reward.toFixed(3)}`
+    : "mean reward: no rollouts",
+  unit: "mean reward", ymin: 0, ymax: 1, tick: v => v.toFixed(2), legend: [["reward", COLORS.reward]],
+  draw(svg, x, y) {
+    line(svg, rewards.map(s => [x(s.step), y(s.reward), s.step, `step ${s.step}: ${s.reward.toFixed(3)}`]),
+         COLORS.reward, "reward");
+    const last = rewards[rewards.length - 1];
+    if (last) el(svg, "text", {x: x(last.step) - 6, y: y(last.reward) - 8, "text-anchor": "end"},
+                 last.reward.toFixed(3));
+  },
+});
+
+// 2. publish and hot-load latency per published step
+const latencyMax = Math.max(0, ...published.map(s => Math.max(s.publish, s.hot_load))) * 1000;
+plot("latency", {
+  caption: `median publish ${fmtMs(median(published.map(s => s.publish)))}, ` +
+           `median hot-load ${fmtMs(median(published.map(s => s.hot_load)))}, ` +
+           `max hot-load ${fmtMs(published.length ? Math.max(...published.map(s => s.hot_load)) : null)}`,
+  unit: "ms", ymin: 0, ymax: niceMax(latencyMax), tick: v => String(+v.toFixed(1)),
+  legend: [["publish", COLORS.publish], ["hot-load", COLORS.hot_load]],
+  draw(svg, x, y) {
+    line(svg, published.map(s => [x(s.step), y(s.publish * 1000), s.step, `step ${s.step}: publish ${fmtMs(s.publish)}`]),
+         COLORS.publish, "publish");
+    line(svg, published.map(s => [x(s.step), y(s.hot_load * 1000), s.step, `step ${s.step}: hot-load ${fmtMs(s.hot_load)}`]),
+         COLORS.hot_load, "hot_load");
+  },
+});
+
+// 3. snapshot bytes per published step, FULL vs delta
+const fulls = published.filter(s => s.type === "FULL"), deltas = published.filter(s => s.type === "INCREMENTAL");
+const byteMax = niceBytes(Math.max(0, ...published.map(s => s.bytes)));
+plot("bytes", {
+  caption: `FULL: ${fulls.length}, median ${fulls.length ? fmtBytes(median(fulls.map(s => s.bytes))) : "—"}; ` +
+           `delta: ${deltas.length}, median ${deltas.length ? fmtBytes(median(deltas.map(s => s.bytes))) : "—"}`,
+  unit: "bytes stored", ymin: 0, ymax: byteMax, tick: tickBytes,
+  legend: [["FULL", COLORS.FULL], ["delta", COLORS.INCREMENTAL]],
+  draw(svg, x, y, bar) {
+    for (const s of published) {
+      el(svg, "rect", {x: x(s.step) - bar / 2, y: y(s.bytes), width: bar, height: y(0) - y(s.bytes),
+                       fill: COLORS[s.type] || "#888", "data-series": s.type, "data-step": s.step})
+        .appendChild(document.createElementNS(NS, "title")).textContent = `step ${s.step}: ${s.type} ${fmtBytes(s.bytes)}`;
+    }
+  },
+});
+
+// 4. served identity lag per step
+const lagged = steps.filter(s => s.lag !== null);
+const maxLag = Math.max(0, ...lagged.map(s => s.lag));
+const newest = lagged.filter(s => s.lag === 0).length;
+plot("lag", {
+  caption: `lag: max ${maxLag} version${maxLag === 1 ? "" : "s"}; ` +
+           `${newest}/${lagged.length} steps sampled from the newest identity`,
+  unit: "versions behind", ymin: 0, ymax: 4 * Math.ceil(Math.max(1, maxLag) / 4), tick: v => String(Math.round(v)),
+  legend: [["lag", COLORS.lag]],
+  draw(svg, x, y, bar) {
+    for (const s of lagged) {
+      // a lag of 0 still gets a visible sliver, so every step with rollouts shows a mark
+      const top = Math.min(y(s.lag), y(0) - 3);
+      el(svg, "rect", {x: x(s.step) - bar / 2, y: top, width: bar, height: y(0) - top,
+                       fill: COLORS.lag, "data-series": "lag", "data-step": s.step})
+        .appendChild(document.createElementNS(NS, "title")).textContent =
+          `step ${s.step}: served by ${s.served.join(", ")} (lag ${s.lag})`;
+    }
+  },
+});
+
+for (const svg of document.querySelectorAll("svg[data-plot]")) {
+  const r = svg.getBoundingClientRect();
+  svg.setAttribute("data-rect", [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]
+    .map(v => Math.round(v)).join(","));
+}
+document.body.setAttribute("data-drawn", "4");
+"""
+
+
+def render_report(summary: Mapping[str, Any]) -> str:
+    """The report page of a run (``summary`` as :func:`cwtrain.local.demo.run_demo` returns it)."""
+    data = _page_data(summary)
+    payload = json.dumps(data, sort_keys=True).replace("</", "<\\/")
+    seconds = data["total_seconds"]
+    meta = (
+        f"deployment {data['deployment_id']} · {data['config'].get('replicas', '?')} replicas · "
+        f"FULL every {data['config'].get('full_every', '?')} · final identity {data['final_identity']} · "
+        + (f"{seconds:.1f} s · " if isinstance(seconds, (int, float)) else "")
+        + ("reward goal met" if data["reward_goal_met"] else "reward goal NOT met")
+    )
+    figures = "\n".join(
+        f'<figure id="{key}"><figcaption>{html.escape(title)}</figcaption></figure>'
+        for key, title in (
+            ("reward", "Reward per step"),
+            ("latency", "Publish and hot-load latency per step"),
+            ("bytes", "Snapshot bytes per step (FULL vs delta)"),
+            ("lag", "Served identity lag per step"),
+        )
+    )
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">\n'
+        f"<title>{html.escape(data['title'])}</title>\n"
+        f"<style>{_STYLE}</style></head>\n"
+        f"<body>\n<h1>{html.escape(data['title'])}</h1>\n"
+        f'<p class="meta">{html.escape(meta)}</p>\n'
+        f"<main>\n{figures}\n</main>\n"
+        f'<script type="application/json" id="run-data">{payload}</script>\n'
+        f"<script>{_SCRIPT}</script>\n"
+        "</body></html>\n"
+    )
+
+
+def write_report(summary: Mapping[str, Any], path: str | Path) -> Path:
+    """Write :func:`render_report` of ``summary`` to ``path`` (parents created); returns the path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_report(summary), encoding="utf-8")
+    return target

@@ -1,0 +1,188 @@
+"""``cwtrain demo --report``: the page opens in headless Chromium and shows four plots of the run.
+
+The run is :mod:`test_demo`'s ``cli_run`` (3 steps, FULL every 2, two replicas). Chromium
+(Debian's ``chromium`` package; CI installs it) loads the file with no network, once to
+dump the DOM after the page's script ran and once for a screenshot. The DOM must hold the
+four plots with the run's own figures as text; the screenshot must show ink, and each
+series' colour, inside every plot's rectangle. ``CWTRAIN_REPORT_SCREENSHOT=path`` keeps a
+copy of the screenshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from decimal import ROUND_HALF_UP, Decimal
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _png import read_png
+
+from cwtrain.local.demo_page import identity_lag
+
+pytestmark = pytest.mark.e2e
+
+WINDOW = (1360, 900)
+SERIES_COLORS = {
+    "reward": ["#1f77b4"],
+    "latency": ["#ff7f0e", "#2ca02c"],
+    "bytes": ["#d62728", "#9467bd"],
+    "lag": ["#17becf"],
+}
+
+
+def _browser() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("needs Debian's chromium package (apt-get install -y chromium; .ci/run installs it)")
+    return found
+
+
+def _chromium(profile: Path, *args: str, url: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        _browser(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--host-resolver-rules=MAP * ~NOTFOUND",  # nothing resolves: the page must need no network
+        "--force-device-scale-factor=1",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        *args,
+        url,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+
+
+class _Page(HTMLParser):
+    """The drawn page: each plot's data-rect, its text and its marks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plots: dict[str, dict[str, Any]] = {}
+        self.body: dict[str, str | None] = {}
+        self._plot: str | None = None
+        self._text = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        if tag == "svg" and a.get("data-plot"):
+            self._plot = str(a["data-plot"])
+            self.plots[self._plot] = {"rect": a.get("data-rect"), "texts": [], "marks": []}
+        elif self._plot is not None and a.get("data-step") is not None:
+            self.plots[self._plot]["marks"].append((tag, a.get("data-series"), int(str(a["data-step"]))))
+        self._text = tag == "text"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg":
+            self._plot = None
+        self._text = False
+
+    def handle_data(self, data: str) -> None:
+        if self._text and self._plot is not None:
+            self.plots[self._plot]["texts"].append(data)
+
+
+def _fixed(value: float, digits: int) -> str:
+    """``Number.prototype.toFixed``: the exact binary value, ties away from zero."""
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+def _ms(seconds: float) -> str:
+    return f"{_fixed(seconds * 1000, 0)} ms"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{_fixed(n, 0)} B" if unit == "B" else f"{_fixed(n, 1)} {unit}"
+        n /= 1024
+    return f"{_fixed(n, 1)} TiB"
+
+
+def _expected_captions(summary: dict[str, Any]) -> dict[str, str]:
+    steps = summary["steps"]
+    published = [s for s in steps if s["snapshot_type"] != "SKIPPED"]
+    lags = [lag for lag in identity_lag(steps) if lag is not None]
+    return {
+        "reward": f"mean reward: first {_fixed(summary['first_reward'], 3)}, "
+        f"final {_fixed(summary['final_reward'], 3)}",
+        "latency": f"median publish {_ms(summary['median_publish_seconds'])}, "
+        f"median hot-load {_ms(summary['median_hot_load_seconds'])}, "
+        f"max hot-load {_ms(max(s['hot_load_seconds'] for s in published))}",
+        "bytes": f"FULL: {summary['full_snapshots']}, median {_size(summary['median_full_bytes'])}; "
+        f"delta: {summary['delta_snapshots']}, median {_size(summary['median_delta_bytes'])}",
+        "lag": f"lag: max {max(lags)} version{'' if max(lags) == 1 else 's'}; "
+        f"{lags.count(0)}/{len(lags)} steps sampled from the newest identity",
+    }
+
+
+def test_report_is_one_self_contained_file(cli_run: dict[str, Any]) -> None:
+    page = cli_run["report"].read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    assert not re.search(r"<(link|img|iframe|object|embed)\b|\b(src|href)\s*=|@import|url\(", page, re.I)
+    data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)[1])
+    summary = json.loads(cli_run["out"])
+    assert [s["reward"] for s in data["steps"]] == [s["mean_reward"] for s in summary["steps"]]
+    assert [s["bytes"] for s in data["steps"]] == [s["snapshot_bytes"] for s in summary["steps"]]
+
+
+def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: dict[str, Any], tmp_path: Path) -> None:
+    summary = json.loads(cli_run["out"])
+    url = cli_run["report"].resolve().as_uri()
+    dom = _chromium(tmp_path / "profile-dom", "--dump-dom", url=url).stdout
+    page = _Page()
+    page.feed(dom)
+    assert page.body.get("data-drawn") == "4", "the page's script did not finish"
+    assert list(page.plots) == ["reward", "latency", "bytes", "lag"]
+
+    # the run's own figures, as text in each plot
+    for plot, caption in _expected_captions(summary).items():
+        assert caption in page.plots[plot]["texts"], (plot, page.plots[plot]["texts"][:3])
+    final = _fixed(summary["final_reward"], 3)
+    assert page.plots["reward"]["texts"].count(final) == 1  # the last point's label
+    # one mark per step and series
+    steps = summary["steps"]
+    published = [s["step"] for s in steps if s["snapshot_type"] != "SKIPPED"]
+    marks = {name: plot["marks"] for name, plot in page.plots.items()}
+    assert [m[2] for m in marks["reward"]] == [s["step"] for s in steps if s["mean_reward"] is not None]
+    assert sorted(m[2] for m in marks["latency"]) == sorted(published * 2)
+    assert [(m[1], m[2]) for m in marks["bytes"]] == [
+        (s["snapshot_type"], s["step"]) for s in steps if s["snapshot_type"] != "SKIPPED"
+    ]
+    assert [m[2] for m in marks["lag"]] == [s["step"] for s in steps[1:]]
+
+    # the screenshot: ink and each series' colour inside every plot
+    shot = tmp_path / "report.png"
+    _chromium(tmp_path / "profile-shot", f"--screenshot={shot}", url=url)
+    keep = os.environ.get("CWTRAIN_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)
+    pixels = read_png(shot)[:, :, :3].astype(np.int16)
+    assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
+    for name, plot in page.plots.items():
+        x, y, w, h = (int(v) for v in str(plot["rect"]).split(","))
+        assert w >= 600 and h >= 300 and x + w <= WINDOW[0] and y + h <= WINDOW[1], (name, plot["rect"])
+        region = pixels[y + 2 : y + h - 2, x + 2 : x + w - 2]
+        background = np.array([0xFB, 0xFC, 0xFE])
+        ink = np.any(np.abs(region - background) > 24, axis=2).mean()
+        assert 0.01 < ink < 0.6, (name, ink)
+        for color in SERIES_COLORS[name]:
+            rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
+            hits = int(np.all(np.abs(region - rgb) <= 12, axis=2).sum())
+            assert hits >= 20, (name, color, hits)

@@ -1,0 +1,55 @@
+"""The demo report page without a browser: the lag it plots, and what the file holds."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from cwtrain.local.demo_page import identity_lag, render_report, write_report
+
+
+def _step(k: int, identity: str, served: list[str], kind: str = "INCREMENTAL") -> dict[str, Any]:
+    return {
+        "step": k,
+        "identity": identity,
+        "snapshot_type": kind,
+        "mean_reward": None if k == 0 else 0.25 * k,
+        "snapshot_bytes": 0 if kind == "SKIPPED" else 100 * (k + 1),
+        "publish_seconds": 0.01 * k,
+        "hot_load_seconds": 0.02 * k,
+        "served_identities": served,
+    }
+
+
+STEPS = [
+    _step(0, "run-v000000", [], "FULL"),
+    _step(1, "run-v000001", ["run-v000000"]),
+    _step(2, "run-v000001", ["run-v000001"], "SKIPPED"),  # nothing changed: still v1
+    _step(3, "run-v000003", ["run-v000001"]),  # sampled from v1, the newest: lag 0
+    _step(4, "run-v000004", ["run-v000003", "run-v000001"]),  # one sample two versions behind
+]
+
+
+def test_identity_lag_counts_versions_behind_the_newest_published() -> None:
+    assert identity_lag(STEPS) == [None, 0, 0, 0, 2]
+    assert identity_lag([_step(0, "a", []), _step(1, "b", ["initial"])]) == [None, None]
+
+
+def test_the_page_carries_the_run_and_fetches_nothing(tmp_path: Path) -> None:
+    steps = [*STEPS[:4], _step(4, "run-v000004", ["</script><b>x"])]
+    summary = {"config": {"steps": 4, "seed": 3, "replicas": 2}, "deployment_id": "d<1>", "steps": steps}
+    path = write_report(summary, tmp_path / "sub" / "report.html")
+    page = path.read_text(encoding="utf-8")
+    assert page == render_report(summary)
+    assert not re.search(r"<(link|img|iframe)\b|\b(src|href)\s*=|@import|url\(", page, re.I)
+    assert "deployment d&lt;1&gt;" in page and "<title>cwtrain demo: 4 steps, seed 3</title>" in page
+    payload = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)
+    assert payload is not None  # the served identity's "</script>" did not end the block
+    data = json.loads(payload[1])
+    assert [s["lag"] for s in data["steps"]] == [None, 0, 0, 0, None]
+    assert data["steps"][4]["served"] == ["</script><b>x"]
+    assert [s["type"] for s in data["steps"]] == ["FULL", "INCREMENTAL", "SKIPPED", "INCREMENTAL", "INCREMENTAL"]
+    for plot in ("reward", "latency", "bytes", "lag"):
+        assert f'<figure id="{plot}">' in page
