@@ -46,7 +46,8 @@ nemo_rl_site=$("$CWTRAIN_NEMO_RL_PYTHON" -c 'import sysconfig; print(sysconfig.g
 gym_venv "$cache/nemo-rl-gym-0.4.0" 0.4.0 "$nemo_rl_site"
 for version in $versions; do gym_venv "$cache/gym-$version" "$version"; done
 
-export PYTHONPATH="$PWD/packages/cwtrain-core/src:$PWD/packages/cwtrain-local/src:$PWD/packages/cwtrain-nemo-rl/src:$PWD/packages/cwtrain-gym/src"
+PYTHONPATH=$(printf '%s:' "$PWD"/packages/*/src) # every package: the folder's conftest loads cwtrain-slime too
+export PYTHONPATH=${PYTHONPATH%:}
 export CWTRAIN_NEMO_RL_SRC
 status=0
 echo "== NeMo-RL v0.7.0 ($CWTRAIN_NEMO_RL_SRC), its Gym actor on nemo-gym 0.4.0" >&2

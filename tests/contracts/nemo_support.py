@@ -44,9 +44,16 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
+#: The suite's variables as they were when it started (the slime/miles fixtures of this folder's
+#: conftest clear CWTRAIN_* variables before every test).
+VARIABLES = {
+    name: os.environ.get(name) for name in ("CWTRAIN_NEMO_RL_SRC", "CWTRAIN_GYM_VENV", "CWTRAIN_NEMO_GYM_PYTHON")
+}
+
+
 def variable(name: str, what: str) -> str:
-    """The value of ``name``, or skip the test saying what it should point at."""
-    value = os.environ.get(name)
+    """The value of ``name`` (when the suite started), or skip the test saying what it should point at."""
+    value = VARIABLES.get(name) or os.environ.get(name)
     if not value:
         pytest.skip(f"{name} is not set: point it at {what} (or run {RUN_WITH})")
     return value
