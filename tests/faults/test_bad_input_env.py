@@ -202,6 +202,17 @@ def test_core_config_readers(variable: str, value: str) -> None:
 
 
 HEADER_SECRET = "SeCrEt-h3ader-value"
+
+
+def _is_header_object(text: str) -> bool:
+    """Whether ``text`` is a valid CWTRAIN_API_HEADERS value (a JSON object of strings)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
 BAD_HEADERS = st.one_of(
     st.sampled_from(
         [
@@ -212,9 +223,9 @@ BAD_HEADERS = st.one_of(
             f"{{'X-Key': '{HEADER_SECRET}'}}",
         ]
     ),
-    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=8).map(
-        lambda junk: f'{{"X-Key": "{HEADER_SECRET}"{junk}'
-    ),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=8)
+    .map(lambda junk: f'{{"X-Key": "{HEADER_SECRET}"{junk}')
+    .filter(lambda text: not _is_header_object(text)),  # junk such as "}" can close a valid object
     JSON_VALUES.filter(lambda v: not isinstance(v, dict) and v is not None).map(
         lambda v: json.dumps([v, HEADER_SECRET])
     ),

@@ -26,7 +26,7 @@ __all__ = ["DEFAULT_REGION", "MotoS3Server", "free_port"]
 
 #: The region the local stack uses; CoreWeave regions are availability zones.
 DEFAULT_REGION = "US-EAST-04A"
-_ACCESS_KEY = "cwtrain-local"
+_ACCESS_KEY = "cwtrain-local-access"  # not the bucket name: errors mask the key in every form
 _SECRET_KEY = "cwtrain-local-secret"
 
 
