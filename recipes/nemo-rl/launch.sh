@@ -11,10 +11,12 @@
 #      pod's init container)
 #   3. fetch the base model to the shared volume (DAPO-Math-17k is fetched by NeMo-RL's
 #      DAPOMath17K dataset itself)
-#   4. copy NeMo-RL's sources to the shared volume, check and apply the recipe's patch
-#      (the `coreweave` branch of grpo.setup), put the copy first on PYTHONPATH
-#   5. run run_grpo_coreweave.py (NeMo-RL's run_grpo.py with cwtrain's worker, weight
-#      synchronizer and refit), passing this script's arguments as Hydra overrides
+#   4. check and apply the recipe's patch (the `coreweave` branch of grpo.setup) to the
+#      image's NeMo-RL in place: NeMo-RL finds its project, 3rdparty/ and the prebuilt
+#      worker environments from where nemo_rl is imported, so it is not copied anywhere
+#   5. run run_grpo_coreweave.py (NeMo-RL's run_grpo.py, or its NeMo Gym script when
+#      env.should_use_nemo_gym is set, with cwtrain's workers, weight synchronizer, refit
+#      and run logger), passing this script's arguments as Hydra overrides
 set -euo pipefail
 
 log() { printf '[cwtrain-nemo-rl %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -35,7 +37,6 @@ done
 
 SHARED_DIR=${SHARED_DIR:-/shared}
 NEMO_RL_DIR=${NEMO_RL_DIR:-/opt/nemo-rl}
-PATCHED="$SHARED_DIR/nemo-rl-patched"
 mkdir -p "$SHARED_DIR" "$CWTRAIN_HOTLOAD_STATE_DIR"
 
 # ---------------------------------------------------------------- 2. cwtrain
@@ -59,18 +60,12 @@ snapshot_download(os.environ["BASE_MODEL"], local_dir=f"{shared}/hf/base")
 PY
 fi
 
-# ---------------------------------------------------------------- 4. patched NeMo-RL
-if [[ ! -f "$PATCHED/.cwtrain-patched" ]]; then
-  log "patching a copy of NeMo-RL (${NEMO_RL_DIR}) with the coreweave backend"
-  rm -rf "$PATCHED"
-  mkdir -p "$PATCHED"
-  cp -r "$NEMO_RL_DIR/nemo_rl" "$PATCHED/nemo_rl"
-  # the patch ships in cwtrain-nemo-rl; the helper refuses a NeMo-RL other than v0.7.0
-  python -m cwtrain.integrations.nemo_rl.patch --root "$PATCHED" ||
-    fail "the coreweave patch does not apply to ${NEMO_RL_DIR} (it was written against NeMo-RL v0.7.0); see README 'Patch'"
-  touch "$PATCHED/.cwtrain-patched"
-fi
-export PYTHONPATH="$PATCHED${PYTHONPATH:+:$PYTHONPATH}"
+# ---------------------------------------------------------------- 4. patch NeMo-RL in place
+# the patch ships in cwtrain-nemo-rl; the helper refuses a NeMo-RL other than v0.7.0 and says
+# "already applied" after a restart of this container
+log "patching NeMo-RL (${NEMO_RL_DIR}) with the coreweave backend"
+python -m cwtrain.integrations.nemo_rl.patch --root "$NEMO_RL_DIR" >&2 ||
+  fail "the coreweave patch does not apply to ${NEMO_RL_DIR} (it was written against NeMo-RL v0.7.0); see README 'Patch'"
 
 # ---------------------------------------------------------------- 5. train
 log "training (snapshots s3://<bucket>/hotload/${CWTRAIN_HOTLOAD_RUN_ID}-v*)"

@@ -9,12 +9,15 @@ Implements the two commands cwtrain's default collector runs, with Gym's argumen
   SIGINT/SIGTERM (then records ``stopped``). ``FAKE_GYM_SERVE_FAIL=1`` exits 3 at once;
   ``FAKE_GYM_NEVER_READY=1`` never prints the ready line.
 * ``gym eval run --no-serve --input IN --output OUT [--agent A] [--num-repeats K]
-  [--limit N] [--concurrency C]``: for each row and repeat, sends one real
-  ``POST {policy_base_url}/completions`` with the recorded key and model, writes one
+  [--limit N] [--concurrency C] [--prompt-config P]``: for each row and repeat, sends one
+  real ``POST {policy_base_url}/completions`` with the recorded key and model, writes one
   rollout per line (``reward`` = the row's ``fake_reward`` when the endpoint answered,
-  ``agent_ref``, the ``response``), and ``<stem>_aggregate_metrics.json`` beside it.
-  ``FAKE_GYM_EVAL_FAIL=1`` exits 2 without writing; ``FAKE_GYM_EVAL_SLEEP=S`` waits S
-  seconds first (time for a test to interrupt the evaluation).
+  ``agent_ref``, the ``response``), and ``<stem>_aggregate_metrics.json`` beside it. As
+  real Gym does, it prints its progress and metric blocks on *stdout*, and a prompt config
+  (``user:`` template, ``{field}`` from the row) builds the input of rows that have only
+  fields (rows without ``responses_create_params`` and no prompt config crash with a
+  ``KeyError``, as Gym 0.6 does). ``FAKE_GYM_EVAL_FAIL=1`` exits 2 without writing;
+  ``FAKE_GYM_EVAL_SLEEP=S`` waits S seconds first (time for a test to interrupt the evaluation).
 
 Every invocation appends its argv to ``$FAKE_GYM_LOG`` (JSON lines).
 """
@@ -91,9 +94,19 @@ def eval_run(args: argparse.Namespace) -> int:
     if args.limit is not None:
         rows = rows[: args.limit]
     output = Path(args.output)
+    template = None
+    if args.prompt_config:
+        template = yaml.safe_load(Path(args.prompt_config).read_text(encoding="utf-8"))["user"]
+        print(f"Using prompt config: {args.prompt_config}", flush=True)
+    print(f"Querying with {args.concurrency or 1} concurrent requests", flush=True)
     results = []
     for row in rows:
         agent = (row.get("agent_ref") or {}).get("name") or args.agent
+        if template is not None:
+            if "responses_create_params" in row:
+                print("rows with responses_create_params cannot take a prompt config", file=sys.stderr)
+                return 1
+            row["responses_create_params"] = {"input": [{"role": "user", "content": template.format(**row)}]}
         prompt = row["responses_create_params"]["input"][-1]["content"]
         for _ in range(args.num_repeats):
             body = {"model": state["model"], "prompt": prompt, "max_tokens": 4, "temperature": 1.0}
@@ -113,7 +126,9 @@ def eval_run(args: argparse.Namespace) -> int:
                     "response": {"output_text": text, "model": answer.get("model")},
                 }
             )
+            print(json.dumps({"reward": results[-1]["reward"]}, indent=4), flush=True)
     output.write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+    print(f"Finished rollout collection! View results at:\nRollouts: {output}", flush=True)
     metrics = [{"agent_ref": {"name": args.agent}, "agent_metrics": {"rollouts": len(results)}, "key_metrics": {}}]
     output.with_name(output.stem + "_aggregate_metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
     return 0
@@ -136,6 +151,7 @@ def main(argv: list[str]) -> int:
     run.add_argument("--num-repeats", type=int, default=1)
     run.add_argument("--limit", type=int)
     run.add_argument("--concurrency", type=int)
+    run.add_argument("--prompt-config")
     args = parser.parse_args(argv)
     if args.group == "env":
         return env_start(args.config)

@@ -20,8 +20,10 @@ from cwtrain.integrations.gym.collect import (
     GymEndpoint,
     GymTools,
     collect_command,
+    gym_search_roots,
     policy_overlay,
     require_gym,
+    resolve_gym_path,
     serve_command,
     write_policy_overlay,
 )
@@ -108,7 +110,10 @@ def test_gym_commands(tmp_path: Path) -> None:
     assert serve_command(tools, [Path("/a.yaml"), Path("/b.yaml")]) == [
         "/opt/gym/bin/gym", "env", "start", "--config", "/a.yaml", "--config", "/b.yaml",
     ]  # fmt: skip
-    j = job(tmp_path, agent="math_agent", limit=5, num_repeats=4, concurrency=16, extra_args=("--resume",))
+    j = job(
+        tmp_path, agent="math_agent", limit=5, num_repeats=4, concurrency=16, extra_args=("--resume",),
+        prompt_config=Path("/gym/benchmarks/prompts/generic/math.yaml"),
+    )  # fmt: skip
     command = collect_command(tools, j)
     assert command[:4] == ["/opt/gym/bin/gym", "eval", "run", "--no-serve"]
     pairs = dict(zip(command[4::2], command[5::2]))
@@ -118,6 +123,7 @@ def test_gym_commands(tmp_path: Path) -> None:
     assert pairs["--limit"] == "5"
     assert pairs["--num-repeats"] == "4"
     assert pairs["--concurrency"] == "16"
+    assert pairs["--prompt-config"] == "/gym/benchmarks/prompts/generic/math.yaml"
     assert command[-1] == "--resume"
     assert "secret-token" not in " ".join(command)
 
@@ -129,7 +135,7 @@ def test_legacy_commands(tmp_path: Path) -> None:
         "/bin/ng_run",
         "+config_paths=[/a.yaml,/b.yaml]",
     ]
-    j = job(tmp_path, agent="a", limit=2, num_repeats=3, concurrency=8)
+    j = job(tmp_path, agent="a", limit=2, num_repeats=3, concurrency=8, prompt_config=Path("/p.yaml"))
     command = collect_command(tools, j)
     assert command[0] == "/bin/ng_collect_rollouts"
     assert set(command[1:]) == {
@@ -139,6 +145,7 @@ def test_legacy_commands(tmp_path: Path) -> None:
         "+agent_name=a",
         "+limit=2",
         "+num_samples_in_parallel=8",
+        "+prompt_config=/p.yaml",
     }
 
 
@@ -209,10 +216,41 @@ def test_collector_failure_stops_the_servers(
     j = stub_job(tmp_path, openai_stub)
     write_rows(j.input_path, [1.0])
     monkeypatch.setenv("FAKE_GYM_EVAL_FAIL", "1")
-    with pytest.raises(CWTrainError, match="rollout collection exited with 2"):
+    with pytest.raises(CWTrainError, match="rollout collection exited with 2") as info:
         GymCLICollector(server_timeout=60)(j)
+    message = str(info.value)
+    # the scratch directory (and the servers' log in it) is gone once evaluate returns: the
+    # message carries the last output itself instead of naming the log
+    assert "gym-servers.log" not in message and str(j.workdir) not in message
+    assert "rollout collection failed" in message  # Gym's last output
+    assert "All 3 / 3 servers ready!" in message  # the servers' last output
     assert not j.output_path.exists()
     assert_servers_stopped(fake_gym)
+
+
+def test_gyms_output_goes_to_stderr_not_stdout(
+    tmp_path: Path, fake_gym: FakeGym, openai_stub: StubEndpoint, capfd: pytest.CaptureFixture[str]
+) -> None:
+    j = stub_job(tmp_path, openai_stub, agent="math_agent")
+    write_rows(j.input_path, [1.0])
+    GymCLICollector(server_timeout=60)(j)
+    out, err = capfd.readouterr()
+    assert out == ""  # a caller's stdout stays its own (cwtrain gym eval prints one JSON document there)
+    assert "Querying with 1 concurrent requests" in err and "Finished rollout collection!" in err
+
+
+def test_prompt_config_builds_the_input_of_field_only_rows(
+    tmp_path: Path, fake_gym: FakeGym, openai_stub: StubEndpoint
+) -> None:
+    prompt = yaml_file(tmp_path / "math.yaml", {"user": "Solve: {question}"})
+    j = stub_job(tmp_path, openai_stub, agent="aime_agent", prompt_config=prompt)
+    j.input_path.write_text('{"question": "1+1", "expected_answer": "2"}\n', encoding="utf-8")
+    GymCLICollector(server_timeout=60)(j)
+    assert [r["body"]["prompt"] for r in openai_stub.requests] == ["Solve: 1+1"]
+    assert fake_gym.calls()[-1][-2:] == ["--prompt-config", str(prompt)]
+    bare = stub_job(tmp_path, openai_stub, agent="aime_agent")
+    with pytest.raises(CWTrainError, match="KeyError: 'responses_create_params'"):
+        GymCLICollector(server_timeout=60)(bare)  # what Gym 0.6 does without one
 
 
 def test_servers_that_die_are_reported(tmp_path: Path, fake_gym: FakeGym, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,6 +259,7 @@ def test_servers_that_die_are_reported(tmp_path: Path, fake_gym: FakeGym, monkey
     with pytest.raises(CWTrainError, match="servers exited with 3") as info:
         GymCLICollector(server_timeout=60)(j)
     assert "resources server crashed" in str(info.value)
+    assert "gym-servers.log" not in str(info.value)
     assert [c[:2] for c in fake_gym.calls()] == [["env", "start"]]
 
 
@@ -241,3 +280,39 @@ def test_overlay_follows_chained_config_paths(tmp_path: Path, monkeypatch: pytes
     top = yaml_file(tmp_path / "bench.yaml", {"config_paths": ["models/vllm.yaml", "not/here.yaml", "bench.yaml"]})
     overlay = policy_overlay(ENDPOINT, [top])
     assert overlay["policy_model"] == {"responses_api_models": {"vllm_model": {"return_token_id_information": True}}}
+
+
+def test_relative_paths_resolve_as_gym_resolves_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    extra, cwd, install = tmp_path / "extra", tmp_path / "cwd", tmp_path / "site-packages"
+    for root in (extra, cwd, install):
+        (root / "benchmarks" / "aime24").mkdir(parents=True)
+    (install / "benchmarks" / "aime24" / "config.yaml").write_text("a: 1\n", encoding="utf-8")
+    env = {"NEMO_GYM_EXTRA_ROOTS": os.pathsep.join([str(extra), str(tmp_path / "missing")])}
+    assert gym_search_roots(install, env, cwd) == [extra, tmp_path / "missing", cwd, install]
+    rel = "benchmarks/aime24/config.yaml"
+    assert resolve_gym_path(rel, install_root=install, environ=env, cwd=cwd) == install / rel  # the install root
+    (cwd / rel).write_text("a: 2\n", encoding="utf-8")
+    assert resolve_gym_path(rel, install_root=install, environ=env, cwd=cwd) == cwd / rel  # cwd beats it
+    (extra / rel).write_text("a: 3\n", encoding="utf-8")
+    assert resolve_gym_path(rel, install_root=install, environ=env, cwd=cwd) == extra / rel  # extra roots first
+    assert resolve_gym_path("nowhere.yaml", install_root=install, environ=env, cwd=cwd) == cwd / "nowhere.yaml"
+    assert resolve_gym_path(install / rel, install_root=None, environ={}, cwd=cwd) == install / rel
+
+
+def test_chained_config_paths_resolve_against_gyms_install_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install = tmp_path / "site-packages"
+    model = install / "responses_api_models" / "vllm_model" / "configs" / "vllm_model.yaml"
+    model.parent.mkdir(parents=True)
+    yaml_file(model, {"policy_model": {"responses_api_models": {"vllm_model": {"entrypoint": "app.py"}}}})
+    bench = install / "benchmarks" / "aime24" / "config.yaml"
+    bench.parent.mkdir(parents=True)
+    # chained paths are relative to Gym's roots, not to the including file
+    yaml_file(bench, {"config_paths": ["responses_api_models/vllm_model/configs/vllm_model.yaml"]})
+    monkeypatch.chdir(tmp_path)  # a wheel install: the working directory is elsewhere
+    monkeypatch.delenv("NEMO_GYM_EXTRA_ROOTS", raising=False)
+    overlay = policy_overlay(ENDPOINT, [Path("benchmarks/aime24/config.yaml")], install_root=install)
+    assert overlay["policy_model"] == {"responses_api_models": {"vllm_model": {"return_token_id_information": True}}}
+    with pytest.raises(CWTrainError, match="does not exist"):
+        policy_overlay(ENDPOINT, [Path("benchmarks/aime24/config.yaml")])  # without the install root

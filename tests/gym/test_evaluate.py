@@ -83,6 +83,33 @@ def test_bad_options_are_refused(
         evaluate(api, filled(), api_key="k", collector=lambda job: None, **kwargs)  # type: ignore[arg-type]
 
 
+def test_relative_paths_are_found_where_gym_finds_them(
+    api: InferenceClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cwtrain.integrations.gym.evaluation as evaluation
+
+    install = tmp_path / "site-packages"  # a pip-installed Gym ships benchmarks/ beside nemo_gym/
+    for name in ("benchmarks/aime24/config.yaml", "benchmarks/aime24/data/aime24_benchmark.jsonl",
+                 "benchmarks/prompts/generic/math.yaml"):  # fmt: skip
+        (install / name).parent.mkdir(parents=True, exist_ok=True)
+        (install / name).write_text("{}\n", encoding="utf-8")
+    monkeypatch.setattr(evaluation, "gym_install_root", lambda tools=None: install)
+    monkeypatch.chdir(tmp_path)
+    kwargs: dict[str, object] = {
+        "config_paths": [Path("benchmarks/aime24/config.yaml")],
+        "input_path": Path("benchmarks/aime24/data/aime24_benchmark.jsonl"),
+        "output_path": tmp_path / "o.jsonl",
+        "prompt_config": Path("benchmarks/prompts/generic/math.yaml"),
+    }
+    # every path found: evaluate goes on to the API (a closed port here)
+    with pytest.raises(CWTrainError) as info:
+        evaluate(api, filled(), api_key="k", collector=lambda job: None, **kwargs)  # type: ignore[arg-type]
+    assert "does not exist" not in str(info.value)
+    kwargs["prompt_config"] = Path("benchmarks/prompts/generic/absent.yaml")
+    with pytest.raises(CWTrainError, match=f"absent.yaml does not exist .*Gym's install root {install}"):
+        evaluate(api, filled(), api_key="k", collector=lambda job: None, **kwargs)  # type: ignore[arg-type]
+
+
 def test_placeholders_are_refused(api: InferenceClient, files: tuple[Path, Path], tmp_path: Path) -> None:
     config, rows = files
     body = json.loads(EXAMPLE.read_text(encoding="utf-8"))

@@ -9,7 +9,6 @@ the deployments come up together.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -18,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,9 +238,14 @@ def start_interrupted_cli(
 
 
 def test_cli_gym_eval_with_a_stand_in_gym(
-    stack: GymStack, tmp_path: Path, fake_gym: FakeGym, monkeypatch: pytest.MonkeyPatch
+    stack: GymStack,
+    tmp_path: Path,
+    fake_gym: FakeGym,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """`cwtrain gym eval` end to end: the default collector drives the stand-in `gym` CLI.
+    """`cwtrain gym eval` end to end: the default collector drives the stand-in `gym` CLI, whose
+    progress lines (on its stdout, as real Gym's) end up on stderr: stdout is one JSON document.
 
     Alongside, a second `cwtrain gym eval` in a child process gets SIGTERM (what Kubernetes
     sends to a Job's pod) during the collection: it exits 130 and its deployment is gone.
@@ -261,11 +264,12 @@ def test_cli_gym_eval_with_a_stand_in_gym(
             "--agent", "math_agent", "--num-repeats", "2", "--timeout", "180", "--delete-timeout", "60",
             "--poll-interval", "0.2",
         ]  # fmt: skip
-        stdout = io.StringIO()
-        with redirect_stdout(stdout):
-            code = cwtrain_main(argv)
+        capfd.readouterr()
+        code = cwtrain_main(argv)
+        out, err = capfd.readouterr()
         assert code == 0
-        result = json.loads(stdout.getvalue())
+        result = json.loads(out)  # one JSON document, nothing else
+        assert "Finished rollout collection!" in err and "Finished rollout collection!" not in out
         assert result["deployment"]["deleted"] is True
         assert result["model"] == "gym-cli-model"
         assert result["scores"]["rollouts"] == 4

@@ -71,11 +71,12 @@ def test_generation_implements_the_interface_and_lifecycle_calls() -> None:
 
     gen = _generation({"max_new_tokens": 4}, [])
     assert isinstance(gen, GenerationInterface)
-    assert gen.init_collective("1.2.3.4", 1234, 2, train_world_size=2) == []
+    assert gen.init_collective("1.2.3.4", 1234, 2) == []  # the abstract method's signature
+    assert gen.init_collective("1.2.3.4", 1234, 2, train_world_size=2, refit_backend="nccl") == []  # grpo.setup's
     assert gen.prepare_for_generation() is True and gen.finish_generation(tags=["x"]) is True
     gen.prepare_refit_info({"w": ((2, 2), torch.bfloat16)})
     assert gen.refit_info == {"w": ((2, 2), torch.bfloat16)}
-    assert gen.dp_openai_server_base_urls == ["http://127.0.0.1:9/v1"]
+    assert gen.served_model_name == "tiny-model"
     assert gen.weight_synchronizer is None
     assert gen.shutdown() is True
 
@@ -152,11 +153,8 @@ def test_refit_rebinding_routes_coreweave_to_the_synchronizer_only() -> None:
     calls: list[tuple[object, object]] = []
 
     class Sync:
-        def sync_weights(
-            self, *, timer: object | None = None, kv_scales: Mapping[str, float] | None = None
-        ) -> dict[str, float]:
+        def sync_weights(self, *, timer: object | None = None, kv_scales: Mapping[str, float] | None = None) -> None:
             calls.append((timer, kv_scales))
-            return {"hotload/version": 1.0}
 
     coreweave = _generation({"max_new_tokens": 4}, [])
     coreweave.weight_synchronizer = Sync()
@@ -171,8 +169,10 @@ def test_refit_rebinding_routes_coreweave_to_the_synchronizer_only() -> None:
     try:
         assert install_refit() is wrapper  # idempotent
         assert grpo_hooks().originals == {"refit_policy_generation": original}
-        assert grpo.grpo_train(None, coreweave) == [{"hotload/version": 1.0}]
-        assert calls == [(None, None)] and grpo.CALLS == []
+        timer = grpo.Timer()
+        assert grpo.refit_policy_generation(None, coreweave, True, timer=timer) is None  # as NeMo-RL's returns
+        grpo.grpo_train(None, coreweave)
+        assert calls == [(timer, None), (None, None)] and grpo.CALLS == []
         grpo.grpo_train(None, VllmLike())
         grpo.grpo_train(None, without_synchronizer)
         assert grpo.CALLS == ["nemo-rl refit", "nemo-rl refit"]
@@ -182,22 +182,15 @@ def test_refit_rebinding_routes_coreweave_to_the_synchronizer_only() -> None:
     assert grpo_hooks().originals == {}
 
 
-def test_register_workers_and_worker_classes() -> None:
-    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
-    from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
-
-    import cwtrain.integrations.nemo_rl as nemo
-
-    nemo.register_workers()
-    assert ACTOR_ENVIRONMENT_REGISTRY[nemo.DTENSOR_WORKER_FQN] == PY_EXECUTABLES.AUTOMODEL
-    assert ACTOR_ENVIRONMENT_REGISTRY[nemo.MEGATRON_WORKER_FQN] == PY_EXECUTABLES.MCORE
-    module_name, _, attr = nemo.DTENSOR_WORKER_FQN.rpartition(".")
+def test_worker_classes_are_ray_actors_of_nemo_rl_workers() -> None:
     import importlib
 
     from ray.actor import ActorClass
 
+    import cwtrain.integrations.nemo_rl as nemo
     from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
 
+    module_name, _, attr = nemo.DTENSOR_WORKER_FQN.rpartition(".")
     worker = getattr(importlib.import_module(module_name), attr)
     assert isinstance(worker, ActorClass)  # a Ray remote class, as NeMo-RL's own workers
     impl = worker.__ray_metadata__.modified_class
@@ -238,24 +231,77 @@ def test_install_wraps_setup_for_coreweave_only(monkeypatch: pytest.MonkeyPatch,
     from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
 
     import cwtrain.integrations.nemo_rl as nemo
+    from cwtrain.integrations.nemo_rl.metrics import RunLogger
     from cwtrain.integrations.nemo_rl.refit import uninstall
     from cwtrain.integrations.nemo_rl.synchronizer import HotLoadWeightSynchronizer
 
     for key, value in {**ENV, "COREWEAVE_API_TOKEN": "t0ken"}.items():
         monkeypatch.setenv(key, value)
-    ACTOR_ENVIRONMENT_REGISTRY.clear()
+    for name in (nemo.DTENSOR_WORKER_FQN, nemo.MEGATRON_WORKER_FQN):
+        ACTOR_ENVIRONMENT_REGISTRY.pop(name, None)
     original_setup = grpo.setup
     hooks = nemo.install()
     try:
         assert nemo.install() is hooks  # idempotent
         assert nemo.DTENSOR_WORKER_FQN in ACTOR_ENVIRONMENT_REGISTRY
         config = {"policy": {"model_name": str(tmp_path), "generation": {"backend": "coreweave", "max_new_tokens": 4}}}
-        policy, generation = grpo.setup(config, _Tok(), None, None)
+        result = grpo.setup(config, _Tok(), None, None)
+        policy, generation, logger = result[0], result[1], result[7]
+        assert len(result) == 13
         assert policy.kwargs == {"worker_extension_cls_fqn": nemo.DTENSOR_WORKER_FQN}
-        assert isinstance(generation.weight_synchronizer, HotLoadWeightSynchronizer)
-        assert generation.weight_synchronizer.hf_checkpoint == tmp_path
+        sync = generation.weight_synchronizer
+        assert isinstance(sync, HotLoadWeightSynchronizer)
+        assert sync.hf_checkpoint == tmp_path
+        assert isinstance(logger, RunLogger) and sync.metrics_sink == logger.record
         other = {"policy": {"model_name": "m", "generation": {"backend": "vllm"}}}
-        assert grpo.setup(other, _Tok(), None, None) == ("default policy", None)
+        plain = grpo.setup(other, _Tok(), None, None)
+        assert plain[:2] == ("default policy", None) and not isinstance(plain[7], RunLogger)
+        gym = {**config, "env": {"should_use_nemo_gym": True}}
+        with pytest.raises(ConfigError, match=r"coreweave_cfg\.max_model_len"):
+            grpo.setup(gym, _Tok(), None, None)
     finally:
         uninstall()
     assert grpo.setup is original_setup
+
+
+def test_setup_wrapper_reads_nemo_rls_master_config_object(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """v0.7.0 hands setup a MasterConfig model (attributes, not keys); inherited vLLM settings that make
+    grpo_train parse the generation's metrics as vLLM's are turned off for coreweave."""
+    import nemo_rl.algorithms.grpo as grpo
+
+    from cwtrain.integrations.nemo_rl.metrics import RunLogger
+    from cwtrain.integrations.nemo_rl.refit import grpo_hooks
+
+    for key, value in {**ENV, "COREWEAVE_API_TOKEN": "t0ken"}.items():
+        monkeypatch.setenv(key, value)
+
+    class MasterConfig:  # attribute access only, as NeMo-RL's
+        def __init__(self, **sections: Any) -> None:
+            self.__dict__.update(sections)
+
+        def __getitem__(self, key: str) -> Any:
+            raise TypeError("'MasterConfig' object is not subscriptable")
+
+    generation = {
+        "backend": "coreweave",
+        "max_new_tokens": 4,
+        "vllm_cfg": {"async_engine": True, "enable_vllm_metrics_logger": True, "max_model_len": 16},
+    }
+    config = MasterConfig(policy={"model_name": str(tmp_path), "generation": generation}, env={})
+    standin = grpo.setup
+
+    def setup_taking_a_master_config(master_config: Any, tokenizer: Any, *args: Any, **kwargs: Any) -> Any:
+        return standin({"policy": master_config.policy}, tokenizer, *args, **kwargs)
+
+    monkeypatch.setattr(grpo, "setup", setup_taking_a_master_config)
+    wrapper = grpo_hooks().install_setup("cwtrain.integrations.nemo_rl.worker.CoreWeaveDTensorPolicyWorker")
+    try:
+        result = wrapper(config, _Tok(), None, None)
+        assert isinstance(result[7], RunLogger)
+        assert generation["vllm_cfg"]["enable_vllm_metrics_logger"] is False
+        assert generation["vllm_cfg"]["async_engine"] is True  # everything else as it was
+        gym = MasterConfig(policy=config.policy, env={"should_use_nemo_gym": True})
+        with pytest.raises(ConfigError, match="max_model_len"):
+            wrapper(gym, _Tok(), None, None)
+    finally:
+        grpo_hooks().uninstall()

@@ -13,8 +13,8 @@ class WeightSynchronizer(ABC):
     @abstractmethod
     def mark_stale(self) -> None: ...
 
-    def init_communicator(self) -> None:
-        pass
+    @abstractmethod
+    def init_communicator(self) -> None: ...
 
-    def shutdown(self) -> None:
-        pass
+    @abstractmethod
+    def shutdown(self) -> None: ...

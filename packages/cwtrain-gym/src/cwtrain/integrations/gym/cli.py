@@ -3,7 +3,7 @@
 ::
 
     cwtrain gym eval --request deployment.json --config env.yaml \\
-        --input rows.jsonl --output rollouts.jsonl [--keep]
+        --input rows.jsonl --output rollouts.jsonl [--keep] [--prompt-config P]
 
 Creates the deployment of ``--request`` (placeholders refused), waits until it is READY,
 runs NeMo Gym's rollout collection against its endpoint, prints the scores as one JSON
@@ -11,6 +11,9 @@ document and deletes the deployment, also when the evaluation fails or is interr
 (Ctrl-C or SIGTERM); ``--keep`` leaves it running. The endpoint key is the API token
 (``--token``, ``COREWEAVE_API_TOKEN``, ``CW_API_TOKEN``) unless ``CWTRAIN_ROLLOUT_API_KEY``
 is set. Needs NeMo Gym's ``gym`` command on ``PATH`` (``pip install "nemo-gym>=0.6.0"``).
+Relative ``--config``, ``--input`` and ``--prompt-config`` paths resolve as Gym resolves them
+(``NEMO_GYM_EXTRA_ROOTS``, the working directory, Gym's install root). stdout carries only
+the JSON document: Gym's own output (progress, metric blocks) goes to stderr.
 
 Output: ``{"deployment": {"id", "name", "deleted"}, "model", "rollout_base_url",
 "output", "aggregate_metrics", "scores": {"rollouts", "scored", "mean_reward",
@@ -56,6 +59,11 @@ def register(subparsers: Any) -> None:
     ev.add_argument("--limit", type=positive_int, help="at most this many input rows")
     ev.add_argument("--num-repeats", type=positive_int, default=1, help="rollouts per row (1)")
     ev.add_argument("--concurrency", type=positive_int, help="rollouts in flight")
+    ev.add_argument(
+        "--prompt-config",
+        type=Path,
+        help="prompt template YAML for rows with only fields (aime24: benchmarks/prompts/generic/math.yaml)",
+    )
     ev.add_argument(
         "--token-ids",
         action="store_true",
@@ -130,6 +138,7 @@ def _run(args: argparse.Namespace, request: dict[str, Any]) -> Any:
             limit=args.limit,
             num_repeats=args.num_repeats,
             concurrency=args.concurrency,
+            prompt_config=args.prompt_config,
             token_ids=args.token_ids,
             keep=args.keep,
             ready_timeout=args.timeout,

@@ -16,8 +16,18 @@ The default collector drives Gym's own command line, as its documentation does:
 2. starts the servers: ``gym env start --config GYM.yaml --config cwtrain-policy.yaml``
    and waits for its ``All N / N servers ready!`` line;
 3. collects: ``gym eval run --no-serve --input IN --output OUT [--agent A] [--limit N]
-   [--num-repeats K] [--concurrency C]``;
+   [--num-repeats K] [--concurrency C] [--prompt-config P]``. Gym prints progress and metric
+   blocks on stdout; the collector copies all of its output to *stderr*, so a caller's
+   stdout stays its own (``cwtrain gym eval`` prints one JSON document there);
 4. stops the servers it started (their process group: SIGINT, then SIGTERM, then SIGKILL).
+   A failure is reported with the last lines of Gym's output and of the servers' log in
+   the message itself (the log lives in the job's scratch directory, which the evaluation
+   removes).
+
+Relative paths (configs, the input, a prompt config, and the ``config_paths`` a config
+chains to) resolve as Gym resolves them, :func:`resolve_gym_path`: the first of the
+``NEMO_GYM_EXTRA_ROOTS`` roots, the working directory and Gym's install root where the file
+exists (a pip-installed Gym ships ``benchmarks/`` and the server configs in site-packages).
 
 Gym installs without ``gym`` but with the legacy ``ng_run``/``ng_collect_rollouts``
 scripts (v0.4.0) are driven the same way with Hydra overrides (``+config_paths=[...]``,
@@ -28,15 +38,19 @@ raises :class:`GymNotInstalledError` naming the install
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,8 +69,11 @@ __all__ = [
     "GymNotInstalledError",
     "GymTools",
     "aggregate_metrics_path",
+    "gym_install_root",
+    "gym_search_roots",
     "policy_overlay",
     "require_gym",
+    "resolve_gym_path",
     "write_policy_overlay",
 ]
 
@@ -104,6 +121,8 @@ class CollectionJob:
         limit: at most this many input rows.
         num_repeats: rollouts per row.
         concurrency: rollouts in flight.
+        prompt_config: a prompt template YAML Gym applies to rows that carry only fields (a
+            benchmark's ``question``/``expected_answer`` rows, e.g. ``aime24``).
         extra_args: more arguments for Gym's collection command, passed unchanged.
     """
 
@@ -116,6 +135,7 @@ class CollectionJob:
     limit: int | None = None
     num_repeats: int = 1
     concurrency: int | None = None
+    prompt_config: Path | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -151,6 +171,86 @@ def aggregate_metrics_path(output_path: Path) -> Path:
     return output_path.with_name(output_path.stem + "_aggregate_metrics.json")
 
 
+# --------------------------------------------------------------------------- Gym's paths
+
+
+def _install_root_from(python: str) -> Path | None:
+    code = "import os, nemo_gym; print(os.path.dirname(os.path.dirname(os.path.abspath(nemo_gym.__file__))))"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    return Path(line[0]) if line else None
+
+
+def _interpreter_of(script: str) -> str | None:
+    try:
+        with open(script, "rb") as handle:
+            first = handle.readline(4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    if not words:
+        return None
+    python = words[1] if Path(words[0]).name == "env" and len(words) > 1 else words[0]
+    return python if "python" in Path(python).name else None
+
+
+@cache
+def _find_install_root(gym: str | None) -> Path | None:
+    spec = importlib.util.find_spec("nemo_gym")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).resolve().parent.parent
+    python = _interpreter_of(gym) if gym else None
+    return _install_root_from(python) if python else None
+
+
+def gym_install_root(tools: GymTools | None = None) -> Path | None:
+    """The directory that holds Gym's ``nemo_gym`` package (its built-in configs and benchmarks are beside it).
+
+    From this interpreter when it imports ``nemo_gym``, else from the interpreter of the ``gym``
+    command (``tools``, else the one on ``PATH``); ``None`` when neither says.
+    """
+    gym = tools.gym if tools is not None else shutil.which("gym")
+    return _find_install_root(gym)
+
+
+def gym_search_roots(
+    install_root: Path | None, environ: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> list[Path]:
+    """Where Gym looks for a relative path, in order: ``NEMO_GYM_EXTRA_ROOTS``, the working directory, the install root."""
+    env = os.environ if environ is None else environ
+    roots = [Path(p) for p in env.get("NEMO_GYM_EXTRA_ROOTS", "").split(os.pathsep) if p]
+    roots.append(cwd or Path.cwd())
+    if install_root is not None:
+        roots.append(install_root)
+    return roots
+
+
+def resolve_gym_path(
+    path: str | Path,
+    *,
+    install_root: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Path:
+    """``path`` as Gym reads it: absolute as is; relative under the first search root where it exists.
+
+    Returns the path under the working directory when no root has it (so errors name the
+    user's own location).
+    """
+    candidate = Path(path)
+    if candidate.is_absolute():
+        return candidate
+    for root in gym_search_roots(install_root, environ, cwd):
+        if (root / candidate).exists():
+            return (root / candidate).absolute()
+    return ((cwd or Path.cwd()) / candidate).absolute()
+
+
 # --------------------------------------------------------------------------- the endpoint overlay
 
 
@@ -164,16 +264,19 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _policy_model_types(config_paths: Sequence[Path], _seen: set[Path] | None = None) -> set[str]:
+def _policy_model_types(
+    config_paths: Sequence[Path], install_root: Path | None = None, _seen: set[Path] | None = None
+) -> set[str]:
     """The model-server types the configs declare under ``policy_model.responses_api_models``.
 
-    Follows the ``config_paths`` a Gym config chains to (relative to the working
-    directory, as Gym resolves them from its root); chained files that do not exist here
-    are skipped.
+    Follows the ``config_paths`` a Gym config chains to, resolved as Gym resolves them
+    (:func:`resolve_gym_path`: not relative to the including file); chained files found
+    under no root are skipped.
     """
     seen = set() if _seen is None else _seen
     types: set[str] = set()
     for path in config_paths:
+        path = resolve_gym_path(path, install_root=install_root)
         if path.resolve() in seen:
             continue
         seen.add(path.resolve())
@@ -184,26 +287,28 @@ def _policy_model_types(config_paths: Sequence[Path], _seen: set[Path] | None = 
             types.update(servers if isinstance(servers, dict) else {"<unknown>"})
         chained = config.get("config_paths")
         if isinstance(chained, list):
-            existing = [Path(str(p)) for p in chained if Path(str(p)).is_file()]
-            types |= _policy_model_types(existing, seen)
+            found = [resolve_gym_path(str(p), install_root=install_root) for p in chained]
+            types |= _policy_model_types([p for p in found if p.is_file()], install_root, seen)
     return types
 
 
-def policy_overlay(endpoint: GymEndpoint, config_paths: Sequence[Path] = ()) -> dict[str, Any]:
+def policy_overlay(
+    endpoint: GymEndpoint, config_paths: Sequence[Path] = (), install_root: Path | None = None
+) -> dict[str, Any]:
     """The Gym config that points its policy model server at ``endpoint``.
 
     The three global keys every Gym model config interpolates (``policy_base_url``,
     ``policy_api_key``, ``policy_model_name``) always; the ``vllm_model`` server block when
     no config declares a ``policy_model`` (with the token-id options), or the token-id
     options alone when they declare a ``vllm_model`` one. Another model type keeps its own
-    settings (logged).
+    settings (logged). ``install_root``: Gym's (for relative paths, see :func:`resolve_gym_path`).
     """
     overlay: dict[str, Any] = {
         "policy_base_url": endpoint.base_url,
         "policy_api_key": endpoint.api_key or "",
         "policy_model_name": endpoint.model,
     }
-    declared = _policy_model_types(config_paths)
+    declared = _policy_model_types(config_paths, install_root)
     server: dict[str, Any] = {"return_token_id_information": endpoint.token_ids}
     if not declared:
         server = {
@@ -225,10 +330,10 @@ def policy_overlay(endpoint: GymEndpoint, config_paths: Sequence[Path] = ()) -> 
     return overlay
 
 
-def write_policy_overlay(job: CollectionJob) -> Path:
+def write_policy_overlay(job: CollectionJob, install_root: Path | None = None) -> Path:
     """Write :func:`policy_overlay` to ``<workdir>/cwtrain-policy.yaml``, readable by the owner only."""
     path = job.workdir / "cwtrain-policy.yaml"
-    text = yaml.safe_dump(policy_overlay(job.endpoint, job.config_paths), sort_keys=False)
+    text = yaml.safe_dump(policy_overlay(job.endpoint, job.config_paths, install_root), sort_keys=False)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -294,6 +399,8 @@ def collect_command(tools: GymTools, job: CollectionJob) -> list[str]:
             command += ["--limit", str(job.limit)]
         if job.concurrency is not None:
             command += ["--concurrency", str(job.concurrency)]
+        if job.prompt_config is not None:
+            command += ["--prompt-config", str(job.prompt_config)]
         return [*command, *job.extra_args]
     assert tools.ng_collect_rollouts is not None
     command = [
@@ -308,6 +415,8 @@ def collect_command(tools: GymTools, job: CollectionJob) -> list[str]:
         command.append(f"+limit={job.limit}")
     if job.concurrency is not None:
         command.append(f"+num_samples_in_parallel={job.concurrency}")
+    if job.prompt_config is not None:
+        command.append(f"+prompt_config={job.prompt_config}")
     return [*command, *job.extra_args]
 
 
@@ -346,7 +455,7 @@ class GymCLICollector:
     def __call__(self, job: CollectionJob) -> CollectionResult:
         """Start Gym's servers, collect the rollouts of ``job``, stop the servers."""
         tools = self.tools or require_gym()
-        overlay = write_policy_overlay(job)
+        overlay = write_policy_overlay(job, gym_install_root(tools))
         env = {**os.environ, **self.env}
         server_log = job.workdir / "gym-servers.log"
         with server_log.open("wb") as log_file:
@@ -362,11 +471,12 @@ class GymCLICollector:
                 self._wait_ready(server, server_log)
                 command = collect_command(tools, job)
                 log.info("collecting rollouts: %s", " ".join(command))
-                done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, check=False)
-                if done.returncode != 0:
+                returncode, output = _run_to_stderr(command, env)
+                if returncode != 0:
                     raise CWTrainError(
-                        f"NeMo Gym's rollout collection exited with {done.returncode}; its output is above, "
-                        f"the servers' log is {server_log}"
+                        f"NeMo Gym's rollout collection exited with {returncode}. Its last output:\n"
+                        f"{_tail(output)}\nThe servers' last output:\n"
+                        f"{_tail(server_log.read_text(encoding='utf-8', errors='replace'))}"
                     )
             finally:
                 _stop(server)
@@ -382,14 +492,38 @@ class GymCLICollector:
                 return
             if server.poll() is not None:
                 raise CWTrainError(
-                    f"NeMo Gym's servers exited with {server.returncode} before they were ready; "
-                    f"see {server_log}:\n{_tail(text)}"
+                    f"NeMo Gym's servers exited with {server.returncode} before they were ready. Their last "
+                    f"output:\n{_tail(text)}"
                 )
             if time.monotonic() > deadline:
                 raise CWTrainError(
-                    f"NeMo Gym's servers were not ready after {self.server_timeout:.0f}s; see {server_log}"
+                    f"NeMo Gym's servers were not ready after {self.server_timeout:.0f}s. Their last output:\n"
+                    f"{_tail(text)}"
                 )
             time.sleep(0.5)
+
+
+def _run_to_stderr(command: Sequence[str], env: Mapping[str, str], keep: int = 200) -> tuple[int, str]:
+    """Run ``command``, copying its stdout and stderr to this process's stderr; returns the exit code
+    and the last ``keep`` lines of its output."""
+    tail: deque[str] = deque(maxlen=keep)
+    process = subprocess.Popen(
+        list(command), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert process.stdout is not None
+    try:
+        for raw in process.stdout:
+            line = raw.decode("utf-8", errors="replace")
+            tail.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    except BaseException:
+        process.kill()
+        raise
+    finally:
+        process.stdout.close()
+        process.wait()
+    return process.returncode, "\n".join(tail)
 
 
 def _tail(text: str, lines: int = 20) -> str:

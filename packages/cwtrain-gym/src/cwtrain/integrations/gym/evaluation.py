@@ -35,6 +35,8 @@ from cwtrain.integrations.gym.collect import (
     GymCLICollector,
     GymEndpoint,
     aggregate_metrics_path,
+    gym_install_root,
+    resolve_gym_path,
 )
 from cwtrain.integrations.gym.scores import GymScores, read_scores
 
@@ -113,6 +115,7 @@ def evaluate(
     limit: int | None = None,
     num_repeats: int = 1,
     concurrency: int | None = None,
+    prompt_config: Path | None = None,
     token_ids: bool = False,
     extra_args: tuple[str, ...] = (),
     keep: bool = False,
@@ -128,14 +131,18 @@ def evaluate(
     Args:
         client: the API client (its token needs the Inference Admin role).
         request: the CreateDeploymentRequest (placeholders are refused).
-        config_paths: Gym configs of the environment to evaluate.
-        input_path: the input JSONL.
+        config_paths: Gym configs of the environment to evaluate; relative paths resolve as
+            Gym resolves them (:func:`~cwtrain.integrations.gym.collect.resolve_gym_path`: its
+            extra roots, the working directory, its install root).
+        input_path: the input JSONL (resolved the same way).
         output_path: the rollouts JSONL to write.
         api_key: the endpoint's bearer key (the CoreWeave token for ``coreWeaveAuth`` gateways).
         agent: the agent for rows without ``agent_ref``.
         limit: at most this many rows.
         num_repeats: rollouts per row.
         concurrency: rollouts in flight.
+        prompt_config: a prompt template YAML for rows that carry only fields (resolved the same
+            way), e.g. ``benchmarks/prompts/generic/math.yaml`` for ``aime24``.
         token_ids: set ``return_token_id_information`` on Gym's ``vllm_model`` server.
         extra_args: more arguments for Gym's collection command.
         keep: leave the deployment running afterwards (its id is in the result).
@@ -152,13 +159,20 @@ def evaluate(
         KeyboardInterrupt: interrupted; the deployment has been deleted (unless ``keep``).
     """
     started = time.monotonic()
-    for path in (input_path, *config_paths):
-        if not Path(path).is_file():
-            raise CWTrainError(f"{path} does not exist or is not a file")
     if num_repeats < 1 or (limit is not None and limit < 1) or (concurrency is not None and concurrency < 1):
         raise CWTrainError("num_repeats, limit and concurrency must be at least 1")
     lifecycle.refuse_placeholders(request, source)
     step = collector or GymCLICollector()
+    install_root = gym_install_root(getattr(step, "tools", None))
+    configs = tuple(resolve_gym_path(p, install_root=install_root) for p in config_paths)
+    rows = resolve_gym_path(input_path, install_root=install_root)
+    prompt = resolve_gym_path(prompt_config, install_root=install_root) if prompt_config is not None else None
+    for given, path in [(input_path, rows), *zip(config_paths, configs), (prompt_config, prompt)]:
+        if path is not None and not path.is_file():
+            raise CWTrainError(
+                f"{given} does not exist or is not a file (looked in NEMO_GYM_EXTRA_ROOTS, {Path.cwd()}"
+                + (f" and Gym's install root {install_root})" if install_root else ")")
+            )
     if isinstance(step, CheckedCollector):
         step.check()  # e.g. Gym missing: say so before a deployment is created for nothing
     deployment_id = str(request.get("id") or "") or str(uuid.uuid4())
@@ -181,14 +195,15 @@ def evaluate(
         with tempfile.TemporaryDirectory(prefix="cwtrain-gym-") as scratch:
             job = CollectionJob(
                 endpoint=endpoint,
-                config_paths=tuple(Path(p).resolve() for p in config_paths),
-                input_path=input_path.resolve(),
+                config_paths=tuple(p.resolve() for p in configs),
+                input_path=rows.resolve(),
                 output_path=output_path.resolve(),
                 workdir=workdir or Path(scratch),
                 agent=agent,
                 limit=limit,
                 num_repeats=num_repeats,
                 concurrency=concurrency,
+                prompt_config=prompt.resolve() if prompt is not None else None,
                 extra_args=tuple(extra_args),
             )
             produced = step(job) or CollectionResult(job.output_path, None)

@@ -8,25 +8,44 @@ come back through :mod:`cwtrain.integrations.rollout`. Weights move by hot-load
 (:class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer`), so the
 collective and IPC refit methods are never used: ``init_collective`` returns no futures.
 
+With NeMo Gym (``env.should_use_nemo_gym``), Gym's model server samples through
+``dp_openai_server_base_urls``: the URL of cwtrain's
+:mod:`~cwtrain.integrations.nemo_rl.gym_model` endpoint, which this object starts in the
+driver on first use (rendering chats with the trainer's tokenizer, salting with the
+synchronizer's served identity). ``served_model_name`` is the deployment's model name
+(what NeMo-RL's patched ``setup`` gives Gym as ``policy_model_name``). ``cfg`` carries
+``vllm_cfg.max_model_len`` = ``coreweave_cfg.max_model_len`` when that is set, since
+NeMo-RL's Gym rollouts read the engine's context length there.
+
 Output (``BatchedDataDict``): ``output_ids`` (prompt + generation, right-padded with
 ``_pad_token_id``, else the tokenizer's pad, else EOS), ``logprobs`` (float32, zero
 outside the generation), ``generation_lengths``, ``unpadded_sequence_lengths``,
 ``truncated``. ``max_tokens = max(1, min(max_new_tokens, max_model_len - prompt))``;
 ``greedy`` means temperature 0; stop strings are kept in the output.
+
+``get_logger_metrics()`` returns the last batch's ``coreweave/*`` numbers (and the
+gym_model endpoint's ``coreweave/gym_*`` ones); ``grpo_train`` nests them under
+``generation_logger_metrics``, which the run logger of the setup wrapper flattens
+(:mod:`cwtrain.integrations.nemo_rl.metrics`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cwtrain.errors import RolloutError
 from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
 from cwtrain.integrations.nemo_rl.protocols import Tokenizer, WeightSync
 from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams
+
+if TYPE_CHECKING:
+    from cwtrain.integrations.nemo_rl.gym_model import GymModelServer
 
 # NeMo-RL's classes, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
 BatchedDataDict: Any = require(NEMO_RL, "nemo_rl.distributed.batched_data_dict").BatchedDataDict
@@ -60,7 +79,11 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         self.cfg = dict(config)
         self.tokenizer = tokenizer
         self.settings = CoreWeaveConfig.from_generation_config(self.cfg, environ)
+        if self.settings.max_model_len is not None:  # where NeMo-RL's Gym rollouts read the context length
+            self.cfg["vllm_cfg"] = {**(self.cfg.get("vllm_cfg") or {}), "max_model_len": self.settings.max_model_len}
         self.sampler = sampler or CompletionSampler(self.settings.rollout, tokenizer=tokenizer)
+        self._gym_server: GymModelServer | None = None
+        self._gym_lock = threading.Lock()
         #: Set by :class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer`;
         #: NeMo-RL's refit calls it (see :mod:`cwtrain.integrations.nemo_rl.refit`).
         self.weight_synchronizer: WeightSync | None = None
@@ -72,11 +95,51 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
 
     @property
     def dp_openai_server_base_urls(self) -> list[str]:
-        """The deployment's OpenAI base URL, for NeMo Gym's model server."""
-        return [self.settings.rollout.base_url]
+        """Where NeMo Gym's model server samples: cwtrain's gym_model endpoint (started on first use)."""
+        return [self.gym_model_server().base_url]
 
-    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
-        """No collective: weights travel by hot-load."""
+    @property
+    def served_model_name(self) -> str:
+        """The deployment's model name (``coreweave_cfg.model`` / ``CWTRAIN_ROLLOUT_MODEL``)."""
+        return self.settings.rollout.model
+
+    def gym_model_server(self) -> GymModelServer:
+        """The :mod:`~cwtrain.integrations.nemo_rl.gym_model` endpoint of this generation, started once."""
+        with self._gym_lock:
+            if self._gym_server is None:
+                from cwtrain.integrations.nemo_rl.gym_model import ChatRenderer, GymModel, GymModelServer
+
+                # its own sampler without a tokenizer: a refused token-id prompt must fail, not go as text
+                model = GymModel(
+                    CompletionSampler(self.settings.rollout),
+                    ChatRenderer(self.tokenizer),  # type: ignore[arg-type]
+                    max_model_len=self.settings.max_model_len,
+                    salt=self._served_salt,
+                )
+                self._gym_server = GymModelServer(model).start()
+            return self._gym_server
+
+    def _served_salt(self) -> str:
+        from cwtrain.integrations.nvext import read_served_identity, rollout_cache_salt
+
+        sync = self.weight_synchronizer
+        identity = getattr(sync, "served_identity", None) or read_served_identity(self.settings.hotload.state_dir)
+        salt = rollout_cache_salt(identity)
+        if salt is None:
+            raise RolloutError(
+                "no snapshot identity is served yet: the first refit publishes one (the gym_model endpoint salts the "
+                "prompt cache with it and samples nothing before)"
+            )
+        return salt
+
+    def init_collective(
+        self, ip: str, port: int, world_size: int, *, train_world_size: int | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """No collective: weights travel by hot-load.
+
+        NeMo-RL's abstract signature is ``(ip, port, world_size)``; ``grpo.setup`` adds
+        ``train_world_size=`` (and ``refit_backend=`` for Megatron) when not colocated. All are accepted.
+        """
         return []
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
@@ -92,17 +155,32 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         self.refit_info = state_dict_info
 
     def shutdown(self) -> bool:
-        """Close the sampler's connection pool."""
+        """Stop the gym_model endpoint, if started, and close the connection pools."""
+        with self._gym_lock:
+            server, self._gym_server = self._gym_server, None
+        if server is not None:
+            server.close()
+            server.model.sampler.close()
         self.sampler.close()
         return True
 
     def get_logger_metrics(self) -> dict[str, Any]:
-        """The last batch's ``coreweave/*`` metrics."""
-        return dict(self._metrics)
+        """The last batch's ``coreweave/*`` metrics (and the gym_model endpoint's since the last clear)."""
+        metrics = dict(self._metrics)
+        server = self._gym_server
+        if server is not None:
+            metrics.update(server.model.metrics())
+            gym_identities = [i for i in server.model.identities if i not in self.served_identities]
+            self.served_identities = (*self.served_identities, *gym_identities)
+        return metrics
 
     def clear_logger_metrics(self) -> None:
-        """Forget the metrics of earlier batches."""
+        """Forget the metrics and served identities of earlier batches."""
         self._metrics = {}
+        self.served_identities = ()
+        server = self._gym_server
+        if server is not None:
+            server.model.clear_metrics()
 
     def generate(self, data: Mapping[str, Any], greedy: bool = False) -> Any:
         """Sample completions for right-padded ``input_ids`` / ``input_lengths``.

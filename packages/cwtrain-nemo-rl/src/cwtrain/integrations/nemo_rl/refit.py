@@ -13,13 +13,21 @@
 - :meth:`GrpoHooks.install_refit` — ``grpo_train`` calls ``refit_policy_generation`` by
   its module-global name when weights are stale. The wrapper calls
   ``policy_generation.weight_synchronizer.sync_weights(timer=..., kv_scales=...)`` for a
-  :class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration` that has one;
-  every other backend goes to NeMo-RL's own function, unchanged.
+  :class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration` that has one and
+  returns ``None``, as NeMo-RL's function does; every other backend goes to NeMo-RL's own
+  function, unchanged.
 - :meth:`GrpoHooks.install_setup` — wraps ``setup`` so that with ``policy.generation.backend:
   coreweave`` the policy is built by ``functools.partial(Policy,
-  worker_extension_cls_fqn=<worker>)`` and the generation gets a
+  worker_extension_cls_fqn=<worker>)``, the generation gets a
   :class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer` seeded from
-  ``policy.model_name`` (a local HF checkpoint). Other backends are untouched.
+  ``policy.model_name`` (a local HF checkpoint), and the logger ``setup`` returns is wrapped
+  in a :class:`~cwtrain.integrations.nemo_rl.metrics.RunLogger` that writes the sync's
+  ``hotload/*`` metrics and flattens the generation's ``coreweave/*`` metrics (``grpo_train``
+  logs whatever logger ``setup`` returned). Before ``setup`` it turns
+  ``vllm_cfg.enable_vllm_metrics_logger`` off (an inherited vLLM setting that makes
+  ``grpo_train`` parse the generation's metrics as vLLM's) and, with ``env.should_use_nemo_gym``,
+  checks that ``coreweave_cfg.max_model_len`` is set (NeMo-RL's Gym rollouts read the engine's
+  context length). Other backends are untouched.
 
 :class:`GrpoHooks` is the plug-in's only process state: the wrappers it put into
 ``nemo_rl.algorithms.grpo`` and NeMo-RL's functions they replaced. It lives on the
@@ -37,6 +45,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from cwtrain.errors import ConfigError
 from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
 
@@ -46,6 +55,8 @@ __all__ = ["GrpoHooks", "grpo_hooks", "install", "install_setup", "uninstall"]
 _HOOKS = "__cwtrain_hooks__"
 _REFIT = "refit_policy_generation"
 _SETUP = "setup"
+# Positions in the tuple grpo.setup returns (NeMo-RL v0.7.0).
+_LOGGER_INDEX = 7
 
 
 @dataclass
@@ -90,7 +101,8 @@ class GrpoHooks:
         ) -> Any:
             sync = policy_generation.weight_synchronizer if isinstance(policy_generation, CoreWeaveGeneration) else None
             if sync is not None:
-                return sync.sync_weights(timer=timer, kv_scales=kv_scales)
+                sync.sync_weights(timer=timer, kv_scales=kv_scales)
+                return None
             return original(
                 policy, policy_generation, colocated_inference, _refit_buffer_size_gb, timer=timer, kv_scales=kv_scales
             )
@@ -107,30 +119,26 @@ class GrpoHooks:
 
         @functools.wraps(original)
         def setup(
-            master_config: Mapping[str, Any],
+            master_config: Any,
             tokenizer: Any,
             dataset: Any,
             val_dataset: Any,
             processor: Any = None,
             policy_factory: Any = None,
         ) -> Any:
-            policy_config = master_config["policy"]
+            policy_config = _section(master_config, "policy")
             generation = policy_config["generation"] or {}
             coreweave = generation.get("backend") == "coreweave"
+            if coreweave:
+                _check_nemo_gym(master_config, generation)
+                _no_vllm_metrics_logger(generation)
             if coreweave and policy_factory is None:
                 policy_factory = functools.partial(policy_cls, worker_extension_cls_fqn=worker_fqn)
             result = original(
                 master_config, tokenizer, dataset, val_dataset, processor=processor, policy_factory=policy_factory
             )
             if coreweave:
-                from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
-                from cwtrain.integrations.nemo_rl.synchronizer import HotLoadWeightSynchronizer
-
-                policy, policy_generation = result[0], result[1]
-                if isinstance(policy_generation, CoreWeaveGeneration) and policy_generation.weight_synchronizer is None:
-                    HotLoadWeightSynchronizer(
-                        policy, policy_generation, generation, hf_checkpoint=policy_config["model_name"]
-                    )
+                result = _attach(result, generation, policy_config["model_name"])
             return result
 
         return self._bind(_SETUP, setup)
@@ -141,6 +149,57 @@ class GrpoHooks:
             if self._installed(name) is not None:
                 setattr(self.grpo, name, original)
             del self.originals[name]
+
+
+def _section(master_config: Any, name: str) -> Any:
+    """A section of NeMo-RL's config: an attribute of its ``MasterConfig`` model, or a key of a plain dict."""
+    if isinstance(master_config, Mapping):
+        return master_config.get(name)
+    return getattr(master_config, name, None)
+
+
+def _check_nemo_gym(master_config: Any, generation: Mapping[str, Any]) -> None:
+    env = _section(master_config, "env") or {}
+    if not env.get("should_use_nemo_gym"):
+        return
+    if not (generation.get("coreweave_cfg") or {}).get("max_model_len"):
+        raise ConfigError(
+            "env.should_use_nemo_gym with the coreweave backend needs policy.generation.coreweave_cfg.max_model_len "
+            "(the deployment's context length: NeMo-RL's Gym rollouts read it, and cwtrain's gym_model caps each "
+            "turn's max_tokens with it)"
+        )
+
+
+def _no_vllm_metrics_logger(generation: Any) -> None:
+    """Turn ``vllm_cfg.enable_vllm_metrics_logger`` off: there is no vLLM engine to report.
+
+    With it on and ``vllm_cfg.async_engine`` (which NeMo-RL's Gym setup forces), ``grpo_train``
+    reads the generation's logger metrics as vLLM's per-worker series and fails on cwtrain's.
+    """
+    vllm_cfg = generation.get("vllm_cfg") if isinstance(generation, Mapping) else None
+    if isinstance(vllm_cfg, dict) and vllm_cfg.get("enable_vllm_metrics_logger"):
+        vllm_cfg["enable_vllm_metrics_logger"] = False
+
+
+def _attach(result: Any, generation: Mapping[str, Any], model_name: str) -> Any:
+    """Give a coreweave generation its synchronizer and ``grpo_train`` the :class:`RunLogger`."""
+    from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
+    from cwtrain.integrations.nemo_rl.metrics import RunLogger
+    from cwtrain.integrations.nemo_rl.synchronizer import HotLoadWeightSynchronizer
+
+    policy, policy_generation = result[0], result[1]
+    if not isinstance(policy_generation, CoreWeaveGeneration):
+        return result
+    if policy_generation.weight_synchronizer is None:
+        HotLoadWeightSynchronizer(policy, policy_generation, generation, hf_checkpoint=model_name)
+    if not isinstance(result, tuple) or len(result) <= _LOGGER_INDEX:
+        return result  # not NeMo-RL v0.7.0's 13-tuple: leave the logger alone
+    logger = result[_LOGGER_INDEX]
+    run_logger = logger if isinstance(logger, RunLogger) else RunLogger(logger)
+    sync = policy_generation.weight_synchronizer
+    if isinstance(sync, HotLoadWeightSynchronizer):
+        sync.metrics_sink = run_logger.record
+    return (*result[:_LOGGER_INDEX], run_logger, *result[_LOGGER_INDEX + 1 :])
 
 
 def grpo_hooks() -> GrpoHooks:

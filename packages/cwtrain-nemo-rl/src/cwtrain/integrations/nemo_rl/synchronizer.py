@@ -8,8 +8,17 @@ from the tensors on its device (:mod:`cwtrain.integrations.nemo_rl.publish`); th
 commits the index, creates the hot-load (waiting for the deployment to be READY and for
 any running hot-load first), waits until every replica serves the identity
 (``CWTRAIN_HOTLOAD_VERIFY`` also checks each replica), writes
-``<state_dir>/served_identity`` atomically, uploads the manifest (spec §8.1) and returns
-``hotload/*`` metrics. An empty delta publishes nothing and the version still advances.
+``<state_dir>/served_identity`` atomically and uploads the manifest (spec §8.1). An empty
+delta publishes nothing and the version still advances.
+
+Like NeMo-RL's ``WeightSynchronizer.sync_weights``, the sync returns ``None`` (``grpo_train``
+would discard anything else). Its ``hotload/*`` metrics (``version``, ``incremental``,
+``export_seconds``, ``upload_seconds``, ``hot_load_seconds``, ``wire_bytes``, ...) are kept
+in :attr:`HotLoadWeightSynchronizer.last_metrics` and handed to ``metrics_sink``, which the
+setup wrapper points at the run's logger
+(:class:`~cwtrain.integrations.nemo_rl.metrics.RunLogger`). With ``grpo_train``'s timer the
+whole sync is timed as ``prepare_for_generation/transfer_and_update_weights``, the label
+NeMo-RL's own refit uses (logged under ``timing/train``).
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +48,12 @@ from cwtrain.integrations.nvext import write_served_identity
 # NeMo-RL's base class, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
 WeightSynchronizer: Any = require(NEMO_RL, "nemo_rl.weight_sync.interfaces").WeightSynchronizer
 
-__all__ = ["HotLoadWeightSynchronizer", "run_on_all_workers"]
+__all__ = ["REFIT_TIMER_LABEL", "HotLoadWeightSynchronizer", "run_on_all_workers"]
 
 log = logging.getLogger(__name__)
+
+#: The timer label of NeMo-RL's own refit, reused so the sync shows where NeMo-RL's would.
+REFIT_TIMER_LABEL = "prepare_for_generation/transfer_and_update_weights"
 
 
 def run_on_all_workers(policy: WorkerGroup, method: str, **kwargs: Any) -> list[Any]:
@@ -64,6 +77,8 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         hf_checkpoint: the HF checkpoint directory of the base model (its ``config.json``
             and tokenizer files go beside FULL snapshots).
         loader: a :class:`~cwtrain.hotload.loader.HotLoader` (default from the config).
+        metrics_sink: called with each sync's ``hotload/*`` metrics (also after a failed
+            hot-load); the setup wrapper passes the run logger's ``record``.
     """
 
     def __init__(
@@ -74,6 +89,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         *,
         hf_checkpoint: str | os.PathLike[str],
         loader: HotLoader | None = None,
+        metrics_sink: Callable[[Mapping[str, float]], None] | None = None,
     ) -> None:
         self.settings: HotLoadSettings = generation.settings.hotload
         if loader is None:
@@ -95,6 +111,9 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         self._stale = True
         self.cadence = ChainCadence(self.settings.full_every)  # FULL first: nothing published in this process
         self._served: str | None = None
+        self.metrics_sink = metrics_sink
+        #: The ``hotload/*`` metrics of the last sync (empty before any).
+        self.last_metrics: dict[str, float] = {}
         generation.weight_synchronizer = self
 
     # ------------------------------------------------------------ NeMo-RL API
@@ -123,10 +142,12 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         """``<run_id>-v{N:06d}`` (:func:`cwtrain.hotload.identity.version_identity`)."""
         return version_identity(self.settings.run_id, version)
 
-    def sync_weights(
-        self, *, timer: object | None = None, kv_scales: Mapping[str, float] | None = None
-    ) -> dict[str, float]:
+    def sync_weights(self, *, timer: object | None = None, kv_scales: Mapping[str, float] | None = None) -> None:
         """Publish the current weights as the next version and wait until they are served.
+
+        Args:
+            timer: ``grpo_train``'s ``Timer`` (the sync is timed under :data:`REFIT_TIMER_LABEL`).
+            kv_scales: FP8 KV-cache scales; any is refused.
 
         Raises:
             NotImplementedError: FP8 KV-cache scales (not supported by hot-load).
@@ -134,6 +155,16 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         """
         if kv_scales:
             raise NotImplementedError("kv_scales are not supported by the coreweave backend (hot-load)")
+        metrics: dict[str, float] = {}
+        try:
+            with _timed(timer, REFIT_TIMER_LABEL):
+                self._sync(metrics)
+        finally:
+            self.last_metrics = metrics
+            if self.metrics_sink is not None and metrics:
+                self.metrics_sink(dict(metrics))
+
+    def _sync(self, metrics: dict[str, float]) -> None:
         start = time.monotonic()
         version = self.version
         full = self.cadence.is_full(version)
@@ -147,7 +178,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             path_prefix=store.path_prefix,
             upload_workers=self.settings.upload_workers,
         )
-        metrics: dict[str, float] = {"hotload/version": float(version), "hotload/incremental": float(not full)}
+        metrics.update({"hotload/version": float(version), "hotload/incremental": float(not full)})
         results: list[ShareResult] = run_on_all_workers(self.policy, "cwtrain_publish_share", plan=plan)
         export_done = time.monotonic()
         uri = commit_index(results, plan, s3=self.loader.s3, extra_files=self._side_files() if full else None)
@@ -164,7 +195,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             self.version += 1
             self._stale = False
             metrics["hotload/skipped_empty"] = 1.0
-            return metrics
+            return
         upload_done = time.monotonic()
         try:
             hot_load = self.loader.trigger(
@@ -181,6 +212,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         except BaseException:
             run_on_all_workers(self.policy, "cwtrain_discard_share")
             self.cadence.failed()
+            metrics["hotload/failed"] = 1.0
             raise
         run_on_all_workers(self.policy, "cwtrain_commit_share")
         self._served = identity
@@ -198,7 +230,6 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
                 "hotload/chain_cut": float(full and version > 0),
             }
         )
-        return metrics
 
     # ------------------------------------------------------------ helpers
 
@@ -221,3 +252,9 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             self.loader.upload_manifest(identity, manifest)
         except Exception as exc:  # a manifest only helps resume; never fail the step for it
             log.warning("could not write the manifest of %s: %s", identity, exc)
+
+
+def _timed(timer: object | None, label: str) -> Any:
+    """``timer.time(label)`` for NeMo-RL's ``Timer``, else a no-op context."""
+    time_it = getattr(timer, "time", None)
+    return time_it(label) if callable(time_it) else nullcontext()

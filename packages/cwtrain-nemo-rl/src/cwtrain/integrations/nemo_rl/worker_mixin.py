@@ -15,12 +15,18 @@ through ``policy.run_all_workers_single_data(...)`` on every rank:
 A subclass provides :meth:`cwtrain_params` (the generator) and may override
 :meth:`cwtrain_rank` (a worker that holds only its share calls
 ``self.cwtrain_publisher().publish_share(...)`` itself).
+
+With ``policy.dtensor_cfg.cpu_offload`` the DTensor worker keeps its model in host memory
+between phases; as NeMo-RL's own refit paths do, publishing and exporting first move it to
+the GPU (``self.model = self.move_to_cuda(self.model)``) and put it back afterwards
+(``move_to_cpu``), whether the publish succeeded or not (:meth:`HotLoadWorkerMixin.cwtrain_model_on_device`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +63,28 @@ class HotLoadWorkerMixin:
             publisher = self._cwtrain_publisher = RankPublisher(rank, world)
         return publisher
 
+    @contextmanager
+    def cwtrain_model_on_device(self) -> Iterator[None]:
+        """The model on the GPU for the duration, when the worker offloads it to the CPU.
+
+        A worker with a true ``cpu_offload`` attribute (NeMo-RL's DTensor worker) has its
+        model moved with its own ``move_to_cuda`` before and ``move_to_cpu`` after; any other
+        worker is left alone.
+        """
+        if not getattr(self, "cpu_offload", False):
+            yield
+            return
+        worker: Any = self
+        worker.model = worker.move_to_cuda(worker.model)
+        try:
+            yield
+        finally:
+            worker.model = worker.move_to_cpu(worker.model)
+
     def cwtrain_publish_share(self, plan: PublishPlan) -> ShareResult:
         """Encode and upload this rank's share of the weights (called on every rank)."""
-        return self.cwtrain_publisher().publish(self.cwtrain_params(), plan)
+        with self.cwtrain_model_on_device():
+            return self.cwtrain_publisher().publish(self.cwtrain_params(), plan)
 
     def cwtrain_commit_share(self) -> None:
         """The hot-load completed: the published weights are now the served copy."""
@@ -95,13 +120,14 @@ class HotLoadWorkerMixin:
         rank, _ = self.cwtrain_rank()
         tensors = {}
         allowed = set(allowed_names) if allowed_names is not None else None
-        for name, tensor in self.cwtrain_params():
-            if allowed is not None and name not in allowed:
-                continue
-            if rank == 0:
-                cast = (dtypes or {}).get(name)
-                value = tensor.to(cast) if cast is not None else tensor
-                tensors[name] = tensor_data(value.detach().to("cpu").contiguous())
+        with self.cwtrain_model_on_device():
+            for name, tensor in self.cwtrain_params():
+                if allowed is not None and name not in allowed:
+                    continue
+                if rank == 0:
+                    cast = (dtypes or {}).get(name)
+                    value = tensor.to(cast) if cast is not None else tensor
+                    tensors[name] = tensor_data(value.detach().to("cpu").contiguous())
         if rank != 0:
             return None
         out = Path(path)

@@ -4,7 +4,7 @@ from typing import Any
 
 class GenerationInterface(ABC):
     @abstractmethod
-    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]: ...
+    def init_collective(self, ip: str, port: int, world_size: int) -> list[Any]: ...
 
     @abstractmethod
     def generate(self, data: Any, greedy: bool) -> Any: ...
@@ -15,11 +15,8 @@ class GenerationInterface(ABC):
     @abstractmethod
     def finish_generation(self, *args: Any, **kwargs: Any) -> bool: ...
 
-    def shutdown(self) -> bool:
-        return True
-
     def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
-        pass
+        raise NotImplementedError
 
     def update_weights_via_ipc_zmq(self) -> list[Any]:
         raise NotImplementedError
@@ -30,6 +27,7 @@ class GenerationInterface(ABC):
     def invalidate_kv_cache(self) -> bool:
         return False
 
+    @property
     def requires_kv_scale_sync(self) -> bool:
         return False
 

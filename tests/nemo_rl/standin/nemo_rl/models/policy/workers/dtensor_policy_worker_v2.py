@@ -15,3 +15,9 @@ class DTensorPolicyWorkerV2Impl:
         self.dtype = dtype
         self.rank = rank
         self.cpu_offload = False
+
+    def move_to_cuda(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to("cuda")
+
+    def move_to_cpu(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to("cpu")
