@@ -353,29 +353,45 @@ class ObjectWriter:
     ) -> str:
         body = reading.part(0, source.size)
         try:
-            attempt = 0
-            while True:
-                self._check_cancelled()
-                conditional = conditional_writes_supported()
-                if not conditional:
-                    found = self._existing(key, source)
-                    if found is not None:
-                        return found
-                reading.check()
-                try:
-                    self.s3.put(
-                        self.bucket, key, body, metadata=metadata, if_none_match=conditional, sha256=reading.sha256
-                    )
-                except ObjectStoreStatusError as exc:
-                    outcome = self._answer(exc, key, source, attempt)
-                    attempt += 1
-                    if outcome == "retry":
-                        continue
-                    return outcome
-                progress(source.size)
-                return "uploaded"
+            outcome = self._write_once(
+                key,
+                source,
+                reading,
+                lambda conditional: self.s3.put(
+                    self.bucket, key, body, metadata=metadata, if_none_match=conditional, sha256=reading.sha256
+                ),
+            )
         finally:
             reading.done(body)
+        if outcome == "uploaded":
+            progress(source.size)
+        return outcome
+
+    def _write_once(self, key: str, source: ObjectSource, reading: Reading, write: Callable[[bool], None]) -> str:
+        """The write that creates ``key`` (a PutObject or a CompleteMultipartUpload), through the store-answer table.
+
+        ``write(conditional)`` sends it, create-only when the store honours ``If-None-Match``; where it
+        does not, an object already there is compared first. ``"uploaded"``, or what :meth:`_answer`
+        or :meth:`_existing` found.
+        """
+        attempt = 0
+        while True:
+            self._check_cancelled()
+            conditional = conditional_writes_supported()
+            if not conditional:
+                found = self._existing(key, source)
+                if found is not None:
+                    return found
+            reading.check()  # the bytes sent are the bytes hashed, and the file did not change
+            try:
+                write(conditional)
+            except ObjectStoreStatusError as exc:
+                outcome = self._answer(exc, key, source, attempt)
+                attempt += 1
+                if outcome == "retry":
+                    continue
+                return outcome
+            return "uploaded"
 
     # ---------------------------------------------------------------- multipart
 
@@ -518,28 +534,20 @@ class ObjectWriter:
             raise failures[0]  # type: ignore[misc]
         etags = {**done, **{number: future.result() for number, future in futures.items()}}
         parts = [(number, etags[number]) for number, _, _ in plan]
-        attempt = 0
-        while True:
-            self._check_cancelled()
-            conditional = conditional_writes_supported()
-            if not conditional:
-                found = self._existing(key, source)
-                if found is not None:
-                    self._abort(key, upload_id)
-                    return found
-            reading.check()  # the bytes sent are the bytes hashed, and the file did not change
-            try:
-                self.s3.complete_multipart(self.bucket, key, upload_id, parts, if_none_match=conditional)
-            except UploadNotFoundError:
-                return self._after_lost_upload(key, source)
-            except ObjectStoreStatusError as exc:
-                outcome = self._answer(exc, key, source, attempt)  # raising: the caller aborts
-                attempt += 1
-                if outcome == "retry":
-                    continue
-                self._abort(key, upload_id)  # the key holds these bytes already
-                return outcome
-            return "uploaded"
+        try:
+            outcome = self._write_once(  # raising: the caller aborts
+                key,
+                source,
+                reading,
+                lambda conditional: self.s3.complete_multipart(
+                    self.bucket, key, upload_id, parts, if_none_match=conditional
+                ),
+            )
+        except UploadNotFoundError:
+            return self._after_lost_upload(key, source)
+        if outcome != "uploaded":
+            self._abort(key, upload_id)  # the key holds these bytes already
+        return outcome
 
     def _after_lost_upload(self, key: str, source: ObjectSource) -> str:
         """The upload vanished (completed or aborted by another publisher): compare or restart."""
