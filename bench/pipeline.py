@@ -57,42 +57,18 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when loaded by path, as the tests do
+from codec import parse_size, shapes  # bench/codec.py: one model layout for both benches
+
 MIB = 1 << 20
 GB = 1e9
 BUCKET = "bench-pipeline"
-UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9}
 #: The stages of the encode, in pipeline order; the tail follows.
 ENCODE_STAGES = ("gather", "read", "xor", "adler", "zstd")
 TAIL_STAGES = ("sha256", "upload")
 CPU_STAGES = (*ENCODE_STAGES, "sha256")
 #: Issue 20's goal for wall time / slowest stage.
 OVERLAP_GOAL = 1.2
-
-
-def parse_size(text: str) -> int:
-    """``512MiB`` -> bytes."""
-    lowered = text.strip().lower()
-    digits = lowered.rstrip("abcdefghijklmnopqrstuvwxyz")
-    return int(float(digits) * UNITS[lowered[len(digits) :]])
-
-
-def shapes(size: int) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes of a decoder-only model of about ``size`` BF16 bytes (as ``bench/codec.py``)."""
-    hidden, vocab, inter = (1024, 50_000, 2816) if size >= 256 << 20 else (256, 8_000, 704)
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden)}
-    per_layer = 2 * (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden)
-    layers = max(1, (size - 2 * 2 * vocab * hidden) // per_layer)
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            out[p + f"self_attn.{name}.weight"] = (hidden, hidden)
-        out[p + "mlp.gate_proj.weight"] = (inter, hidden)
-        out[p + "mlp.up_proj.weight"] = (inter, hidden)
-        out[p + "mlp.down_proj.weight"] = (hidden, inter)
-        out[p + "input_layernorm.weight"] = (hidden,)
-        out[p + "post_attention_layernorm.weight"] = (hidden,)
-    out["model.norm.weight"] = (hidden,)
-    return out
 
 
 def make_pool(values: int, changed: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
