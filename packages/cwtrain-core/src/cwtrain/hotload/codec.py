@@ -43,6 +43,7 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 import zstandard
 
+from cwtrain.closing import Closing
 from cwtrain.config import env_int
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.decode import (
@@ -299,7 +300,7 @@ class FullOptions(TypedDict, total=False):
     shard_metadata_by_shard: Mapping[str, Mapping[str, str]] | None
 
 
-class DeltaEncoder:
+class DeltaEncoder(Closing):
     """Encodes XOR deltas (and checksummed FULL snapshots) from tensors in memory or files.
 
     Args:
@@ -329,12 +330,6 @@ class DeltaEncoder:
         self._state = _ThreadState()
         # One big tensor at a time: each already uses every core through zstd's threads.
         self._big_lock = threading.Lock()
-
-    def __enter__(self) -> DeltaEncoder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop the thread pool."""

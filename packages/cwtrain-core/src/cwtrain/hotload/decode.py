@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict, Unpack
 
+from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
 from cwtrain.hotload.format import (
@@ -420,7 +421,7 @@ def replay_chain(
 
 
 @dataclass
-class SnapshotDir:
+class SnapshotDir(Closing):
     """A snapshot directory open for decoding: its index and its shards as file regions.
 
     Shards are read with ``pread`` through descriptors held until :meth:`close` (use
@@ -438,12 +439,6 @@ class SnapshotDir:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
-
-    def __enter__(self) -> SnapshotDir:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def read_snapshot_dir(path: str | Path) -> SnapshotDir:

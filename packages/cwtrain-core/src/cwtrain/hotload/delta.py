@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.codec import DeltaEncoder, ShardSink, delta_shard_header
 from cwtrain.hotload.decode import (
@@ -75,7 +76,7 @@ __all__ = [
 
 
 @dataclass
-class Checkpoint:
+class Checkpoint(Closing):
     """An open checkpoint directory: index, shard headers and tensors as file regions.
 
     Attributes:
@@ -98,12 +99,6 @@ class Checkpoint:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def shard_fd(self, shard: str) -> int:
         """The open descriptor of a shard."""

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from cwtrain.closing import Closing
 from cwtrain.errors import MirrorError, SnapshotError
 from cwtrain.hotload.codec import DeltaEncoder, EncodedSnapshot, tensor_adler32
 from cwtrain.hotload.decode import (
@@ -120,7 +121,7 @@ class _Layout:
     files: dict[str, bytes] = field(default_factory=dict)
 
 
-class WeightMirror:
+class WeightMirror(Closing):
     """The trainer's byte-exact copy of the served weights, in host memory or on disk.
 
     Args:
@@ -260,12 +261,6 @@ class WeightMirror:
     def close(self) -> None:
         """Release open files (an on-disk mirror)."""
         self._close_fds()
-
-    def __enter__(self) -> WeightMirror:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -------------------------------------------------------------------- properties
 

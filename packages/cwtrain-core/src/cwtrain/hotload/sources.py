@@ -51,9 +51,9 @@ import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.buffers import BufferPool, release_read_buffers
 from cwtrain.infra.objectstore import Payload
@@ -303,7 +303,7 @@ class FileSource(ObjectSource):
 # ------------------------------------------------------------------------ readings
 
 
-class Reading:
+class Reading(Closing):
     """The bytes of one write of a source: their SHA-256 and request bodies over them.
 
     Get one from :meth:`ObjectSource.reading`; use it as a context manager (closing returns
@@ -343,14 +343,6 @@ class Reading:
 
     def close(self) -> None:
         """Return every buffer to the pool."""
-
-    def __enter__(self) -> Reading:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class _MemoryReading(Reading):

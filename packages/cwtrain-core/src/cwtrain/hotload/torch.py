@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.codec import DeltaEncoder, EncodedSnapshot, ShardSink, TensorResult
 from cwtrain.hotload.decode import U8Array
@@ -227,7 +228,7 @@ def _adler_finish(n: int, sums: Sequence[int]) -> int:
     return (b << 16) | a
 
 
-class TorchDeltaEncoder:
+class TorchDeltaEncoder(Closing):
     """XOR deltas of torch tensors, byte-identical to the numpy :class:`DeltaEncoder`.
 
     Args:
@@ -251,12 +252,6 @@ class TorchDeltaEncoder:
         self._owned = encoder is None
         self.encoder = encoder or DeltaEncoder(workers=workers, memory_budget=memory_budget, shard_bytes=shard_bytes)
         self._host = [torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)]
-
-    def __enter__(self) -> TorchDeltaEncoder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the numpy encoder if this object created it; drop the host buffer."""

@@ -48,13 +48,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from cwtrain._version import USER_AGENT
+from cwtrain.closing import Closing
 from cwtrain.config import env_bool, env_str, environ_or
 from cwtrain.errors import (
     AlreadyExistsError,
@@ -243,7 +243,7 @@ def _retry_after(response: httpx.Response | None) -> float | None:
         return None
 
 
-class InferenceClient:
+class InferenceClient(Closing):
     """Client of the Dedicated Inference API v1alpha1 (gateways, deployments, hot-loads).
 
     Args:
@@ -317,14 +317,6 @@ class InferenceClient:
         )
 
     # ------------------------------------------------------------------ plumbing
-
-    def __enter__(self) -> InferenceClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -46,9 +46,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Protocol, runtime_checkable
 
+from cwtrain.closing import Closing
 from cwtrain.errors import CWTrainError
 
 __all__ = [
@@ -237,7 +237,7 @@ class _Readable(Protocol):
     def close(self) -> None: ...
 
 
-class ObjectStream:
+class ObjectStream(Closing):
     """The body of a GET, read as it arrives; close it when done (or use ``with``).
 
     Attributes:
@@ -255,14 +255,6 @@ class ObjectStream:
     def close(self) -> None:
         """Release the connection."""
         self._raw.close()
-
-    def __enter__(self) -> ObjectStream:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 # ------------------------------------------------------------------------ the protocol

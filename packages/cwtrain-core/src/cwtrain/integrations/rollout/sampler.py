@@ -22,6 +22,7 @@ from typing import Any, Concatenate, TypeVar
 
 import httpx
 
+from cwtrain.closing import Closing
 from cwtrain.errors import RolloutError
 from cwtrain.integrations.nvext import as_cache_salt
 from cwtrain.integrations.rollout._runtime import LoopThread, SequenceLimiter
@@ -128,7 +129,7 @@ def _blocking[**P, R](
     return blocking
 
 
-class CompletionSampler:
+class CompletionSampler(Closing):
     """Samples GRPO groups from an OpenAI-compatible ``/v1/completions`` endpoint.
 
     One request per group with ``n`` = group size (with routed experts: ``n`` concurrent
@@ -246,12 +247,6 @@ class CompletionSampler:
         if self._client is not None:
             self._runner.submit(self._close_client()).result(timeout=30)
         self._runner.stop()
-
-    def __enter__(self) -> CompletionSampler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ---------------------------------------------------------------- internals
 
