@@ -403,13 +403,7 @@ class InferenceClient(Closing):
             request: ``name``, ``zones``, one auth and one routing block; an ``id`` in it is used.
             gateway_id: the id to create (else the request's, else a new UUID4).
         """
-        body = dict(request)
-        body["id"] = gateway_id or str(body.get("id") or "") or str(uuid.uuid4())
-        log.info("creating gateway %r with id %s", body.get("name"), body["id"])
-        try:
-            return Gateway.from_api(self._request("POST", "/gateways", body=body))
-        except AlreadyExistsError as error:
-            return self._adopt("gateway", body, error, self.get_gateway, self.list_gateways)
+        return self._create("gateway", request, gateway_id, Gateway.from_api, self.get_gateway, self.list_gateways)
 
     def delete_gateway(self, gateway_id: str) -> None:
         """Send one DELETE (see :func:`cwtrain.infra.lifecycle.delete_gateway` for the wait)."""
@@ -447,13 +441,9 @@ class InferenceClient(Closing):
             request: the CreateDeploymentRequest; an ``id`` in it is used.
             deployment_id: the id to create (else the request's, else a new UUID4).
         """
-        body = dict(request)
-        body["id"] = deployment_id or str(body.get("id") or "") or str(uuid.uuid4())
-        log.info("creating deployment %r with id %s", body.get("name"), body["id"])
-        try:
-            return Deployment.from_api(self._request("POST", "/deployments", body=body))
-        except AlreadyExistsError as error:
-            return self._adopt("deployment", body, error, self.get_deployment, self.list_deployments)
+        return self._create(
+            "deployment", request, deployment_id, Deployment.from_api, self.get_deployment, self.list_deployments
+        )
 
     def delete_deployment(self, deployment_id: str) -> None:
         """Send one DELETE (see :func:`cwtrain.infra.lifecycle.delete_deployment` for the wait)."""
@@ -463,6 +453,24 @@ class InferenceClient(Closing):
         """Allowed ``runtime.engine``/``version``/``engineEnv`` values, as the API returns them."""
         params = [("gatewayIds", g) for g in gateway_ids or ()]
         return self._request("GET", "/deployments/parameters", params=params or None)
+
+    def _create[R: (Gateway, Deployment)](
+        self,
+        kind: str,
+        request: Mapping[str, Any],
+        resource_id: str | None,
+        from_api: Callable[[dict[str, Any]], R],
+        get: Callable[[str], R],
+        list_all: Callable[[], Sequence[R]],
+    ) -> R:
+        """POST ``/{kind}s`` under the chosen id; an existing one of the same name is adopted."""
+        body = dict(request)
+        body["id"] = resource_id or str(body.get("id") or "") or str(uuid.uuid4())
+        log.info("creating %s %r with id %s", kind, body.get("name"), body["id"])
+        try:
+            return from_api(self._request("POST", f"/{kind}s", body=body))
+        except AlreadyExistsError as error:
+            return self._adopt(kind, body, error, get, list_all)
 
     def _adopt[R: (Gateway, Deployment)](
         self,
