@@ -66,7 +66,13 @@ from cwtrain.hotload.frames import (
     tensor_checksum,
     zstd_frame_size,
 )
-from cwtrain.hotload.safetensors import SafetensorsHeader, TensorEntry, header_of_bytes, read_header_at
+from cwtrain.hotload.safetensors import (
+    SafetensorsHeader,
+    TensorEntry,
+    check_weight_map,
+    header_of_bytes,
+    read_header_at,
+)
 from cwtrain.hotload.tensors import FileRegion, TensorData
 
 __all__ = [
@@ -129,13 +135,7 @@ def _shard_headers(
         if shard not in shards:
             raise SnapshotNotFoundError(f"{source}: shard {shard} named in the index is missing")
         headers[shard] = shard_header(shards[shard], source=f"{source}/{shard}")
-    for shard, header in headers.items():
-        for name in header.tensors:
-            if weight_map.get(name) != shard:
-                raise SnapshotError(f"{source}/{shard}: tensor {name!r} is in the shard but not mapped to it")
-    for name, shard in weight_map.items():
-        if name not in headers[shard].tensors:
-            raise SnapshotError(f"{source}: tensor {name!r} is mapped to {shard} but not in its header")
+    check_weight_map(source, weight_map, headers)
     return headers
 
 

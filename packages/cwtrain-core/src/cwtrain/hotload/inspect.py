@@ -45,7 +45,7 @@ from cwtrain.hotload.format import (
     upload_index_bytes,
 )
 from cwtrain.hotload.identity import identity_for_base_version, validate_identity
-from cwtrain.hotload.safetensors import read_header
+from cwtrain.hotload.safetensors import check_weight_map, read_header
 
 __all__ = ["SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"]
 
@@ -162,13 +162,7 @@ def inspect_snapshot(
         if shard not in names:
             raise SnapshotNotFoundError(f"{root}: shard {shard} named in {INDEX_NAME} is missing")
     headers = {shard: known.get(shard) or read_header(root / shard) for shard in shards}
-    for shard, header in headers.items():
-        for tensor in header.tensors:
-            if weight_map.get(tensor) != shard:
-                raise SnapshotError(f"{root / shard}: tensor {tensor!r} is not mapped to this shard by the index")
-    for tensor, shard in weight_map.items():
-        if tensor not in headers[shard].tensors:
-            raise SnapshotError(f"{root / shard}: tensor {tensor!r} named in the index is not in the shard")
+    check_weight_map(str(root), weight_map, headers)
     predecessor: str | None = None
     if delta:
         check_delta_metadata(index_metadata(index), source=str(index_path))

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, NamedTuple
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
 
 __all__ = [
+    "check_weight_map",
     "DTYPE_BITS",
     "FRAMEWORK_DTYPES",
     "MAX_HEADER_BYTES",
@@ -350,3 +351,22 @@ def encode_header(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | 
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text
+
+
+def check_weight_map(source: str, weight_map: Mapping[str, str], headers: Mapping[str, SafetensorsHeader]) -> None:
+    """An index's ``weight_map`` and its shards' headers name the same tensors in the same shards.
+
+    ``headers`` holds the header of every shard the map names. ``source`` (the snapshot's
+    path or URI) starts each message.
+
+    Raises:
+        SnapshotError: a shard holds a tensor the map puts elsewhere (or nowhere), or the map
+            puts a tensor in a shard whose header lacks it.
+    """
+    for shard, header in headers.items():
+        for name in header.tensors:
+            if weight_map.get(name) != shard:
+                raise SnapshotError(f"{source}/{shard}: tensor {name!r} is not mapped to this shard by the index")
+    for name, shard in weight_map.items():
+        if name not in headers[shard].tensors:
+            raise SnapshotError(f"{source}: tensor {name!r} is mapped to {shard} by the index but not in its header")
