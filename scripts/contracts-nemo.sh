@@ -46,8 +46,16 @@ nemo_rl_site=$("$CWTRAIN_NEMO_RL_PYTHON" -c 'import sysconfig; print(sysconfig.g
 gym_venv "$cache/nemo-rl-gym-0.4.0" 0.4.0 "$nemo_rl_site"
 for version in $versions; do gym_venv "$cache/gym-$version" "$version"; done
 
-PYTHONPATH=$(printf '%s:' "$PWD"/packages/*/src) # every package: the folder's conftest loads cwtrain-slime too
-export PYTHONPATH=${PYTHONPATH%:}
+# cwtrain's code comes from this checkout's sources (every package: the folder's conftest loads cwtrain-slime
+# too). Its entry points (the `gym` and `local` CLI groups, the plug-ins) need installed distributions: the six
+# packages are installed from their paths here (never from an index) into a folder after the sources, which
+# only their metadata is read from.
+meta="$cache/cwtrain-metadata"
+rm -rf "$meta"
+"$CWTRAIN_NEMO_RL_PYTHON" -m pip install --quiet --no-deps --target "$meta" ./packages/cwtrain-core ./packages/cwtrain-local \
+  ./packages/cwtrain-slime ./packages/cwtrain-miles ./packages/cwtrain-nemo-rl ./packages/cwtrain-gym
+PYTHONPATH=$(printf '%s:' "$PWD"/packages/*/src)
+export PYTHONPATH="${PYTHONPATH}$meta"
 export CWTRAIN_NEMO_RL_SRC
 status=0
 echo "== NeMo-RL v0.7.0 ($CWTRAIN_NEMO_RL_SRC), its Gym actor on nemo-gym 0.4.0" >&2
