@@ -17,9 +17,14 @@ from cwtrain.cli import build_parser
 CWTRAIN = [sys.executable, "-c", "import sys; from cwtrain.cli import main; sys.exit(main())"]
 
 
-def _start_up(state_file: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def _start_up(state_file: Path, *, sigint_ignored: bool = False) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """``local up --no-deploy`` until it prints its JSON; ``sigint_ignored`` starts it as a script's
+    background job is started (SIGINT ignored, which Python then leaves ignored)."""
+    argv = [*CWTRAIN, "local", "up", "--no-deploy", "--state-file", str(state_file)]
+    if sigint_ignored:
+        argv = ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *argv]
     proc = subprocess.Popen(
-        [*CWTRAIN, "local", "up", "--no-deploy", "--state-file", str(state_file)],
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -81,8 +86,9 @@ def test_local_up_then_down(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_local_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    proc, doc = _start_up(tmp_path / "stack.json")
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["terminal", "sigint-ignored-by-parent"])
+def test_local_up_stops_everything_on_ctrl_c(tmp_path: Path, sigint_ignored: bool) -> None:
+    proc, doc = _start_up(tmp_path / "stack.json", sigint_ignored=sigint_ignored)
     try:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

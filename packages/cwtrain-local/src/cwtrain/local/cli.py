@@ -158,7 +158,9 @@ def _up(args: argparse.Namespace) -> int:
             f"a local stack is already running (pid {previous['pid']}, state file {state_file}); "
             "stop it with 'cwtrain local down' first"
         )
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a stack started from a script's background job inherits SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler; Ctrl-C and kill -INT must still stop it.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_interrupt)
     try:
         with LocalStack(replicas=args.replicas, port=args.port) as stack:
