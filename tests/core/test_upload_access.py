@@ -40,7 +40,7 @@ def test_check_passes_and_leaves_nothing(s3_bucket: tuple[Any, str], s3_env: dic
 def test_check_uses_the_four_calls_under_the_prefix(proxy: S3Proxy, s3_bucket: tuple[Any, str]) -> None:
     _, bucket = s3_bucket
     check_snapshot_access(s3_client(proxy.endpoint_url), bucket, "hl")
-    ops = [op for op, _ in proxy.seen]
+    ops = proxy.operations()
     assert ops == ["ListObjectsV2", "HeadObject", "CreateMultipartUpload", "AbortMultipartUpload"]
 
 

@@ -3,7 +3,7 @@
 A publish reads every file once into buffers, hashes those bytes and sends the same
 buffers; a file that is rewritten, truncated or replaced between the moment the publish
 opens it and the moment the index would be written is a clear ``SnapshotError``, never a
-published snapshot and never ``SIGBUS``. The loopback proxy (``_tamper_proxy``) runs the
+published snapshot and never ``SIGBUS``. The loopback proxy (``tests/_s3_proxy.py``) runs the
 fault at a chosen request, so each case hits one phase: before the file is read, while
 its parts are sent, after its object is stored, or between the hash pass and the re-read
 of a file larger than the memory budget. After every case: no index, no unfinished
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _tamper_proxy import Request, TamperProxy
+from _s3_proxy import Request, S3Proxy
 from safetensors.numpy import save_file
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
@@ -91,12 +91,12 @@ def small_parts(monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 @pytest.fixture
-def proxy(s3_server: Any, s3_env: dict[str, str]) -> Iterator[TamperProxy]:
-    with TamperProxy(s3_server.endpoint_url) as p:
+def proxy(s3_server: Any, s3_env: dict[str, str]) -> Iterator[S3Proxy]:
+    with S3Proxy(s3_server.endpoint_url) as p:
         yield p
 
 
-def _publish(snap: Path, bucket: str, identity: str, proxy: TamperProxy, *, workers: int = 1) -> str:
+def _publish(snap: Path, bucket: str, identity: str, proxy: S3Proxy, *, workers: int = 1) -> str:
     return upload_snapshot(
         snap, bucket=bucket, identity=identity, s3=s3_client(proxy.endpoint_url), part_size=PART, workers=workers
     )
@@ -107,7 +107,7 @@ def _publish(snap: Path, bucket: str, identity: str, proxy: TamperProxy, *, work
 
 @pytest.mark.fault_row("torn-upload")
 def test_shard_rewritten_while_its_parts_are_sent_is_not_published(
-    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: TamperProxy, small_parts: int
+    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: S3Proxy, small_parts: int
 ) -> None:
     s3, bucket = s3_bucket
     snap = _snapshot(tmp_path / "snap", seed=1)
@@ -121,7 +121,7 @@ def test_shard_rewritten_while_its_parts_are_sent_is_not_published(
 
 @pytest.mark.fault_row("torn-upload")
 def test_shard_rewritten_after_the_publish_opened_it_is_not_published(
-    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: TamperProxy, small_parts: int
+    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: S3Proxy, small_parts: int
 ) -> None:
     s3, bucket = s3_bucket
     snap = _snapshot(tmp_path / "snap", seed=2)
@@ -133,7 +133,7 @@ def test_shard_rewritten_after_the_publish_opened_it_is_not_published(
 
 @pytest.mark.fault_row("torn-upload")
 def test_shard_rewritten_after_its_object_is_stored_keeps_the_index_back(
-    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: TamperProxy, small_parts: int
+    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: S3Proxy, small_parts: int
 ) -> None:
     s3, bucket = s3_bucket
     snap = _snapshot(tmp_path / "snap", seed=3)
@@ -148,7 +148,7 @@ def test_shard_rewritten_after_its_object_is_stored_keeps_the_index_back(
 def test_file_larger_than_the_budget_rewritten_between_hash_and_send_is_not_published(
     tmp_path: Path,
     s3_bucket: tuple[Any, str],
-    proxy: TamperProxy,
+    proxy: S3Proxy,
     small_parts: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -193,7 +193,7 @@ PUBLISHER = textwrap.dedent(
 @pytest.mark.fault_row("truncated-shard")
 @pytest.mark.parametrize("mode", ["upload_snapshot", "HotLoader.upload"])
 def test_shard_truncated_under_a_publisher_process_is_an_error_not_sigbus(
-    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: TamperProxy, s3_env: dict[str, str], mode: str
+    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: S3Proxy, s3_env: dict[str, str], mode: str
 ) -> None:
     s3, bucket = s3_bucket
     snap = _snapshot(tmp_path / "snap", seed=5)
@@ -215,7 +215,7 @@ def test_shard_truncated_under_a_publisher_process_is_an_error_not_sigbus(
 
 @pytest.mark.fault_row("truncated-shard")
 def test_shard_truncated_while_its_parts_are_sent_aborts_its_upload(
-    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: TamperProxy, small_parts: int
+    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: S3Proxy, small_parts: int
 ) -> None:
     s3, bucket = s3_bucket
     snap = _snapshot(tmp_path / "snap", seed=6)
@@ -230,7 +230,7 @@ def test_shard_truncated_while_its_parts_are_sent_aborts_its_upload(
 def test_file_larger_than_the_budget_truncated_during_its_reread_aborts_its_upload(
     tmp_path: Path,
     s3_bucket: tuple[Any, str],
-    proxy: TamperProxy,
+    proxy: S3Proxy,
     small_parts: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -253,7 +253,7 @@ def _flip_first_byte(request: Request) -> None:
 
 @pytest.mark.fault_row("stored-mismatch")
 def test_body_changed_on_its_way_is_refused_by_its_checksum(
-    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: TamperProxy, small_parts: int
+    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: S3Proxy, small_parts: int
 ) -> None:
     """A single PutObject carries x-amz-checksum-sha256 = cwtrain-sha256; the store refuses other bytes."""
     s3, bucket = s3_bucket
@@ -270,7 +270,7 @@ def test_body_changed_on_its_way_is_refused_by_its_checksum(
 
 @pytest.mark.fault_row("stored-mismatch")
 def test_object_stored_with_other_metadata_than_hashed_keeps_the_index_back(
-    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: TamperProxy, small_parts: int
+    tmp_path: Path, s3_bucket: tuple[Any, str], proxy: S3Proxy, small_parts: int
 ) -> None:
     """Every stored object is checked with a HEAD against what was hashed before the index goes out."""
     s3, bucket = s3_bucket

@@ -1,15 +1,18 @@
-"""A loopback S3 proxy that runs a test's action when a chosen request arrives, and checks bodies like S3.
+"""A loopback HTTP proxy in front of moto's S3 server: refuse chosen operations, or act on them.
 
-Tests point a path-style client at :attr:`TamperProxy.endpoint_url`; each request is read
-whole, handed to the actions registered for its operation (which may change files on
-disk, hold the request, or change its body), then forwarded to the real server::
+Tests point a path-style S3 client at :attr:`S3Proxy.endpoint_url`. Each request is read
+whole and recorded (:attr:`S3Proxy.seen`); the actions registered for its operation run
+(they may change files on disk, hold the request, or replace its body); a rule may then
+answer with an S3 error (a real HTTP response with an S3 XML error body); otherwise the
+request is forwarded to the real server::
 
-    with TamperProxy(s3_server.endpoint_url) as proxy:
+    with S3Proxy(s3_server.endpoint_url) as proxy:
+        proxy.refuse("CreateMultipartUpload", 403, "AccessDenied")
         proxy.on("UploadPart", lambda request: shard.write_bytes(other), times=1)
-        upload_snapshot(snap, ..., s3=s3_client(proxy.endpoint_url))
+        s3 = s3_client(proxy.endpoint_url)
 
 Like S3 (and unlike moto), the proxy refuses a PutObject or UploadPart whose
-``x-amz-checksum-sha256`` does not match the body it received: ``400 BadDigest``.
+``x-amz-checksum-sha256`` does not match the body it forwards: ``400 BadDigest``.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["Request", "TamperProxy", "operation_of"]
+__all__ = ["Request", "S3Proxy", "operation_of"]
 
 
 def operation_of(method: str, path: str) -> str:
-    """The S3 operation of a path-style request (the ones uploads send)."""
+    """The S3 operation of a path-style request (the ones cwtrain sends)."""
     parts = urlsplit(path)
     query = parse_qs(parts.query, keep_blank_values=True)
     has_key = parts.path.strip("/").count("/") >= 1
@@ -66,15 +69,27 @@ class Request:
         return urlsplit(self.path).path.lstrip("/").partition("/")[2]
 
 
+#: ``rule(operation, path, headers)``: ``(status, code)`` to refuse the request, or ``None``.
+Rule = Callable[[str, str, dict[str, str]], "tuple[int, str] | None"]
 Action = Callable[[Request], None]
 
 
-class TamperProxy:
-    """A threaded loopback proxy that runs actions on chosen operations, then forwards."""
+def _take(left: list[int | None]) -> bool:
+    """Whether a ``times`` counter still allows one more use (and count it)."""
+    if left[0] == 0:
+        return False
+    if left[0] is not None:
+        left[0] -= 1
+    return True
+
+
+class S3Proxy:
+    """A threaded loopback proxy with injectable actions and S3 error answers."""
 
     def __init__(self, upstream: str) -> None:
         up = urlsplit(upstream)
         self._upstream = (up.hostname or "127.0.0.1", up.port or 80)
+        self._rules: list[Rule] = []
         self._actions: list[tuple[str, Action, list[int | None]]] = []
         self.seen: list[Request] = []
         self._lock = threading.Lock()
@@ -86,6 +101,19 @@ class TamperProxy:
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
+    def refuse(self, operation: str, status: int, code: str, *, times: int | None = None) -> None:
+        """Answer ``operation`` with ``status``/``code`` (``times`` times, else always)."""
+        left: list[int | None] = [times]
+
+        def rule(op: str, path: str, headers: dict[str, str]) -> tuple[int, str] | None:
+            return (status, code) if op == operation and _take(left) else None
+
+        self.add_rule(rule)
+
+    def add_rule(self, rule: Rule) -> None:
+        with self._lock:
+            self._rules.append(rule)
+
     def on(self, operation: str, action: Action, *, times: int | None = None) -> None:
         """Run ``action`` on each request of ``operation`` (the first ``times`` of them, else all)."""
         with self._lock:
@@ -95,17 +123,25 @@ class TamperProxy:
         with self._lock:
             return [request.operation for request in self.seen]
 
-    def _run_actions(self, request: Request) -> None:
+    def count(self, operation: str) -> int:
+        return self.operations().count(operation)
+
+    def _receive(self, request: Request) -> tuple[int, str] | None:
+        """Record the request, run its actions, then the rules: the error to answer, if any."""
         with self._lock:
             self.seen.append(request)
-            chosen = []
-            for operation, action, left in self._actions:
-                if operation == request.operation and left[0] != 0:
-                    if left[0] is not None:
-                        left[0] -= 1
-                    chosen.append(action)
-        for action in chosen:
+            actions = [action for op, action, left in self._actions if op == request.operation and _take(left)]
+            rules = list(self._rules)
+        for action in actions:
             action(request)
+        for rule in rules:
+            answer = rule(request.operation, request.path, request.headers)
+            if answer is not None:
+                return answer
+        claimed = {k.lower(): v for k, v in request.headers.items()}.get("x-amz-checksum-sha256")
+        if claimed and base64.b64encode(hashlib.sha256(request.body).digest()).decode() != claimed:
+            return 400, "BadDigest"
+        return None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
@@ -117,22 +153,25 @@ class TamperProxy:
                 pass
 
             def _error(self, status: int, code: str) -> None:
-                payload = f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code></Error>'.encode()
+                payload = (
+                    f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                    f"<Message>refused by the test proxy</Message></Error>"
+                ).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/xml")
-                self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {k: v for k, v in self.headers.items()}
                 request = Request(operation_of(self.command, self.path), self.path, headers, body)
-                proxy._run_actions(request)
-                claimed = {k.lower(): v for k, v in headers.items()}.get("x-amz-checksum-sha256")
-                if claimed and base64.b64encode(hashlib.sha256(request.body).digest()).decode() != claimed:
-                    self._error(400, "BadDigest")
+                answer = proxy._receive(request)
+                if answer is not None:
+                    self._error(*answer)
                     return
                 conn = http.client.HTTPConnection(*proxy._upstream, timeout=120)
                 try:
@@ -157,7 +196,7 @@ class TamperProxy:
 
         return Handler
 
-    def __enter__(self) -> TamperProxy:
+    def __enter__(self) -> S3Proxy:
         self._thread.start()
         return self
 
