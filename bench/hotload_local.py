@@ -27,7 +27,7 @@ import torch
 from cwtrain.hotload import HotLoader
 from cwtrain.infra import InferenceClient
 from cwtrain.local import LocalStack
-from cwtrain.local.model import ModelConfig, init_weights
+from cwtrain.local.engine.model import ModelConfig, init_weights
 
 GOAL_SECONDS = 1.0
 

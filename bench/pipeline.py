@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(publish_once(args.child, args)))
         return 0
 
-    from cwtrain.local.objectstore import DEFAULT_REGION, MotoS3Server
+    from cwtrain.local.harness.objectstore import DEFAULT_REGION, MotoS3Server
 
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     runs = []

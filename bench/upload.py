@@ -64,7 +64,7 @@ from safetensors.numpy import save_file
 
 from cwtrain.hotload.upload import upload_snapshot
 from cwtrain.infra.s3 import s3_client
-from cwtrain.local.objectstore import DEFAULT_REGION, MotoS3Server
+from cwtrain.local.harness.objectstore import DEFAULT_REGION, MotoS3Server
 
 BUCKET = "bench-upload"
 MIB = 1 << 20

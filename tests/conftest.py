@@ -56,8 +56,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[Any]:
-    """moto's S3 server in a child process on 127.0.0.1 (cwtrain.local.objectstore)."""
-    from cwtrain.local.objectstore import MotoS3Server
+    """moto's S3 server in a child process on 127.0.0.1 (cwtrain.local.harness.objectstore)."""
+    from cwtrain.local.harness.objectstore import MotoS3Server
 
     with MotoS3Server() as server:
         yield server
@@ -66,7 +66,7 @@ def s3_server() -> Iterator[Any]:
 @pytest.fixture
 def s3_bucket(s3_server: Any) -> tuple[Any, str]:
     """A fresh, empty bucket on the session's S3 server: ``(client, bucket_name)``."""
-    from cwtrain.local.objectstore import DEFAULT_REGION
+    from cwtrain.local.harness.objectstore import DEFAULT_REGION
 
     client = s3_server.client()
     name = f"test-{uuid.uuid4().hex[:12]}"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
-from cwtrain.local.model import ModelConfig, forward, load_checkpoint
+from cwtrain.local.engine.model import ModelConfig, forward, load_checkpoint
 
 
 class TinyWorker(HotLoadWorkerMixin):

@@ -156,7 +156,7 @@ def write_tiny_tokenizer(directory: Path) -> None:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from cwtrain.local.model import Tokenizer as TinyTokenizer
+    from cwtrain.local.engine.model import Tokenizer as TinyTokenizer
 
     tiny = TinyTokenizer()
     inner = Tokenizer(models.WordLevel(vocab={tok: i for i, tok in enumerate(tiny.tokens)}, unk_token="?"))

@@ -222,7 +222,7 @@ def test_stock_training_model_server_gets_exact_ids_from_gym_model(
 ) -> None:
     import torch
 
-    from cwtrain.local.model import init_weights, token_logprobs
+    from cwtrain.local.engine.model import init_weights, token_logprobs
 
     config = settings_file(
         gym,

@@ -222,7 +222,7 @@ def test_the_hook_publishes_miles_delta_versions_to_the_deployment(
     miles_src: Path, tmp_path: Path, stack: Any, stack_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from cwtrain.infra.enums import SnapshotType
-    from cwtrain.local.model import write_base_checkpoint
+    from cwtrain.local.engine.model import write_base_checkpoint
 
     run = f"real-miles-{os.getpid()}"
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", run)
@@ -283,7 +283,7 @@ def _export(directory: Path, weights: dict[str, Any], *, complete: bool) -> Path
     """An HF export as miles writes it; the marker (miles' own name for it) only when it succeeded."""
     from miles.utils.hf_config import HF_EXPORT_COMPLETE_MARKER, is_complete_hf_export
 
-    from cwtrain.local.model import CHECKPOINT_FILE, weights_to_safetensors
+    from cwtrain.local.engine.model import CHECKPOINT_FILE, weights_to_safetensors
 
     directory.mkdir(parents=True)
     (directory / CHECKPOINT_FILE).write_bytes(weights_to_safetensors(weights, {"format": "pt"}))
@@ -306,7 +306,7 @@ def test_the_post_save_hook_publishes_complete_exports_and_nothing_for_the_criti
 
     from cwtrain.infra.enums import SnapshotType
     from cwtrain.integrations.miles.post_save import COMPLETE_MARKER
-    from cwtrain.local.model import load_checkpoint, write_base_checkpoint
+    from cwtrain.local.engine.model import load_checkpoint, write_base_checkpoint
 
     assert COMPLETE_MARKER == HF_EXPORT_COMPLETE_MARKER
     # the only call site, MegatronTrainRayActor.save_model (read, not imported: it needs miles' sglang fork)

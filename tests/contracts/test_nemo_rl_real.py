@@ -302,7 +302,7 @@ def test_grpo_with_a_nemo_gym_environment_trains_against_the_local_stack(
     import yaml
 
     from cwtrain.local import LocalStack
-    from cwtrain.local.model import write_base_checkpoint
+    from cwtrain.local.engine.model import write_base_checkpoint
 
     gym_python = variable("CWTRAIN_NEMO_GYM_PYTHON", "an interpreter with NeMo-RL's dependencies and nemo-gym")
     gym_venv = venv_of(gym_python)

@@ -226,7 +226,7 @@ def test_the_hook_publishes_slimes_delta_versions_to_the_deployment(
     from cwtrain.hotload.loader import HotLoader
     from cwtrain.infra.client import InferenceClient
     from cwtrain.infra.enums import SnapshotType
-    from cwtrain.local.model import write_base_checkpoint
+    from cwtrain.local.engine.model import write_base_checkpoint
 
     run = f"real-slime-{os.getpid()}"
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", run)

@@ -36,7 +36,7 @@ from cwtrain.infra.objectstore import (
     status_error,
 )
 from cwtrain.infra.s3 import Boto3ObjectStore, as_object_store, object_store, s3_client
-from cwtrain.local.objectstore import free_port
+from cwtrain.local.harness.objectstore import free_port
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from _s3_proxy import S3Proxy
 from _upload_util import open_uploads
 
 from cwtrain.integrations.preflight import main
-from cwtrain.local.controlplane import ControlPlaneServer
-from cwtrain.local.state import ControlPlaneState
+from cwtrain.local.controlplane.server import ControlPlaneServer
+from cwtrain.local.controlplane.state import ControlPlaneState
 
 TOKEN = "preflight-admin-token"
 

@@ -14,7 +14,7 @@ from cwtrain.cli import main
 from cwtrain.errors import SnapshotAccessError
 from cwtrain.hotload.upload import check_snapshot_access
 from cwtrain.infra.s3 import s3_client
-from cwtrain.local.objectstore import free_port
+from cwtrain.local.harness.objectstore import free_port
 
 
 @pytest.fixture

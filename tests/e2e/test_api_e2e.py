@@ -26,7 +26,7 @@ from cwtrain.hotload.tensors import TensorData
 from cwtrain.infra import InferenceClient, lifecycle
 from cwtrain.infra.enums import HotLoadState, ReplicaState, ResourceStatus, SnapshotType
 from cwtrain.local import LocalStack
-from cwtrain.local.model import write_base_checkpoint
+from cwtrain.local.engine.model import write_base_checkpoint
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from _png import read_png
 
-from cwtrain.local.demo_page import identity_lag
+from cwtrain.local.demo.page import identity_lag
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState, SnapshotType
 from cwtrain.infra.models import IncrementalSnapshotMetadata
 from cwtrain.local import DeployedModel, LocalStack
-from cwtrain.local.model import Tokenizer, init_weights, to_tensor_data, token_logprobs
+from cwtrain.local.engine.model import Tokenizer, init_weights, to_tensor_data, token_logprobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TOK = Tokenizer()

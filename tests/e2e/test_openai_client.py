@@ -1,7 +1,7 @@
 """The official ``openai`` client against the local stack's gateway: completions and chat, streamed and not.
 
 Every answer's token ids and log-probs are checked against the tiny model scoring the same
-sequence (:func:`cwtrain.local.model.token_logprobs`), so the streams and the plain answers
+sequence (:func:`cwtrain.local.engine.model.token_logprobs`), so the streams and the plain answers
 carry exactly what the engine sampled.
 """
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cwtrain.local import LocalStack
-from cwtrain.local.model import Tokenizer, init_weights, token_logprobs
+from cwtrain.local.engine.model import Tokenizer, init_weights, token_logprobs
 
 openai = pytest.importorskip("openai")
 

@@ -11,7 +11,7 @@ import pytest
 from cwtrain.infra import InferenceClient
 from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig, SamplingParams
 from cwtrain.local import LocalStack
-from cwtrain.local.model import Tokenizer, load_checkpoint, token_logprobs, write_base_checkpoint
+from cwtrain.local.engine.model import Tokenizer, load_checkpoint, token_logprobs, write_base_checkpoint
 
 pytestmark = pytest.mark.e2e
 TOK = Tokenizer()

@@ -10,7 +10,7 @@ import torch
 
 from cwtrain.hotload.loader import HotLoader
 from cwtrain.infra.models import HotLoad
-from cwtrain.local.model import ModelConfig, init_weights
+from cwtrain.local.engine.model import ModelConfig, init_weights
 
 
 @dataclass

@@ -26,7 +26,7 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 from cwtrain.local import LocalStack
-from cwtrain.local.controlplane import API_PREFIX, MAX_BODY_BYTES
+from cwtrain.local.controlplane.server import API_PREFIX, MAX_BODY_BYTES
 from cwtrain.local.stack import DeployedModel, gateway_request
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e]

@@ -107,7 +107,7 @@ def _cli(*argv: str) -> tuple[int, str, str]:
 def test_cli_success_paths(
     stack: LocalStack, target: Any, debug_logs: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    from cwtrain.local.model import write_base_checkpoint
+    from cwtrain.local.engine.model import write_base_checkpoint
 
     write_base_checkpoint(tmp_path / "ckpt", seed=3)
     outputs: list[str] = []
@@ -168,7 +168,7 @@ def test_library_publish_and_failing_hot_load(
     stack: LocalStack, target: Any, debug_logs: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     from cwtrain.hotload.delta import write_full_snapshot
-    from cwtrain.local.model import init_weights, write_base_checkpoint
+    from cwtrain.local.engine.model import init_weights, write_base_checkpoint
 
     texts: list[str] = []
     with InferenceClient(timeout=10) as api:

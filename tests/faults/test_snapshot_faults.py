@@ -27,7 +27,7 @@ from cwtrain.hotload.loader import HotLoader
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState
 from cwtrain.local import LocalStack
-from cwtrain.local.model import ModelConfig, Tokenizer, token_logprobs, weights_to_safetensors
+from cwtrain.local.engine.model import ModelConfig, Tokenizer, token_logprobs, weights_to_safetensors
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow]
 

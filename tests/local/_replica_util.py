@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 
 from cwtrain.hotload.objects import SHA256_METADATA
-from cwtrain.local.engines import TOKEN_VARIABLE
-from cwtrain.local.model import write_base_checkpoint
-from cwtrain.local.objectstore import free_port
+from cwtrain.local.engine.model import write_base_checkpoint
+from cwtrain.local.engine.processes import TOKEN_VARIABLE
+from cwtrain.local.harness.objectstore import free_port
 
 MODEL = "tiny-test"
 #: The replica token these tests start replicas with (every request carries it).
@@ -32,7 +32,7 @@ def upload_base(s3: Any, bucket: str, path: str, *, seed: int = 0) -> None:
 
 
 class ReplicaProcess:
-    """``python -m cwtrain.local.replica`` as a child process on a free loopback port."""
+    """``python -m cwtrain.local.engine.replica`` as a child process on a free loopback port."""
 
     def __init__(
         self,
@@ -50,7 +50,7 @@ class ReplicaProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
-            sys.executable, "-m", "cwtrain.local.replica", "--name", name, "--port", str(self.port),
+            sys.executable, "-m", "cwtrain.local.engine.replica", "--name", name, "--port", str(self.port),
             "--s3-endpoint", server.endpoint_url, "--bucket", bucket, "--path-prefix", prefix,
             "--model-name", MODEL, "--model-bucket", model_bucket or bucket, "--model-path", model_path,
             "--apply-delay", str(apply_delay),

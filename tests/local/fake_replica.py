@@ -1,6 +1,6 @@
 """A stdlib-only engine replica speaking the replica protocol, for fast control-plane tests.
 
-Same options as ``python -m cwtrain.local.replica``. Instead of a model it serves a
+Same options as ``python -m cwtrain.local.engine.replica``. Instead of a model it serves a
 "checksum snapshot": a snapshot's index is JSON with ``metadata.payload_adler32``, the
 Adler-32 of the object ``payload.bin`` beside it, verified on every hot-load (a flipped
 byte fails it). Completions answer ``n`` choices naming the served identity and the

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from cwtrain.local.resources import API_MAX_CHAIN_DELTAS, ServiceError, enum_value
-from cwtrain.local.state import ControlPlaneState, HotLoadRecord
+from cwtrain.local.controlplane.resources import API_MAX_CHAIN_DELTAS, ServiceError, enum_value
+from cwtrain.local.controlplane.state import ControlPlaneState, HotLoadRecord
 
 ZONE = "US-EAST-04A"
 

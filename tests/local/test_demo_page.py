@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cwtrain.local.demo_page import identity_lag, render_report, write_report
+from cwtrain.local.demo.page import identity_lag, render_report, write_report
 
 
 def _step(k: int, identity: str, served: list[str], kind: str = "INCREMENTAL") -> dict[str, Any]:

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cwtrain.local.model import ModelConfig, Tokenizer, init_weights, to_tensor_data, token_logprobs
-from cwtrain.local.replica import Replica, ReplicaServer
-from cwtrain.local.snapshots import ServedWeights
+from cwtrain.local.engine.model import ModelConfig, Tokenizer, init_weights, to_tensor_data, token_logprobs
+from cwtrain.local.engine.replica import Replica, ReplicaServer
+from cwtrain.local.engine.snapshots import ServedWeights
 
 MODEL = "tiny-engine"
 SEED = 3

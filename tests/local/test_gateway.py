@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cwtrain.local.gateway import GatewayServer
-from cwtrain.local.objectstore import free_port
+from cwtrain.local.engine.gateway import GatewayServer
+from cwtrain.local.harness.objectstore import free_port
 
 SPEC = {"id": "gw", "coreWeaveAuth": {}, "bodyBasedRouting": {"apiType": "API_TYPE_OPENAI"}}
 AUTH = {"Authorization": "Bearer secret"}

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from cwtrain.local.grpo import GRPOTrainer, ParityTask
-from cwtrain.local.model import TinyLM, Tokenizer, init_weights, token_logprobs
+from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
+from cwtrain.local.engine.model import TinyLM, Tokenizer, init_weights, token_logprobs
 
 TOK = Tokenizer()
 

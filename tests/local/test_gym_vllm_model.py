@@ -30,8 +30,8 @@ import httpx
 import pytest
 
 from cwtrain.local import LocalStack
-from cwtrain.local.model import Tokenizer, init_weights, token_logprobs
-from cwtrain.local.objectstore import free_port
+from cwtrain.local.engine.model import Tokenizer, init_weights, token_logprobs
+from cwtrain.local.harness.objectstore import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 GYM_VENV = os.environ.get("CWTRAIN_TEST_GYM_VENV", "")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cwtrain.local.model import (
+from cwtrain.local.engine.model import (
     ModelConfig,
     TinyLM,
     Tokenizer,
@@ -131,7 +131,7 @@ def test_encode_parses_special_token_text_as_huggingface_does() -> None:
 
 
 def test_chat_template_lives_in_tokenizer_config_and_renders_like_transformers(tmp_path: Path) -> None:
-    from cwtrain.local.tokenizer import CHAT_TEMPLATE, ChatTemplateError
+    from cwtrain.local.engine.tokenizer import CHAT_TEMPLATE, ChatTemplateError
 
     write_base_checkpoint(tmp_path, seed=0)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
@@ -183,7 +183,7 @@ def test_include_stop_str_in_output_keeps_a_stop_tokens_text_as_vllm_does() -> N
 
 
 def test_on_token_sees_every_token_as_the_sequences_end_up() -> None:
-    from cwtrain.local.model import TokenEvent
+    from cwtrain.local.engine.model import TokenEvent
 
     lm = TinyLM(init_weights(seed=0))
     prompt = TOK.encode("stream: ")

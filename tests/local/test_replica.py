@@ -11,9 +11,9 @@ import pytest
 import torch
 from _replica_util import MODEL, TOKEN, ReplicaProcess, upload_base
 
-from cwtrain.local.engines import TOKEN_VARIABLE
-from cwtrain.local.model import Tokenizer, init_weights, token_logprobs
-from cwtrain.local.snapshots import served_from_weights_file
+from cwtrain.local.engine.model import Tokenizer, init_weights, token_logprobs
+from cwtrain.local.engine.processes import TOKEN_VARIABLE
+from cwtrain.local.engine.snapshots import served_from_weights_file
 
 pytestmark = pytest.mark.e2e
 TOK = Tokenizer()
@@ -214,11 +214,11 @@ def test_missing_base_reports_error_and_replica_exits_with_its_parent(s3_server:
     import sys
     import time
 
-    from cwtrain.local.objectstore import free_port
+    from cwtrain.local.harness.objectstore import free_port
 
     port = free_port()
     argv = [
-        sys.executable, "-m", "cwtrain.local.replica", "--name", "orphan", "--port", str(port),
+        sys.executable, "-m", "cwtrain.local.engine.replica", "--name", "orphan", "--port", str(port),
         "--s3-endpoint", s3_server.endpoint_url, "--bucket", "none", "--model-name", "m",
         "--model-bucket", "none", "--model-path", "p",
     ]  # fmt: skip

@@ -12,7 +12,7 @@ import torch
 from _replica_util import MODEL, ReplicaProcess, put_object, put_snapshot, upload_base
 
 from cwtrain.hotload.codec import DeltaEncoder
-from cwtrain.local.model import Tokenizer, init_weights, to_tensor_data, token_logprobs
+from cwtrain.local.engine.model import Tokenizer, init_weights, to_tensor_data, token_logprobs
 
 pytestmark = pytest.mark.e2e
 TOK = Tokenizer()

@@ -6,7 +6,7 @@ import pytest
 
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
-from cwtrain.local.snapshots import ChainLink, plan_chain
+from cwtrain.local.engine.snapshots import ChainLink, plan_chain
 
 
 def _chain(*types: str) -> list[ChainLink]:

@@ -20,7 +20,7 @@ class TurnTokenizer:
     """
 
     def __init__(self, *, drop_thinking: bool = False) -> None:
-        from cwtrain.local.model import Tokenizer
+        from cwtrain.local.engine.model import Tokenizer
 
         self.inner = Tokenizer()
         self.drop_thinking = drop_thinking

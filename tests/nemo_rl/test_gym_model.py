@@ -217,7 +217,7 @@ def test_generation_serves_gym_from_the_local_deployment(tmp_path: Path, monkeyp
     from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
     from cwtrain.integrations.nemo_rl.synchronizer import HotLoadWeightSynchronizer
     from cwtrain.local import LocalStack
-    from cwtrain.local.model import init_weights, token_logprobs, write_base_checkpoint
+    from cwtrain.local.engine.model import init_weights, token_logprobs, write_base_checkpoint
 
     class Policy:
         def __init__(self, worker: Any) -> None:

@@ -69,7 +69,7 @@ def test_grpo_run_logs_hotload_and_generation_metrics(tmp_path: Path, monkeypatc
     from cwtrain.integrations.nemo_rl import install
     from cwtrain.integrations.nemo_rl.refit import uninstall
     from cwtrain.local import LocalStack
-    from cwtrain.local.model import Tokenizer, init_weights, write_base_checkpoint
+    from cwtrain.local.engine.model import Tokenizer, init_weights, write_base_checkpoint
 
     with LocalStack(replicas=1) as stack:
         for key, value in stack.env().items():

@@ -39,7 +39,7 @@ def test_three_refits_from_two_ray_workers(
     from cwtrain.infra import InferenceClient
     from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
     from cwtrain.integrations.nemo_rl.synchronizer import HotLoadWeightSynchronizer
-    from cwtrain.local.model import Tokenizer, init_weights, token_logprobs, write_base_checkpoint
+    from cwtrain.local.engine.model import Tokenizer, init_weights, token_logprobs, write_base_checkpoint
 
     with shared_stack.view("nemo-rl", replicas=2) as stack:
         for key, value in stack.env().items():

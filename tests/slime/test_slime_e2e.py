@@ -57,7 +57,7 @@ def _loader(deployment_id: str) -> Any:
 
 
 def _checkpoint(directory: Path, weights: dict[str, Any]) -> Path:
-    from cwtrain.local.model import CHECKPOINT_FILE, weights_to_safetensors
+    from cwtrain.local.engine.model import CHECKPOINT_FILE, weights_to_safetensors
 
     directory.mkdir(parents=True)
     (directory / CHECKPOINT_FILE).write_bytes(weights_to_safetensors(weights, {"format": "pt"}))
@@ -81,7 +81,7 @@ class SimulatedSlime:
     def __init__(self, tmp: Path, hook_path: str) -> None:
         from slime.utils.misc import load_function
 
-        from cwtrain.local.model import write_base_checkpoint
+        from cwtrain.local.engine.model import write_base_checkpoint
 
         self.tmp = tmp
         self.hf = tmp / "hf"
@@ -89,7 +89,7 @@ class SimulatedSlime:
         self.args = slime_args(tmp, self.hf, custom_update_weight_post_write_path=hook_path)
         self.root = Path(self.args.update_weight_disk_dir)
         self.hook = load_function(hook_path)
-        from cwtrain.local.model import load_checkpoint
+        from cwtrain.local.engine.model import load_checkpoint
 
         self.weights = load_checkpoint(self.hf)[1]
         self.previous = self.hf
@@ -154,7 +154,7 @@ def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
 
     from cwtrain.infra.enums import SnapshotType
     from cwtrain.integrations.slime.rollout import set_tokenizer
-    from cwtrain.local.model import Tokenizer
+    from cwtrain.local.engine.model import Tokenizer
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", RUN)
     set_tokenizer(Tokenizer())
@@ -384,7 +384,7 @@ def test_live_tensor_actor_publishes_the_same_bytes_as_the_directory_path(
     args = slime_args(tmp_path / "live", run.hf)
     actor, critic = create_training_models(args, {}, None, actor_cls=actor_cls)
     assert critic is None and type(actor) is actor_cls
-    from cwtrain.local.model import load_checkpoint
+    from cwtrain.local.engine.model import load_checkpoint
 
     actor.weights = load_checkpoint(run.hf)[1]
     actor.update_weights()  # the baseline: --hf-checkpoint as live-v000000
@@ -416,7 +416,7 @@ def test_every_rank_encodes_its_tensors_and_rank_zero_commits(
 
     from cwtrain.integrations.slime import HookConfig
     from cwtrain.integrations.slime.tensors import TensorPublisher
-    from cwtrain.local.model import load_checkpoint, write_base_checkpoint
+    from cwtrain.local.engine.model import load_checkpoint, write_base_checkpoint
 
     local, target = stack
     write_base_checkpoint(tmp_path / "hf", seed=0)
@@ -469,7 +469,7 @@ def test_every_rank_encodes_its_tensors_and_rank_zero_commits(
     assert loader.completed_hot_load("ranks-v000003").previous_identity is None
     assert loader.read_manifest("ranks-v000003")["tensors"].keys() == set(names)
     from cwtrain.hotload.format import adler32_hex
-    from cwtrain.local.model import to_tensor_data
+    from cwtrain.local.engine.model import to_tensor_data
 
     expected = {n: adler32_hex(t.data) for n, t in to_tensor_data(steps[2]).items()}
     assert loader.read_manifest("ranks-v000002")["tensors"] == expected  # a delta's manifest: all tensors

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from cwtrain.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from cwtrain.local.faults import Faults
-    from cwtrain.local.objectstore import MotoS3Server
+    from cwtrain.local.harness.faults import Faults
+    from cwtrain.local.harness.objectstore import MotoS3Server
     from cwtrain.local.stack import DeployedModel, LocalStack
 
 __all__ = ["DeployedModel", "Faults", "LocalStack", "MotoS3Server"]
@@ -32,8 +32,8 @@ __all__ = ["DeployedModel", "Faults", "LocalStack", "MotoS3Server"]
 _LAZY = {
     "LocalStack": "cwtrain.local.stack",
     "DeployedModel": "cwtrain.local.stack",
-    "Faults": "cwtrain.local.faults",
-    "MotoS3Server": "cwtrain.local.objectstore",
+    "Faults": "cwtrain.local.harness.faults",
+    "MotoS3Server": "cwtrain.local.harness.objectstore",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -16,7 +16,7 @@ exported, ``--deployment`` may be left out of every command (it defaults to
 
 Where the local stack differs from the service on purpose: ``cwtrain hotload cancel`` works
 locally (the hot-load ends CANCELED) although the service does not implement cancel yet (it
-answers ``unimplemented``); see :mod:`cwtrain.local.controlplane`.
+answers ``unimplemented``); see :mod:`cwtrain.local.controlplane.server`.
 
 The environment holds ``COREWEAVE_API_URL``, ``COREWEAVE_API_TOKEN``, ``AWS_REGION``,
 ``CW_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, the bucket, and with a
@@ -25,7 +25,7 @@ deployment ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``, ``CWTRAIN_ROLLOUT_BASE_URL``,
 state file (``~/.cache/cwtrain-local/stack.json``, or under ``XDG_CACHE_HOME``; mode 0600
 since it holds the local token) that ``local down`` uses to stop it (SIGTERM, then SIGKILL).
 
-``cwtrain demo`` runs :func:`cwtrain.local.demo.main` (GRPO on the tiny model against a
+``cwtrain demo`` runs :func:`cwtrain.local.demo.run.main` (GRPO on the tiny model against a
 fresh local stack; its options are listed by ``cwtrain demo --help``).
 """
 
@@ -103,7 +103,7 @@ def register(subparsers: Any) -> None:
         description="GRPO on the tiny model against a local stack: sample, score, update, publish, hot-load.",
     )
     try:
-        from cwtrain.local.demo import add_arguments
+        from cwtrain.local.demo.run import add_arguments
     except ImportError:  # the demo module is missing or broken: keep the basic options
         demo.add_argument("--steps", type=positive_int, default=40, help="training steps (40)")
         demo.add_argument("--seed", type=int, default=0, help="seed (0)")
@@ -114,7 +114,7 @@ def register(subparsers: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from cwtrain.local.demo import main
+    from cwtrain.local.demo.run import main
 
     return int(main(args))
 

@@ -1,8 +1,8 @@
 """``LocalStack``: the whole remote side of cwtrain on loopback, as one context manager.
 
-Starts, in order: moto's S3 server (:class:`~cwtrain.local.objectstore.MotoS3Server`) with
+Starts, in order: moto's S3 server (:class:`~cwtrain.local.harness.objectstore.MotoS3Server`) with
 a bucket, a TCP proxy in front of it (so faults can cut uploads), the control plane
-(:class:`~cwtrain.local.controlplane.ControlPlaneServer`) and the reconciler that runs
+(:class:`~cwtrain.local.controlplane.server.ControlPlaneServer`) and the reconciler that runs
 engine replicas and one inference gateway per gateway resource. Everything stops on exit,
 also after an exception or Ctrl-C, and an ``atexit`` hook kills whatever is left::
 
@@ -12,7 +12,7 @@ also after an exception or Ctrl-C, and an ``atexit`` hook kills whatever is left
         os.environ.update(stack.env())        # COREWEAVE_API_URL, COREWEAVE_API_TOKEN, AWS_*, CW_S3_ENDPOINT
         target = stack.deploy()               # base weights, a gateway, a hot-load deployment; READY
         print(target.deployment_id, target.base_url, target.model)
-        stack.faults.api.fail_next(1)         # see cwtrain.local.faults
+        stack.faults.api.fail_next(1)         # see cwtrain.local.harness.faults
 
 The control plane accepts ``stack.token`` (admin) and ``stack.viewer_token`` (reads only);
 the gateway accepts ``stack.token`` as its ``coreWeaveAuth`` key. Replicas accept only
@@ -43,13 +43,13 @@ from typing import Any
 from cwtrain.errors import LifecycleError, UsageError
 from cwtrain.hotload.format import INDEX_NAME, SINGLE_FILE_NAME, generated_index_bytes
 from cwtrain.hotload.safetensors import header_of_bytes
-from cwtrain.local.controlplane import API_PREFIX, ControlPlaneServer
-from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND
-from cwtrain.local.faults import APIFaults, Faults, S3Proxy
-from cwtrain.local.gateway import GatewayServer
-from cwtrain.local.objectstore import DEFAULT_REGION, MotoS3Server
-from cwtrain.local.state import ControlPlaneState
-from cwtrain.local.supervisor import Supervisor
+from cwtrain.local.controlplane.server import API_PREFIX, ControlPlaneServer
+from cwtrain.local.controlplane.state import ControlPlaneState
+from cwtrain.local.controlplane.supervisor import Supervisor
+from cwtrain.local.engine.gateway import GatewayServer
+from cwtrain.local.engine.processes import DEFAULT_REPLICA_COMMAND
+from cwtrain.local.harness.faults import APIFaults, Faults, S3Proxy
+from cwtrain.local.harness.objectstore import DEFAULT_REGION, MotoS3Server
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -143,7 +143,7 @@ class LocalStack:
         hot_load_enabled: the organisation flag; off refuses hot-load deployments.
         cancel_implemented: ``False`` answers ``:cancel`` with ``unimplemented`` like the service today.
         s3_proxy: put the fault-injecting proxy between clients and moto.
-        replica_command: argv prefix starting a replica (default ``python -m cwtrain.local.replica``).
+        replica_command: argv prefix starting a replica (default ``python -m cwtrain.local.engine.replica``).
         hot_load_timeout: seconds after which an unfinished hot-load fails.
         workdir: where replica logs go (a temporary directory, removed at exit, when ``None``).
     """
@@ -309,7 +309,7 @@ class LocalStack:
 
     @property
     def faults(self) -> Faults:
-        """Fault injection hooks (see :mod:`cwtrain.local.faults`)."""
+        """Fault injection hooks (see :mod:`cwtrain.local.harness.faults`)."""
         return self._need(self._faults, "faults")  # type: ignore[no-any-return]
 
     @property
@@ -364,7 +364,7 @@ class LocalStack:
         Writes ``config.json``, ``model.safetensors`` and the generated index under
         ``s3://<bucket>/<path>/``. Same seed, same bytes.
         """
-        from cwtrain.local.model import write_base_checkpoint
+        from cwtrain.local.engine.model import write_base_checkpoint
 
         bucket = bucket or self.bucket
         prefix = path.strip("/")

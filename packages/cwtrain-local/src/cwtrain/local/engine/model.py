@@ -7,7 +7,7 @@ checkpoints, XOR+zstd deltas, chain replay) runs on realistic bytes.
 
 Pieces:
 
-- :class:`Tokenizer` (:mod:`cwtrain.local.tokenizer`) — 64 tokens: ``<eos>`` (0), ``<bos>``
+- :class:`Tokenizer` (:mod:`cwtrain.local.engine.tokenizer`) — 64 tokens: ``<eos>`` (0), ``<bos>``
   (1), then one token per character; its chat template goes to ``tokenizer_config.json``.
 - :class:`ModelConfig` — sizes (``config.json`` uses HuggingFace key names).
 - :func:`init_weights` / :func:`write_base_checkpoint` — deterministic weights from a seed.
@@ -25,7 +25,7 @@ before temperature, top-k and top-p, as vLLM reports them by default.
 
 Example::
 
-    from cwtrain.local.model import TinyLM, Tokenizer, init_weights
+    from cwtrain.local.engine.model import TinyLM, Tokenizer, init_weights
 
     tok = Tokenizer()
     lm = TinyLM(init_weights(seed=0))
@@ -52,7 +52,7 @@ from safetensors.torch import save as st_save
 from cwtrain.hotload.format import SINGLE_FILE_NAME
 from cwtrain.hotload.tensors import TensorData
 from cwtrain.hotload.torch import TORCH_DTYPES
-from cwtrain.local.tokenizer import TOKENIZER_CONFIG_FILE, Tokenizer
+from cwtrain.local.engine.tokenizer import TOKENIZER_CONFIG_FILE, Tokenizer
 
 __all__ = [
     "CHECKPOINT_FILE",

@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from cwtrain.local.resources import ServiceError
+from cwtrain.local.controlplane.resources import ServiceError
 
 __all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "Paginator", "page_size"]
 

@@ -268,7 +268,7 @@ document.body.setAttribute("data-drawn", "4");
 
 
 def render_report(summary: Mapping[str, Any]) -> str:
-    """The report page of a run (``summary`` as :func:`cwtrain.local.demo.run_demo` returns it)."""
+    """The report page of a run (``summary`` as :func:`cwtrain.local.demo.run.run_demo` returns it)."""
     data = _page_data(summary)
     payload = json.dumps(data, sort_keys=True).replace("</", "<\\/")
     seconds = data["total_seconds"]

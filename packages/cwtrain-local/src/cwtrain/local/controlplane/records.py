@@ -4,7 +4,7 @@ One dataclass per resource the API returns: :class:`GatewayRecord`,
 :class:`DeploymentRecord`, :class:`HotLoadRecord` and the per-hot-load
 :class:`ReplicaRecord`. Each renders itself with ``to_json()`` exactly as
 ``shared/spec/service-api.md`` section 3 shapes it (lowerCamel keys, prefixed enums,
-RFC 3339 times). :mod:`cwtrain.local.state` owns the rules; the supervisor mutates the
+RFC 3339 times). :mod:`cwtrain.local.controlplane.state` owns the rules; the supervisor mutates the
 records' status fields under the state's lock.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from cwtrain.local.resources import TERMINAL_HOT_LOAD_STATES, now, rfc3339
+from cwtrain.local.controlplane.resources import TERMINAL_HOT_LOAD_STATES, now, rfc3339
 
 __all__ = ["DeploymentRecord", "GatewayRecord", "HotLoadRecord", "ReplicaRecord"]
 

@@ -7,7 +7,7 @@
 - chat form ``{"model"?, "messages": [...], "add_generation_prompt": true, "continue_final_message":
   false, "add_special_tokens": false, "chat_template"?, "chat_template_kwargs"?, "tools"?,
   "return_token_strs": false}``, rendered exactly as ``/v1/chat/completions`` renders it
-  (:func:`cwtrain.local.chat.render_chat`), so ``tokens`` are the prompt ids a chat
+  (:func:`cwtrain.local.engine.chat.render_chat`), so ``tokens`` are the prompt ids a chat
   generation with the same messages uses (NeMo Gym's token-id mode relies on this).
 
 ``token_strs`` (with ``return_token_strs``) are vocabulary entries. There is no context check.
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cwtrain.local.chat import render_chat
-from cwtrain.local.completions import CompletionError, check_model
-from cwtrain.local.model import TinyLM
+from cwtrain.local.engine.chat import render_chat
+from cwtrain.local.engine.completions import CompletionError, check_model
+from cwtrain.local.engine.model import TinyLM
 
 __all__ = ["detokenize", "tokenize"]
 

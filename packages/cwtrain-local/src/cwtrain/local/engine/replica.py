@@ -3,7 +3,7 @@
 Started by :class:`cwtrain.local.LocalStack` (or by hand)::
 
     AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… AWS_REGION=US-EAST-04A CWTRAIN_LOCAL_REPLICA_TOKEN=… \\
-    python -m cwtrain.local.replica --name r0 --port 8101 --s3-endpoint http://127.0.0.1:9000 \\
+    python -m cwtrain.local.engine.replica --name r0 --port 8101 --s3-endpoint http://127.0.0.1:9000 \\
         --bucket weights --path-prefix hotload --model-name tiny \\
         --model-bucket models --model-path tiny/base [--peer http://127.0.0.1:8102]
 
@@ -16,9 +16,9 @@ then answers on ``127.0.0.1:<port>``:
 | ``GET /health`` | ``{"name", "state", "identity", "error_reason", "hot_load_id", …}``; 503 until weights are loaded |
 | ``POST /admin/hotload`` | body ``{"hot_load_id", "identity", "chain": [{"identity", "type"}, …]}`` → 202; loads in the background |
 | ``GET /admin/weights`` | the served weights as one safetensors file (``__metadata__.identity``) |
-| ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible, as vLLM 0.31 serves them (:mod:`cwtrain.local.completions`) |
-| ``POST /v1/chat/completions`` | the same for chat, with the tokenizer's chat template (:mod:`cwtrain.local.chat`) |
-| ``POST /tokenize``, ``POST /detokenize`` | vLLM's tokenizer endpoints (:mod:`cwtrain.local.tokenization`) |
+| ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible, as vLLM 0.31 serves them (:mod:`cwtrain.local.engine.completions`) |
+| ``POST /v1/chat/completions`` | the same for chat, with the tokenizer's chat template (:mod:`cwtrain.local.engine.chat`) |
+| ``POST /tokenize``, ``POST /detokenize`` | vLLM's tokenizer endpoints (:mod:`cwtrain.local.engine.tokenization`) |
 
 With ``stream: true`` the completions endpoints answer with server-sent events, each token's
 chunk sent as soon as the token is sampled.
@@ -33,7 +33,7 @@ verifying), ``ERROR`` (the last hot-load failed: ``error_reason`` says why, the 
 weights keep serving). A hot-load reads only the deltas after the served identity when it is
 in the chain, else the chain's FULL root and every delta after it (at most 63); every
 object's SHA-256 is checked against its ``cwtrain-sha256`` metadata as it is read, and every
-Adler-32 before the swap (:mod:`cwtrain.local.snapshots`). The swap replaces one reference between requests: a request in
+Adler-32 before the swap (:mod:`cwtrain.local.engine.snapshots`). The swap replaces one reference between requests: a request in
 flight finishes on the weights it started with. Every completion names the identity that
 produced it in ``system_fingerprint`` and the ``x-cwtrain-snapshot-identity`` header.
 
@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cwtrain.errors import UsageError
-from cwtrain.local.chat import chat_complete
-from cwtrain.local.completions import (
+from cwtrain.local.engine.chat import chat_complete
+from cwtrain.local.engine.completions import (
     SSE_CONTENT_TYPE,
     Answer,
     CompletionError,
@@ -74,16 +74,9 @@ from cwtrain.local.completions import (
     error_body,
     models_body,
 )
-from cwtrain.local.engines import TOKEN_VARIABLE
-from cwtrain.local.loopback import (
-    DEFAULT_MAX_BODY_BYTES,
-    BackgroundServer,
-    JSONHandler,
-    LoopbackHTTPServer,
-    RequestRefused,
-)
-from cwtrain.local.model import GeneratedSequence, TinyLM, TokenEvent
-from cwtrain.local.snapshots import (
+from cwtrain.local.engine.model import GeneratedSequence, TinyLM, TokenEvent
+from cwtrain.local.engine.processes import TOKEN_VARIABLE
+from cwtrain.local.engine.snapshots import (
     ChainLink,
     ServedWeights,
     SnapshotSource,
@@ -91,7 +84,14 @@ from cwtrain.local.snapshots import (
     served_from_weights_file,
     weights_file,
 )
-from cwtrain.local.tokenization import detokenize, tokenize
+from cwtrain.local.engine.tokenization import detokenize, tokenize
+from cwtrain.local.loopback import (
+    DEFAULT_MAX_BODY_BYTES,
+    BackgroundServer,
+    JSONHandler,
+    LoopbackHTTPServer,
+    RequestRefused,
+)
 
 __all__ = [
     "ENGINE_ROUTES",
@@ -109,7 +109,7 @@ IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
 MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 #: The POST routes a replica serves as an inference engine (the gateway relays exactly these).
 ENGINE_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
-log = logging.getLogger("cwtrain.local.replica")
+log = logging.getLogger("cwtrain.local.engine.replica")
 
 
 @dataclass
@@ -140,7 +140,7 @@ class Batcher:
     or several groups of one prompt) become one batched forward pass per token; each keeps
     its own seed, so its tokens do not depend on what it was batched with. Requests that
     started on different weights are never merged. It is the replica's
-    :class:`~cwtrain.local.completions.Engine`: :meth:`generate` waits for the sequences,
+    :class:`~cwtrain.local.engine.completions.Engine`: :meth:`generate` waits for the sequences,
     :meth:`stream` yields each token as it is sampled.
     """
 
@@ -511,7 +511,7 @@ def _copy_from_peer(peer: str, token: str, timeout: float = 30.0) -> ServedWeigh
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m cwtrain.local.replica", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cwtrain.local.engine.replica", description=__doc__.split("\n")[0])
     parser.add_argument("--name", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--s3-endpoint", required=True)

@@ -1,7 +1,7 @@
 """The local control plane: CoreWeave's v1alpha1 inference API over loopback HTTP.
 
 :class:`ControlPlaneServer` serves ``/v1alpha1/inference`` (``shared/spec/service-api.md``)
-from a :class:`~cwtrain.local.state.ControlPlaneState` on a loopback HTTP server in a
+from a :class:`~cwtrain.local.controlplane.state.ControlPlaneState` on a loopback HTTP server in a
 background thread (:mod:`cwtrain.local.loopback`):
 
 =======  ======================================  ==========================================
@@ -29,7 +29,7 @@ POST     ``/hotLoads/{id}:cancel``               ``{"hotLoad": ...}`` CANCELED (
 =======  ======================================  ==========================================
 
 ``/deployments/parameters`` answers in the public API reference's shape
-(:func:`cwtrain.local.resources.deployment_parameters`)::
+(:func:`cwtrain.local.controlplane.resources.deployment_parameters`)::
 
     {"gatewayIds": ["7f6c..."],
      "runtimeParameters": {"runtimeVersions": {"dynamo-vllm": {"versions": ["1.2.3", "1.3.0"]}, ...},
@@ -52,7 +52,7 @@ matched segment by segment before they are unescaped, and an id that is not 1-12
 characters of ``[A-Za-z0-9._-]`` (``x?junk``, ``a%2Fb``, control characters) is refused
 with ``invalid_argument`` instead of being looked up. Errors are ``{"code": <Connect
 code>, "message", "details": []}`` with the usual HTTP status. Armed
-:class:`~cwtrain.local.faults.APIFaults` apply after authentication, before routing.
+:class:`~cwtrain.local.harness.faults.APIFaults` apply after authentication, before routing.
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from cwtrain.local.faults import APIFaults
+from cwtrain.local.controlplane.resources import ServiceError, check_resource_id
+from cwtrain.local.controlplane.state import ControlPlaneState
+from cwtrain.local.harness.faults import APIFaults
 from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer, RequestRefused
-from cwtrain.local.resources import ServiceError, check_resource_id
-from cwtrain.local.state import ControlPlaneState
 
 __all__ = ["API_PREFIX", "MAX_BODY_BYTES", "ControlPlaneServer"]
 
-log = logging.getLogger("cwtrain.local.controlplane")
+log = logging.getLogger("cwtrain.local.controlplane.server")
 
 #: Path prefix of the inference API.
 API_PREFIX = "/v1alpha1/inference"

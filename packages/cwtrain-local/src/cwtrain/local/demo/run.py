@@ -13,7 +13,7 @@ What it does, all on loopback::
 
    - samples one GRPO group per prompt through :mod:`cwtrain.integrations.rollout`
      (exact token ids and log-probs; each sample names the identity that served it),
-   - scores them on :class:`~cwtrain.local.grpo.ParityTask` and takes one GRPO step in torch,
+   - scores them on :class:`~cwtrain.local.demo.grpo.ParityTask` and takes one GRPO step in torch,
    - publishes the new BF16 weights from memory with :meth:`cwtrain.HotLoader.publish`:
      an XOR+zstd delta against what replicas serve, a FULL snapshot every ``--full-every``
      versions,
@@ -23,9 +23,9 @@ What it does, all on loopback::
 
 stderr shows one line per step (reward, snapshot type and size, publish and hot-load
 latency) and a summary table; stdout gets one JSON document with every figure (both from
-:mod:`cwtrain.local.demo_report`). ``--report PATH`` also writes the run as one
+:mod:`cwtrain.local.demo.report`). ``--report PATH`` also writes the run as one
 self-contained HTML page with four plots (reward, publish and hot-load latency, snapshot
-bytes FULL vs delta, served identity lag; :mod:`cwtrain.local.demo_page`), which opens
+bytes FULL vs delta, served identity lag; :mod:`cwtrain.local.demo.page`), which opens
 offline in any browser. The run
 is reproducible: ``--seed`` fixes the base weights, the prompts and every sampling seed
 (groups are sent as ``n = 1`` requests with seeds drawn from it; ``--group-requests`` sends
@@ -48,18 +48,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from cwtrain.hotload.chain import MAX_FULL_EVERY, ChainCadence
 from cwtrain.hotload.identity import version_identity
-from cwtrain.local.demo_report import LiveDisplay, StepRecord, print_summary, summarize
+from cwtrain.local.demo.report import LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
     from cwtrain.infra import Deployment, Gateway, InferenceClient
     from cwtrain.infra.objectstore import ObjectStore
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
-    from cwtrain.local.grpo import GRPOTrainer, ParityTask
+    from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
     from cwtrain.local.stack import LocalStack
 
 __all__ = ["DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
 
-log = logging.getLogger("cwtrain.local.demo")
+log = logging.getLogger("cwtrain.local.demo.run")
 _QUIET = ("cwtrain.hotload", "cwtrain.infra", "cwtrain.local", "cwtrain.integrations", "httpx", "botocore")
 _MODEL = "cwtrain-tiny"
 
@@ -236,8 +236,8 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     from cwtrain.infra import InferenceClient, lifecycle
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack
-    from cwtrain.local.grpo import GRPOTrainer, ParityTask
-    from cwtrain.local.model import ModelConfig, Tokenizer
+    from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
+    from cwtrain.local.engine.model import ModelConfig, Tokenizer
 
     torch.manual_seed(config.seed)
     torch.set_num_threads(1)
@@ -352,7 +352,7 @@ def main(args: argparse.Namespace) -> int:
     print_summary(summary, sys.stderr)
     report = getattr(args, "report", None)
     if report:
-        from cwtrain.local.demo_page import write_report
+        from cwtrain.local.demo.page import write_report
 
         print(f"report: {write_report(summary, report)}", file=sys.stderr, flush=True)
     emit(summary)

@@ -44,7 +44,7 @@ from cwtrain.local.loopback import (
 
 __all__ = ["MAX_BODY_BYTES", "GatewayServer", "Router"]
 
-log = logging.getLogger("cwtrain.local.gateway")
+log = logging.getLogger("cwtrain.local.engine.gateway")
 
 #: ``router(gateway_id) -> (gateway spec or None, {model name: [replica URL, ...]})``.
 Router = Callable[[str], tuple[Mapping[str, Any] | None, Mapping[str, list[str]]]]

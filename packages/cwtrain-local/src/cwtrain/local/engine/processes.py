@@ -1,6 +1,6 @@
 """Engine replica processes: start, watch, hot-load, kill.
 
-A :class:`ReplicaProcess` is one ``python -m cwtrain.local.replica`` child (the replica
+A :class:`ReplicaProcess` is one ``python -m cwtrain.local.engine.replica`` child (the replica
 protocol: ``GET /health``, ``POST /admin/hotload``, ``GET /admin/weights``, the OpenAI
 routes, each with the replica token) in its own process group, with its output in a log file. A background monitor
 thread keeps :attr:`ReplicaProcess.health` fresh: fast while something is changing (the
@@ -31,12 +31,12 @@ from typing import Any
 
 __all__ = ["DEFAULT_REPLICA_COMMAND", "TOKEN_VARIABLE", "ReplicaProcess", "kill_all"]
 
-log = logging.getLogger("cwtrain.local.engines")
+log = logging.getLogger("cwtrain.local.engine.processes")
 
 #: The environment variable giving a replica the bearer token every request to it must carry.
 TOKEN_VARIABLE = "CWTRAIN_LOCAL_REPLICA_TOKEN"
 #: argv prefix that starts one replica; the protocol's options are appended.
-DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "cwtrain.local.replica")
+DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "cwtrain.local.engine.replica")
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()

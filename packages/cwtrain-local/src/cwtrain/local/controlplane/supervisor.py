@@ -22,7 +22,7 @@ corrupt or gone, the store did not answer) is retried with a growing pause (2 s 
 A READY deployment that no replica serves any more becomes STATUS_ERROR, and its Ready
 condition says why, replica by replica: restarting (with how it exited), starting, catching
 up, or unable to load the current weights (with the replica's reason). STATUS_ERROR is
-recoverable: hot-loads are accepted in it (:mod:`cwtrain.local.state`), so hot-loading an
+recoverable: hot-loads are accepted in it (:mod:`cwtrain.local.controlplane.state`), so hot-loading an
 intact snapshot (``cwtrain hotload rollback --identity <an earlier identity>``, or
 ``cwtrain hotload trigger`` of a stored FULL snapshot) brings the replicas back and the
 deployment back to READY.
@@ -41,15 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import UsageError
-from cwtrain.local.engines import DEFAULT_REPLICA_COMMAND, TOKEN_VARIABLE, ReplicaProcess
-from cwtrain.local.objectstore import free_port
-from cwtrain.local.records import DeploymentRecord, HotLoadRecord, ReplicaRecord
-from cwtrain.local.resources import now
-from cwtrain.local.state import ControlPlaneState
+from cwtrain.local.controlplane.records import DeploymentRecord, HotLoadRecord, ReplicaRecord
+from cwtrain.local.controlplane.resources import now
+from cwtrain.local.controlplane.state import ControlPlaneState
+from cwtrain.local.engine.processes import DEFAULT_REPLICA_COMMAND, TOKEN_VARIABLE, ReplicaProcess
+from cwtrain.local.harness.objectstore import free_port
 
 __all__ = ["Supervisor"]
 
-log = logging.getLogger("cwtrain.local.supervisor")
+log = logging.getLogger("cwtrain.local.controlplane.supervisor")
 
 _MAX_START_FAILURES = 3
 _CATCH_UP_RETRY = (2.0, 60.0)  # first pause and cap, doubling, between attempts of a failed catch-up
@@ -86,7 +86,7 @@ class Supervisor:
         s3_endpoint: the object store URL replicas read from.
         s3_env: credentials and region given to replica processes.
         workdir: directory for replica logs.
-        replica_command: argv prefix starting a replica (default ``python -m cwtrain.local.replica``).
+        replica_command: argv prefix starting a replica (default ``python -m cwtrain.local.engine.replica``).
         start_gateway: ``(gateway_id) -> (url, stop)`` starting one gateway server.
         hot_load_timeout: seconds after which an unfinished hot-load fails.
         replica_token: the token replicas accept (given to them in

@@ -2,13 +2,13 @@
 
 :func:`chat_complete` answers one request: a ``chat.completion`` object, or with
 ``stream: true`` the ``chat.completion.chunk`` events of the stream. The conversation is
-rendered with the tokenizer's chat template (:data:`cwtrain.local.tokenizer.CHAT_TEMPLATE`, the
+rendered with the tokenizer's chat template (:data:`cwtrain.local.engine.tokenizer.CHAT_TEMPLATE`, the
 one in the checkpoint's ``tokenizer_config.json``) and tokenized as vLLM does it: text parts
 of a message joined with a newline, a ``developer`` message rendered as ``system``, the
 rendered text encoded without adding ``<bos>`` again (``add_special_tokens`` false) — so
-``/tokenize`` with the same ``messages`` (:mod:`cwtrain.local.tokenization`) gives exactly the
+``/tokenize`` with the same ``messages`` (:mod:`cwtrain.local.engine.tokenization`) gives exactly the
 prompt ids a generation used. Sampling, stopping, context checks, token ids and the served
-identity are those of :mod:`cwtrain.local.completions`.
+identity are those of :mod:`cwtrain.local.engine.completions`.
 
 | Field | Meaning |
 |---|---|
@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from cwtrain.local.completions import (
+from cwtrain.local.engine.completions import (
     SSE_DONE,
     Answer,
     CompletionError,
@@ -53,8 +53,8 @@ from cwtrain.local.completions import (
     token_name,
     usage_body,
 )
-from cwtrain.local.model import GeneratedSequence, TinyLM, TokenEvent
-from cwtrain.local.tokenizer import ChatTemplateError
+from cwtrain.local.engine.model import GeneratedSequence, TinyLM, TokenEvent
+from cwtrain.local.engine.tokenizer import ChatTemplateError
 
 __all__ = ["ChatPrompt", "chat_complete", "render_chat"]
 

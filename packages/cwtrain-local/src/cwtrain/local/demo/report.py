@@ -1,6 +1,6 @@
 """What ``cwtrain demo`` shows: one line per step while it runs, then the summary.
 
-:func:`cwtrain.local.demo.run_demo` records one :class:`StepRecord` per step and hands
+:func:`cwtrain.local.demo.run.run_demo` records one :class:`StepRecord` per step and hands
 each to a :class:`LiveDisplay` (stderr); at the end :func:`summarize` turns the records
 into the JSON document ``cwtrain demo`` prints on stdout, and :func:`print_summary`
 prints its table on stderr::
@@ -12,7 +12,7 @@ prints its table on stderr::
 
 The reward goal (``reward_goal_met``): the final mean reward is at least 0.5 and at least
 twice the first. The same summary drawn as an HTML page (``cwtrain demo --report PATH``) is
-:mod:`cwtrain.local.demo_page`.
+:mod:`cwtrain.local.demo.page`.
 """
 
 from __future__ import annotations

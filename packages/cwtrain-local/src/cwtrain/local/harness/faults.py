@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from cwtrain.errors import UsageError
 
 if TYPE_CHECKING:
-    from cwtrain.local.supervisor import Supervisor
+    from cwtrain.local.controlplane.supervisor import Supervisor
 
 __all__ = ["APIFaults", "Fault", "Faults", "S3Proxy"]
 

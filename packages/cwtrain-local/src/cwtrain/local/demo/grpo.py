@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cwtrain.local.model import ModelConfig, Tokenizer, forward, init_weights
+from cwtrain.local.engine.model import ModelConfig, Tokenizer, forward, init_weights
 
 __all__ = ["GRPOTrainer", "ParityTask", "StepStats"]
 

@@ -1,7 +1,7 @@
 """How a local replica gets weights: base checkpoints, snapshot chains, peers.
 
 A replica holds one :class:`ServedWeights` at a time (identity, model config, the raw
-tensor bytes in the codec's ``TensorData`` form, and a :class:`~cwtrain.local.model.TinyLM`
+tensor bytes in the codec's ``TensorData`` form, and a :class:`~cwtrain.local.engine.model.TinyLM`
 built from them). This module builds new ones without touching the served copy:
 
 - :meth:`SnapshotSource.read_base` — the deployment's base checkpoint
@@ -48,7 +48,7 @@ from cwtrain.hotload.format import (
 from cwtrain.hotload.identity import snapshot_prefix
 from cwtrain.hotload.objects import SHA256_METADATA
 from cwtrain.hotload.tensors import TensorData
-from cwtrain.local.model import (
+from cwtrain.local.engine.model import (
     CONFIG_FILE,
     ModelConfig,
     TinyLM,

@@ -7,9 +7,9 @@ a ``hotLoad`` section with ``TRANSITION_MODE_ASYNC``, gateways in one zone, the
 organisation flag), hot-loads only on READY deployments or ones in the recoverable
 STATUS_ERROR (:data:`HOT_LOADABLE`: a hot-load is how an ERROR deployment comes back),
 single-flight hot-loads, chain resolution (oldest first from the last
-FULL, at most :data:`~cwtrain.local.resources.API_MAX_CHAIN_DELTAS` deltas) and pagination
-with page tokens tied to the parent filter (:mod:`cwtrain.local.pages`). It starts no process: the
-:mod:`cwtrain.local.supervisor` drives the asynchronous transitions (CREATING → READY,
+FULL, at most :data:`~cwtrain.local.controlplane.resources.API_MAX_CHAIN_DELTAS` deltas) and pagination
+with page tokens tied to the parent filter (:mod:`cwtrain.local.controlplane.pages`). It starts no process: the
+:mod:`cwtrain.local.controlplane.supervisor` drives the asynchronous transitions (CREATING → READY,
 PENDING → IN_PROGRESS → COMPLETED/FAILED, DELETING → gone) by mutating the records under
 :attr:`ControlPlaneState.lock`, and renders nothing but JSON-ready dicts.
 """
@@ -22,9 +22,9 @@ from typing import Any
 
 from cwtrain.hotload.format import INDEX_NAME
 from cwtrain.hotload.identity import snapshot_prefix
-from cwtrain.local.pages import Paginator, page_size
-from cwtrain.local.records import DeploymentRecord, GatewayRecord, HotLoadRecord, ReplicaRecord
-from cwtrain.local.resources import (
+from cwtrain.local.controlplane.pages import Paginator, page_size
+from cwtrain.local.controlplane.records import DeploymentRecord, GatewayRecord, HotLoadRecord, ReplicaRecord
+from cwtrain.local.controlplane.resources import (
     API_MAX_CHAIN_DELTAS,
     HOT_LOAD_ENGINE,
     ServiceError,
@@ -162,7 +162,7 @@ class ControlPlaneState:
     # --------------------------------------------------------------- deployments
 
     def deployment_parameters(self, gateway_ids: list[str]) -> dict[str, Any]:
-        """GET /deployments/parameters (:func:`~cwtrain.local.resources.deployment_parameters`).
+        """GET /deployments/parameters (:func:`~cwtrain.local.controlplane.resources.deployment_parameters`).
 
         With ``gatewayIds`` the answer names those gateways (each must exist); without,
         every gateway of the organisation that is not being deleted.

@@ -5,7 +5,7 @@
 The pieces every engine endpoint shares live here too: request parsing (:func:`parse_sampling`),
 the context check (:func:`token_budget`), error bodies, SSE framing, the ``/v1/models`` card,
 and the :class:`Engine` seam through which a replica batches generation.
-:mod:`cwtrain.local.chat` (``/v1/chat/completions``) and :mod:`cwtrain.local.tokenization`
+:mod:`cwtrain.local.engine.chat` (``/v1/chat/completions``) and :mod:`cwtrain.local.engine.tokenization`
 (``/tokenize``, ``/detokenize``) build on them.
 
 Which vLLM: 0.31.0, the version NVIDIA Dynamo 1.6.1 pins (CoreWeave's ``dynamo-vllm`` runtime
@@ -54,7 +54,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cwtrain.local.model import GeneratedSequence, TinyLM, TokenEvent
+from cwtrain.local.engine.model import GeneratedSequence, TinyLM, TokenEvent
 
 __all__ = [
     "MAX_N",
@@ -167,7 +167,7 @@ def check_model(body: Any, model: str) -> dict[str, Any]:
 
 
 class Engine(Protocol):
-    """How requests reach the model: a replica batches them (:class:`cwtrain.local.replica.Batcher`)."""
+    """How requests reach the model: a replica batches them (:class:`cwtrain.local.engine.replica.Batcher`)."""
 
     def generate(
         self, lm: TinyLM, prompt: list[int], n: int, seed: int | None, sampling: dict[str, Any]

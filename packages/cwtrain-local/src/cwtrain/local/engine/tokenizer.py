@@ -2,7 +2,7 @@
 
 Usage::
 
-    from cwtrain.local.tokenizer import Tokenizer
+    from cwtrain.local.engine.tokenizer import Tokenizer
 
     tok = Tokenizer()
     ids = tok.encode("hello", add_special_tokens=True)          # [1, ...]: <bos> first
@@ -16,7 +16,7 @@ Usage::
   (``<bos>``, ``<eos>``) into that token; :meth:`Tokenizer.decode` skips special tokens unless
   asked otherwise.
 - :data:`CHAT_TEMPLATE` is the Jinja chat template; ``tokenizer_config.json`` (written beside
-  every base checkpoint by :func:`cwtrain.local.model.write_base_checkpoint`) carries it under
+  every base checkpoint by :func:`cwtrain.local.engine.model.write_base_checkpoint`) carries it under
   ``chat_template``, as HuggingFace checkpoints do. :meth:`Tokenizer.apply_chat_template`
   renders it the way ``transformers`` does: a sandboxed Jinja environment with ``trim_blocks``
   and ``lstrip_blocks``, the variables ``messages``, ``tools``, ``documents``,
