@@ -285,3 +285,35 @@ def test_snapshot_file_concatenates_buffers(tmp_path: Path) -> None:
     assert file.sha256() == hashlib.sha256(whole).hexdigest()
     file.write_to(tmp_path / "x.bin")
     assert (tmp_path / "x.bin").read_bytes() == whole
+
+
+@pytest.mark.parametrize(
+    ("identity", "run_id", "expected"),
+    [
+        ("run1-v000003", "run1", 3),
+        ("run1-v1234567", "run1", 1234567),
+        ("run-v1-v000002", "run-v1", 2),
+        ("run2-v000003", "run1", None),  # another run's identity
+        ("xrun1-v000003", "run1", None),
+        ("run1-v00003", "run1", None),  # fewer than six digits: not a version identity
+        ("initial", "run1", None),
+        ("run1-v000003x", "run1", None),
+        (None, "run1", None),
+    ],
+)
+def test_identity_version_inverts_version_identity_for_one_run(
+    identity: str | None, run_id: str, expected: int | None
+) -> None:
+    from cwtrain.hotload.identity import identity_version, split_version_identity
+
+    assert identity_version(identity, run_id) == expected
+    if expected is not None:
+        assert version_identity(run_id, expected) == identity
+        assert split_version_identity(identity) == (run_id, expected)
+
+
+def test_split_version_identity_needs_a_run() -> None:
+    from cwtrain.hotload.identity import split_version_identity
+
+    assert split_version_identity("-v000001") is None
+    assert split_version_identity("a-b-v000010") == ("a-b", 10)

@@ -4,12 +4,15 @@
 
     validate_identity("run1-v000003")          # 1-128 printable chars, one path segment, not reserved
     version_identity("run1", 3)                # "run1-v000003"
+    identity_version("run1-v000003", "run1")   # 3 (None for another run's identity, or "initial")
+    split_version_identity("run1-v000003")     # ("run1", 3)
     identity_for_base_version("000006")        # "weight_v000006" (a delta index's base_version)
     snapshot_prefix("hotload", "run1-v000003") # "hotload/run1-v000003"
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from cwtrain.errors import SnapshotError
@@ -17,6 +20,8 @@ from cwtrain.errors import SnapshotError
 __all__ = [
     "RESERVED_IDENTITIES",
     "identity_for_base_version",
+    "identity_version",
+    "split_version_identity",
     "snapshot_prefix",
     "validate_identity",
     "version_identity",
@@ -60,6 +65,37 @@ def version_identity(run_id: str, version: int) -> str:
     if version < 0:
         raise ValueError(f"version must be >= 0, got {version}")
     return f"{run_id}-v{version:06d}"
+
+
+_VERSION_SUFFIX = re.compile(r"-v([0-9]{6,})$")
+
+
+def split_version_identity(identity: str | None) -> tuple[str, int] | None:
+    """``(run_id, N)`` of an identity :func:`version_identity` made, else ``None``.
+
+    The run id is everything before the last ``-v`` followed by six or more ASCII digits
+    ending the identity; it is never empty.
+    """
+    if not identity:
+        return None
+    match = _VERSION_SUFFIX.search(identity)
+    if match is None or match.start() == 0:
+        return None
+    return identity[: match.start()], int(match.group(1))
+
+
+def identity_version(identity: str | None, run_id: str) -> int | None:
+    """The inverse of :func:`version_identity` for one run.
+
+    ``N`` for ``<run_id>-v{N:06d}``; ``None`` for another run's identity, ``initial``, or an
+    identity that names no version. Every reader of served identities (the rollout
+    sampler, the plug-ins, NeMo Gym's model server) asks this, so a sample served by another
+    run's weights is never taken for one of this run's versions.
+    """
+    parts = split_version_identity(identity)
+    if parts is None or parts[0] != run_id:
+        return None
+    return parts[1]
 
 
 def identity_for_base_version(base_version: str | None) -> str:
