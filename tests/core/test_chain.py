@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from cwtrain.errors import ConfigError
-from cwtrain.hotload.chain import MAX_CHAIN_DELTAS, ChainCadence, full_every_from_env
+from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS, ChainCadence, full_every_from_env
 
 
 def _kinds(cadence: ChainCadence, versions: range) -> list[bool]:

@@ -397,8 +397,8 @@ def test_unreachable_api_exits_1_without_the_token(
 def test_inspect_needs_no_token(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from cwtrain.hotload.codec import DeltaEncoder
-    from cwtrain.hotload.tensors import TensorData
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+    from cwtrain.hotload.format.tensors import TensorData
 
     for name in ("COREWEAVE_API_TOKEN", "CW_API_TOKEN"):
         monkeypatch.delenv(name, raising=False)
@@ -448,8 +448,8 @@ def test_check_with_bucket_and_prefix(
 
 
 def _checkpoint(root: Path) -> Path:
-    from cwtrain.hotload.codec import DeltaEncoder
-    from cwtrain.hotload.tensors import TensorData
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+    from cwtrain.hotload.format.tensors import TensorData
 
     root.mkdir()
     with DeltaEncoder(workers=1) as encoder:
@@ -536,7 +536,7 @@ def test_publish_with_base_is_diff_plus_publish_in_one_pass(
     import numpy as np
     from codec_helpers import save_checkpoint
 
-    import cwtrain.hotload.delta
+    import cwtrain.hotload.files.write
 
     s3, bucket = s3_bucket
     rng = np.random.default_rng(7)
@@ -556,7 +556,7 @@ def test_publish_with_base_is_diff_plus_publish_in_one_pass(
         raise AssertionError("publish --base without --keep wrote a directory")
 
     with monkeypatch.context() as patch:
-        patch.setattr(cwtrain.hotload.delta, "staged_directory", no_disk)
+        patch.setattr(cwtrain.hotload.files.write, "staged_directory", no_disk)
         code, hot, err = run(
             capsys, "hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(new), "--base", str(base),
             *identity,

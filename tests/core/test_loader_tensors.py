@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.chain import deltas_after, resolve_type
-from cwtrain.hotload.tensors import TensorData, as_tensor_data, to_tensor_data
+from cwtrain.hotload.format.chain import deltas_after, resolve_type
+from cwtrain.hotload.format.tensors import TensorData, as_tensor_data, to_tensor_data
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.models import HotLoad
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cwtrain.local import demo
+from cwtrain.local.demo import run as demo
 
 pytestmark = pytest.mark.e2e
 

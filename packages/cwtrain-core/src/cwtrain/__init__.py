@@ -26,9 +26,9 @@ from cwtrain.lazy import lazy_exports
 __path__ = pkgutil.extend_path(__path__, __name__)
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.inspect import inspect_snapshot
+    from cwtrain.hotload.files.validate import inspect_snapshot
     from cwtrain.hotload.loader import HotLoader
-    from cwtrain.hotload.upload import upload_snapshot
+    from cwtrain.hotload.publish.upload import upload_snapshot
     from cwtrain.infra.client import InferenceClient
 
 __all__ = ["HotLoader", "InferenceClient", "__version__", "inspect_snapshot", "upload_snapshot"]
@@ -36,8 +36,8 @@ __all__ = ["HotLoader", "InferenceClient", "__version__", "inspect_snapshot", "u
 _LAZY = {
     "HotLoader": "cwtrain.hotload.loader",
     "InferenceClient": "cwtrain.infra.client",
-    "inspect_snapshot": "cwtrain.hotload.inspect",
-    "upload_snapshot": "cwtrain.hotload.upload",
+    "inspect_snapshot": "cwtrain.hotload.files.validate",
+    "upload_snapshot": "cwtrain.hotload.publish.upload",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

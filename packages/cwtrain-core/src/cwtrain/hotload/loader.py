@@ -18,9 +18,9 @@ modules (service-api.md section 8, snapshot-format.md)::
 
 ``publish`` is inspect (or encode) → upload → readiness gate → ``trigger`` → ``wait``
 inside one time budget (``timeout``, default 1800 s). In-memory tensors (a mapping of
-name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.TensorData`) are
-encoded by :mod:`cwtrain.hotload.codec` and streamed into the deployment's
-:class:`~cwtrain.hotload.store.SnapshotStore` (``loader.store``) without touching disk.
+name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.index.TensorData`) are
+encoded by :mod:`cwtrain.hotload.codec.encode` and streamed into the deployment's
+:class:`~cwtrain.hotload.publish.store.SnapshotStore` (``loader.store``) without touching disk.
 
 Progress: ``on_progress`` (of ``publish``, ``upload`` and ``wait``) receives
 :class:`~cwtrain.hotload.follow.ProgressEvent` objects, one type throughout: upload
@@ -64,7 +64,6 @@ from cwtrain.errors import (
     TransportError,
     UsageError,
 )
-from cwtrain.hotload import chain
 from cwtrain.hotload.follow import (
     HotLoadStatus,
     ProgressEvent,
@@ -72,8 +71,9 @@ from cwtrain.hotload.follow import (
     wait_for_hot_load,
     wait_until_terminal,
 )
-from cwtrain.hotload.identity import validate_identity
-from cwtrain.hotload.store import SnapshotStore
+from cwtrain.hotload.format import chain
+from cwtrain.hotload.format.identity import validate_identity
+from cwtrain.hotload.publish.store import SnapshotStore
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
@@ -83,7 +83,7 @@ from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 from cwtrain.polling import Budget
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.inspect import SnapshotInfo
+    from cwtrain.hotload.files.validate import SnapshotInfo
 
 __all__ = ["HotLoadStatus", "HotLoader", "ProgressEvent"]
 
@@ -257,7 +257,7 @@ class HotLoader:
         ``previous_identity``. Does not wait for completion. With ``verify``, the stored
         objects of ``identity`` are first read back and checked against the SHA-256 each
         was uploaded with, and a FULL snapshot's tensors against their Adler-32s
-        (:func:`cwtrain.hotload.verify_stored.verify_stored_snapshot`; skipped when no
+        (:func:`cwtrain.hotload.publish.verify.verify_stored_snapshot`; skipped when no
         index is stored). ``cwtrain hotload trigger`` verifies unless ``--no-verify``.
 
         Raises:
@@ -276,7 +276,7 @@ class HotLoader:
             incremental = IncrementalSnapshotMetadata(previous)
         policy = PromptCachePolicy.parse(prompt_cache_policy)
         if verify:
-            from cwtrain.hotload.verify_stored import verify_stored_snapshot
+            from cwtrain.hotload.publish.verify import verify_stored_snapshot
 
             checked = verify_stored_snapshot(self.store, identity)
             if checked is not None:
@@ -450,7 +450,7 @@ class HotLoader:
                 snapshot's total) a few times a second, and once when every byte is stored
                 (a :class:`cwtrain.progress.ByteProgress` renders them).
         """
-        from cwtrain.hotload.inspect import SnapshotInfo, inspect_snapshot
+        from cwtrain.hotload.files.validate import SnapshotInfo, inspect_snapshot
 
         validate_identity(identity)
         if isinstance(checkpoint, SnapshotInfo):
@@ -582,7 +582,8 @@ class HotLoader:
                 shapes (publish FULL instead), or nothing changed (an empty delta is never
                 published).
         """
-        from cwtrain.hotload.delta import open_checkpoint, write_delta
+        from cwtrain.hotload.files.checkpoint import open_checkpoint
+        from cwtrain.hotload.files.write import write_delta
 
         validate_identity(identity)
         validate_identity(previous_identity, what="previous identity", allow_reserved=previous_identity == "initial")

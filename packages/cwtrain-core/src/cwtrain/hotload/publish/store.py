@@ -28,18 +28,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload import manifest
-from cwtrain.hotload.format import INDEX_NAME, SnapshotFile
-from cwtrain.hotload.identity import snapshot_prefix
-from cwtrain.hotload.tensors import to_tensor_data
+from cwtrain.hotload.format.identity import snapshot_prefix
+from cwtrain.hotload.format.index import INDEX_NAME, SnapshotFile
+from cwtrain.hotload.format.tensors import to_tensor_data
+from cwtrain.hotload.publish import manifest
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.inspect import SnapshotInfo
-    from cwtrain.hotload.stages import StageStats
-    from cwtrain.hotload.upload import SnapshotUpload
+    from cwtrain.hotload.codec.stages import StageStats
+    from cwtrain.hotload.files.validate import SnapshotInfo
+    from cwtrain.hotload.publish.upload import SnapshotUpload
 
 __all__ = ["SnapshotStore"]
 
@@ -87,7 +87,7 @@ class SnapshotStore:
         on_progress: Callable[[int], None] | None = None,
     ) -> str:
         """Upload a snapshot directory (or its ``SnapshotInfo``) under ``identity``; returns the URI."""
-        from cwtrain.hotload.upload import upload_snapshot
+        from cwtrain.hotload.publish.upload import upload_snapshot
 
         return upload_snapshot(
             snapshot,
@@ -101,7 +101,7 @@ class SnapshotStore:
 
     def open_upload(self, identity: str, *, workers: int = 8) -> SnapshotUpload:
         """A streaming upload of ``identity`` (a context manager: ``add`` files, then ``commit`` the index)."""
-        from cwtrain.hotload.upload import SnapshotUpload
+        from cwtrain.hotload.publish.upload import SnapshotUpload
 
         return SnapshotUpload(
             self.s3, bucket=self.bucket, identity=identity, path_prefix=self.path_prefix, workers=workers
@@ -141,13 +141,13 @@ class SnapshotStore:
             workers: objects uploaded in parallel.
             extra_files: other files of the snapshot (name → bytes).
             stats: where to record the ``gather``, ``read``, ``xor``, ``adler``, ``zstd``
-                and ``sha256`` stages (:mod:`cwtrain.hotload.stages`).
+                and ``sha256`` stages (:mod:`cwtrain.hotload.codec.stages`).
 
         Raises:
             SnapshotError: a delta without ``base``, an empty delta (nothing changed, so
                 nothing to publish), or tensors the codec refuses.
         """
-        from cwtrain.hotload.codec import DeltaEncoder
+        from cwtrain.hotload.codec.encode import DeltaEncoder
 
         if previous_identity and base is None:
             raise SnapshotError(
@@ -189,7 +189,7 @@ class SnapshotStore:
 
     def check_access(self) -> str:
         """The four-call permission check on the prefix (snapshot-format.md section 9); returns the URI."""
-        from cwtrain.hotload.access import check_snapshot_access
+        from cwtrain.hotload.publish.access import check_snapshot_access
 
         return check_snapshot_access(self.s3, self.bucket, self.path_prefix)
 
@@ -232,7 +232,7 @@ def _source(file: SnapshotFile, stats: StageStats | None) -> Any:
     """What ``SnapshotUpload.add`` takes: the file itself, or with ``stats`` a source whose SHA-256 pass is timed."""
     if stats is None:
         return file
-    from cwtrain.hotload.sources import ObjectSource
+    from cwtrain.hotload.publish.sources import ObjectSource
 
     timed: StageStats = stats
     lock = threading.Lock()

@@ -13,17 +13,28 @@ are copied to host memory once; torch is never imported here unless one is given
 
 from __future__ import annotations
 
-import os
 from collections.abc import Buffer, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.safetensors import safetensors_dtype
+from cwtrain.hotload.format.fileio import pread_exact
+from cwtrain.hotload.format.safetensors import safetensors_dtype
 
-__all__ = ["FileRegion", "TensorData", "as_tensor_data", "to_tensor_data"]
+__all__ = [
+    "FileRegion",
+    "TensorData",
+    "U8Array",
+    "as_tensor_data",
+    "as_uint8",
+    "payload_nbytes",
+    "to_tensor_data",
+]
+
+U8Array = npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True)
@@ -37,18 +48,16 @@ class FileRegion:
     fd: int
     offset: int
     nbytes: int
+    #: What the file is (its path), for error messages.
+    source: str = field(default="file", compare=False)
 
     def read(self) -> bytearray:
-        """The region's bytes."""
-        data = bytearray(self.nbytes)
-        view = memoryview(data)
-        done = 0
-        while done < self.nbytes:
-            got = os.preadv(self.fd, [view[done:]], self.offset + done)
-            if got <= 0:
-                raise SnapshotError(f"file ended early while reading {self.nbytes} bytes at offset {self.offset}")
-            done += got
-        return data
+        """The region's bytes.
+
+        Raises:
+            SnapshotError: the file ended early (it shrank while being read).
+        """
+        return pread_exact(self.fd, self.nbytes, self.offset, source=self.source)
 
 
 class TensorData(NamedTuple):
@@ -72,6 +81,28 @@ class TensorData(NamedTuple):
         if isinstance(size, int):
             return size
         return memoryview(data).nbytes
+
+
+def as_uint8(data: Buffer | FileRegion) -> U8Array:
+    """A flat ``uint8`` view of a bytes-like object (no copy; a :class:`FileRegion` is read).
+
+    Raises:
+        ValueError: a numpy array that is not C-contiguous.
+    """
+    if isinstance(data, FileRegion):
+        return np.frombuffer(data.read(), dtype=np.uint8)
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            raise ValueError("tensor data must be C-contiguous")
+        return data.reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def payload_nbytes(data: Buffer | FileRegion) -> int:
+    """Length of a bytes-like or a file region."""
+    if isinstance(data, FileRegion):
+        return data.nbytes
+    return memoryview(data).nbytes
 
 
 def as_tensor_data(name: str, value: Any) -> TensorData:

@@ -1,7 +1,7 @@
 """Distributed publishing: many writers store shards, one commits the index.
 
 At scale every trainer rank encodes and uploads the tensors it holds (with
-:meth:`cwtrain.hotload.upload.SnapshotUpload.finish_share`, which writes no index), and
+:meth:`cwtrain.hotload.publish.upload.SnapshotUpload.finish_share`, which writes no index), and
 one rank commits the snapshot with :func:`commit_shared_index`: it builds the index from
 the ranks' weight maps, checks that every shard the index names is stored, then writes
 small side files (``config.json`` for a FULL snapshot) and the index last. The framework
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.format import CHECKSUM_FORMAT, INDEX_NAME, SnapshotFile, serialize_index, upload_index_bytes
-from cwtrain.hotload.upload import SnapshotUpload
+from cwtrain.hotload.format.index import CHECKSUM_FORMAT, INDEX_NAME, SnapshotFile, serialize_index, upload_index_bytes
+from cwtrain.hotload.publish.upload import SnapshotUpload
 from cwtrain.infra.s3 import ObjectStoreLike
 
 __all__ = ["commit_shared_index", "merge_weight_maps"]
