@@ -100,7 +100,11 @@ HOOK_VARS: dict[str, tuple[str, Any]] = {
 }
 CORE_READERS: dict[str, tuple[Any, Any]] = {
     "CWTRAIN_HOTLOAD_FULL_EVERY": (
-        lambda env: __import__("cwtrain.hotload.format.chain", fromlist=["x"]).full_every_from_env(env),
+        lambda env: (
+            __import__("cwtrain.hotload.settings", fromlist=["x"])
+            .HotLoadSettings.from_env(env, default_run_id="r", require_deployment=False)
+            .full_every
+        ),
         lambda v: _expect_int(v, 20, 0, 64),
     ),
     "CWTRAIN_HOTLOAD_MEMORY_BUDGET": (

@@ -46,8 +46,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from cwtrain.hotload.format.chain import MAX_FULL_EVERY, ChainCadence
 from cwtrain.hotload.format.identity import version_identity
+from cwtrain.hotload.publish.cadence import MAX_FULL_EVERY, ChainCadence
 from cwtrain.local.demo.report import LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:

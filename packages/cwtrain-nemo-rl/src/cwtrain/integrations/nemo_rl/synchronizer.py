@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import ConfigError, SnapshotError
-from cwtrain.hotload.format.chain import ChainCadence
 from cwtrain.hotload.format.identity import version_identity
 from cwtrain.hotload.loader import HotLoader
+from cwtrain.hotload.publish.cadence import ChainCadence
 from cwtrain.hotload.publish.manifest import snapshot_manifest
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
 from cwtrain.integrations.frameworks import NEMO_RL, require

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.errors import CWTrainError, SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.format.chain import ChainCadence
 from cwtrain.hotload.format.identity import version_identity
 from cwtrain.hotload.format.index import INDEX_NAME, read_index_file
+from cwtrain.hotload.publish.cadence import ChainCadence
 from cwtrain.hotload.publish.manifest import snapshot_manifest
 from cwtrain.infra.enums import HotLoadState
 from cwtrain.integrations.nvext import write_served_identity

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.errors import CWTrainError, SnapshotError, UsageError
 from cwtrain.hotload.codec.encode import ShardSink
-from cwtrain.hotload.format.chain import ChainCadence
 from cwtrain.hotload.format.identity import version_identity
+from cwtrain.hotload.publish.cadence import ChainCadence
 from cwtrain.infra.enums import HotLoadState
 
 from .config import HookConfig
