@@ -27,7 +27,7 @@ for module in cwtrain cwtrain.integrations.slime cwtrain.integrations.miles cwtr
   mypy_targets+=(-p "$module")
 done
 for helper in recording_loader slime_driver fake_openai; do mypy_targets+=(-m "$helper"); done
-mypy_path="$(printf '%s:' packages/*/src)tests/slime"
+mypy_path="$(printf '%s:' packages/*/src)tests/slime:tests/core"
 
 check_version() {  # mypy, then pytest, on one interpreter; returns non-zero when either fails
   local version=$1 venv=".venv-$1" result=0

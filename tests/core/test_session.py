@@ -24,9 +24,9 @@ from cwtrain.hotload.publish.distributed import (
     SharePlan,
     SingleProcess,
     layout_by_sizes,
-    publish_spmd,
 )
 from cwtrain.hotload.publish.session import PublishOutcome, PublishSession
+from cwtrain.hotload.publish.spmd import publish_spmd
 from cwtrain.hotload.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
 from cwtrain.integrations.nvext import read_served_identity
 

@@ -125,7 +125,7 @@ def test_the_rollout_class_is_built_once_per_run(miles_stubs: Path) -> None:
 
 
 def test_post_write_hook_is_slimes_and_recognises_disk_delta(
-    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str]
 ) -> None:
     from miles.utils.misc import load_function
 
@@ -137,7 +137,7 @@ def test_post_write_hook_is_slimes_and_recognises_disk_delta(
     write_hf_checkpoint(Path(args.hf_checkpoint), tiny_weights())
     hook = load_function(args.custom_update_weight_post_write_path)
     assert hook is slime.hook and load_function("cwtrain.integrations.miles.actor_hook") is slime.actor_hook
-    loader = RecordingLoader()
+    loader = RecordingLoader(*s3_bucket, deployment_id="dep")
     SlimeRuntime.current().use_publisher(
         SlimePublisher(HookConfig("dep", "m", full_every=0).with_state_dir(args), loader)
     )
@@ -161,26 +161,34 @@ def _export(directory: Path, weights: Any, *, complete: bool = True) -> Path:
     return directory
 
 
-def _post_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int = 0) -> tuple[Any, Any, RecordingLoader]:
+@pytest.fixture
+def bucket(s3_bucket: tuple[Any, str]) -> tuple[Any, str]:
+    """The test's S3 bucket (for the recording loaders)."""
+    return s3_bucket
+
+
+def _post_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str], every: int = 0
+) -> tuple[Any, Any, RecordingLoader]:
     from miles.utils.misc import load_function
 
+    from cwtrain.hotload import HotLoadSettings
     from cwtrain.integrations.miles import MilesRuntime, post_save
-    from cwtrain.integrations.slime import HookConfig, SlimePublisher
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep")
     args = miles_args(tmp_path, save_hf=str(tmp_path / "hf_exports" / "iter_{rollout_id}"))
     write_hf_checkpoint(Path(args.hf_checkpoint), tiny_weights())
-    loader = RecordingLoader()
-    config = HookConfig("dep", "ps", full_every=every, mirror=every > 0, state_dir=str(tmp_path / "state"))
-    MilesRuntime.current().use_post_save(post_save.PostSavePublisher(SlimePublisher(config, loader)))
+    loader = RecordingLoader(*bucket, deployment_id="dep")
+    settings = HotLoadSettings("dep", "ps", full_every=every, state_dir=str(tmp_path / "state"))
+    MilesRuntime.current().use_post_save(post_save.PostSavePublisher(settings, loader))
     return args, load_function(args.custom_megatron_post_save_hook_path), loader
 
 
 def test_post_save_hook_does_nothing_for_the_critic(
-    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
 ) -> None:
     """PPO: miles calls the hook on the critic's rank 0 too, with hf_checkpoint_dir=None."""
-    args, hook, loader = _post_save(tmp_path, monkeypatch)
+    args, hook, loader = _post_save(tmp_path, monkeypatch, bucket)
     critic = argparse.Namespace(**{**vars(args), "save": "/ckpt/critic"})
     assert hook(critic, 9, "/ckpt/critic/iter_0000009", None) is None
     assert loader.published == []
@@ -190,10 +198,10 @@ def test_post_save_hook_does_nothing_for_the_critic(
 
 
 def test_post_save_hook_publishes_only_complete_exports(
-    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
 ) -> None:
     """miles swallows a failed export, writes no .complete marker and still calls the hook."""
-    args, hook, loader = _post_save(tmp_path, monkeypatch)
+    args, hook, loader = _post_save(tmp_path, monkeypatch, bucket)
     weights = nudge(tiny_weights(), ["lm_head.weight"], 1)
     broken = _export(Path(args.save_hf.format(rollout_id=4)), weights, complete=False)
     metrics = hook(args, 4, "/ckpt", str(broken))
@@ -207,10 +215,10 @@ def test_post_save_hook_publishes_only_complete_exports(
 
 
 def test_post_save_full_cadence_counts_published_exports(
-    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
 ) -> None:
     """--save-interval 2 with FULL_EVERY=2: versions 2, 4, 6, 8 are all multiples of 2, the exports are not."""
-    args, hook, loader = _post_save(tmp_path, monkeypatch, every=2)
+    args, hook, loader = _post_save(tmp_path, monkeypatch, bucket, every=2)
     weights = tiny_weights()
     for rollout_id in (1, 3, 5, 7):
         weights = nudge(weights, ["lm_head.weight"], rollout_id)
@@ -226,13 +234,13 @@ def test_post_save_full_cadence_counts_published_exports(
 
 
 def test_post_save_metrics_reach_miles_tracking(
-    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
 ) -> None:
     """miles discards the hook's return value; rank 0 joins the run's tracking if it has none."""
     from miles.utils.tracking_utils import tracking
 
     tracking.reset()
-    args, hook, _ = _post_save(tmp_path, monkeypatch)
+    args, hook, _ = _post_save(tmp_path, monkeypatch, bucket)
     args.use_wandb = True
     export = _export(Path(args.save_hf.format(rollout_id=0)), nudge(tiny_weights(), ["lm_head.weight"], 0))
     hook(args, 0, "/ckpt", str(export))
@@ -255,12 +263,12 @@ def test_rollout_class_refuses_the_session_server(miles_stubs: Path, tmp_path: P
 
 
 def test_post_save_hook_publishes_each_hf_export(
-    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
 ) -> None:
     from miles.utils.misc import load_function
 
+    from cwtrain.hotload import HotLoadSettings
     from cwtrain.integrations.miles import MilesRuntime, post_save
-    from cwtrain.integrations.slime import HookConfig, SlimePublisher
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "dep")
     args = miles_args(tmp_path, save_hf=str(tmp_path / "hf_exports" / "iter_{rollout_id}"))
@@ -269,9 +277,9 @@ def test_post_save_hook_publishes_each_hf_export(
     hook = load_function(args.custom_megatron_post_save_hook_path)
     with pytest.raises(ConfigError, match="--save-hf"):
         hook(argparse.Namespace(**{**vars(args), "save_hf": None}), 0, "/ckpt/iter_0000000", None)
-    loader = RecordingLoader()
-    config = HookConfig("dep", "ps", full_every=0, state_dir=str(tmp_path / "state"))
-    MilesRuntime.current().use_post_save(post_save.PostSavePublisher(SlimePublisher(config, loader)))
+    loader = RecordingLoader(*bucket, deployment_id="dep")
+    settings = HotLoadSettings("dep", "ps", full_every=0, state_dir=str(tmp_path / "state"))
+    MilesRuntime.current().use_post_save(post_save.PostSavePublisher(settings, loader))
     exports = {}
     weights = base
     for rollout_id in (0, 9):
@@ -287,9 +295,9 @@ def test_post_save_hook_publishes_each_hf_export(
         ("ps-v000010", "INCREMENTAL", "ps-v000001"),
     ]
     index = loader.published[2][4]
-    assert index["metadata"]["version"] == "000010" and index["metadata"]["base_version"] == "000001"
+    assert index["metadata"]["version"] == "ps-v000010" and index["metadata"]["base_version"] == "ps-v000001"
     assert list(index["weight_map"]) == ["model.norm.weight"]
-    assert not (tmp_path / "state" / "post-save" / "weight_v000010").exists()  # staging removed
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["served_identity"]  # nothing staged
     json.dumps(metrics)
 
 

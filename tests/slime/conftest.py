@@ -47,5 +47,6 @@ def clean_hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
-def recording_loader() -> RecordingLoader:
-    return RecordingLoader()
+def recording_loader(s3_bucket: tuple[object, str]) -> RecordingLoader:
+    """A real ``HotLoader`` on the API stand-in and a fresh bucket of the session's S3 server."""
+    return RecordingLoader(*s3_bucket)

@@ -1,116 +1,114 @@
-"""``RecordingLoader``: stands where ``HotLoader`` does in decision tests and records what would be published.
+"""``RecordingLoader``: a real ``HotLoader`` on the in-memory API stand-in and the test's S3 bucket.
 
-It implements :class:`~cwtrain.integrations.slime.publisher.PublishingLoader` (mypy checks the
-signatures) and answers with core's own models: :class:`~cwtrain.infra.models.HotLoad`,
-:class:`~cwtrain.infra.models.HotLoadReplica` and
-:class:`~cwtrain.hotload.loader.ProgressEvent`.
+Publishers drive core's publish session through it unchanged: snapshots are encoded,
+uploaded to the session's moto server and hot-loaded on the API stand-in
+(``tests/core/fakeapi.py``, hot-loads complete on the next poll). What was published is read
+back from both: ``published`` lists ``(identity, type, previous identity, sorted file names,
+index dict)`` of every identity's first hot-load, ``rollbacks`` the identities hot-loaded
+again, ``manifests`` the manifests stored in the bucket.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import sys
 from pathlib import Path
 from typing import Any
 
-from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.format.tensors import TensorData
-from cwtrain.hotload.loader import ProgressEvent
-from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, SnapshotType
-from cwtrain.infra.models import HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
-from cwtrain.integrations.slime.publisher import PublishingLoader
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+
+from fakeapi import FakeAPI, error_response
+
+from cwtrain.hotload import INDEX_NAME, HotLoader
 
 #: ``(identity, type, previous identity, sorted file names, index dict)`` of one publish.
 Published = tuple[str, str, str | None, list[str], dict[str, Any]]
 
-
-def _hot_load(hot_load_id: str, identity: str, previous: str | None, state: HotLoadState) -> HotLoad:
-    return HotLoad(
-        id=hot_load_id,
-        deployment_id="dep-1",
-        identity=identity,
-        type=SnapshotType.INCREMENTAL if previous else SnapshotType.FULL,
-        incremental_snapshot_metadata=IncrementalSnapshotMetadata(previous) if previous else None,
-        state=state,
-    )
+PREFIX = "hotload"
 
 
-def _replica(name: str, identity: str) -> HotLoadReplica:
-    return HotLoadReplica(name=name, state=ReplicaState.READY, current_snapshot_identity=identity)
+class RecordingLoader(HotLoader):
+    """A real :class:`~cwtrain.hotload.HotLoader` on the API stand-in and a moto bucket; reads back what was published.
 
-
-class RecordingLoader(PublishingLoader):
-    """Stands where ``HotLoader`` does for decision tests: records what would be published.
-
-    ``published`` holds ``(identity, type, previous identity, sorted file names, index dict)``.
-    Set ``fail_next`` to make the next upload raise. Two replicas serve every completed hot-load.
+    Args:
+        s3: a boto3 client of the test's S3 server.
+        bucket: an empty bucket on it (the deployment's ``hotLoad.bucket``).
+        deployment_id: the deployment's id.
     """
 
-    def __init__(self) -> None:
-        self.published: list[Published] = []
-        self.manifests: dict[str, dict[str, Any]] = {}
-        self.completed: dict[str, HotLoad] = {}
-        self.current = "initial"
-        self.fail_next: BaseException | None = None
-        self.rollbacks: list[str] = []
+    def __init__(self, s3: Any, bucket: str, deployment_id: str = "dep-1") -> None:
+        self.fake = FakeAPI()
+        self.fake.add_gateway()
+        self.fake.add_deployment(deployment_id)
+        self.fake.deployments[deployment_id]["spec"]["hotLoad"].update(bucket=bucket, pathPrefix=PREFIX)
+        self.fake.steps_to_complete = 1
+        self.boto = s3
+        self.bucket = bucket
+        super().__init__(self.fake.client(), deployment_id, s3=s3, timeout=30.0, poll_interval=0.0)
 
-    def publish(
-        self,
-        checkpoint: Path | Mapping[str, TensorData],
-        identity: str,
-        *,
-        previous_identity: str | None = None,
-        prompt_cache_policy: PromptCachePolicy | str | None = None,
-        workers: int = 8,
-        wait: bool = True,
-        timeout: float | None = None,
-    ) -> HotLoad:
-        if self.fail_next is not None:
-            error, self.fail_next = self.fail_next, None
-            raise error
-        kind = SnapshotType.INCREMENTAL if previous_identity else SnapshotType.FULL
-        if isinstance(checkpoint, Path):
-            files = sorted(p.name for p in checkpoint.iterdir() if p.is_file())
-            index_path = checkpoint / INDEX_NAME
-            index: dict[str, Any] = json.loads(index_path.read_text()) if index_path.exists() else {}
-        else:  # tensors in memory (a FULL cut from the served copy)
-            files = ["<tensors>"]
-            index = {"tensors": sorted(checkpoint)}
-        self.published.append((identity, kind.name, previous_identity, files, index))
-        return _hot_load(f"hl-{len(self.published)}", identity, previous_identity, HotLoadState.IN_PROGRESS)
+    # ------------------------------------------------------------------ faults
 
-    def wait(
-        self,
-        hot_load_id: str,
-        *,
-        timeout: float | None = None,
-        on_progress: Callable[[ProgressEvent], None] | None = None,
-    ) -> HotLoad:
-        identity, _, previous, _, _ = self.published[-1]
-        hot_load = _hot_load(hot_load_id, identity, previous, HotLoadState.COMPLETED)
-        self.completed[identity] = hot_load
-        self.current = identity
-        if on_progress is not None:
-            on_progress(ProgressEvent.of(hot_load, [_replica("r0", identity), _replica("r1", identity)], 0.0))
-        return hot_load
+    def fail_next_hot_load(self, message: str) -> None:
+        """The next hot-load request is refused (HTTP 400 ``invalid_argument``) with ``message``."""
+        self.fake.inject("POST", r"/hotLoads$", error_response(400, "invalid_argument", message))
 
-    def verify_served(self, hot_load_id: str, identity: str) -> list[HotLoadReplica]:
-        return [_replica("r0", identity), _replica("r1", identity)]
+    def serve(self, identity: str) -> None:
+        """The deployment has since hot-loaded another identity (a completed hot-load of it, newest)."""
+        self.fake.add_hot_load(f"moved-{len(self.fake.hot_loads)}", identity, deployment=self.deployment_id)
 
-    def completed_hot_load(self, identity: str) -> HotLoad | None:
-        return self.completed.get(identity)
+    # ------------------------------------------------------------------ what was published
 
-    def current_identity(self) -> str:
-        return self.current
+    def _created(self) -> list[dict[str, Any]]:
+        return [
+            hot_load["spec"]
+            for hot_load in self.fake.hot_loads.values()
+            if hot_load["spec"].get("deploymentId") == self.deployment_id
+            and not hot_load["spec"]["id"].startswith("moved-")
+        ]  # fmt: skip
 
-    def rollback(self, identity: str, *, wait: bool = True, timeout: float | None = None) -> HotLoad:
-        self.rollbacks.append(identity)
-        self.current = identity
-        return self.completed[identity]
+    @property
+    def published(self) -> list[Published]:
+        """Every identity's first hot-load, in order, with the objects stored under it."""
+        seen: set[str] = set()
+        out: list[Published] = []
+        for spec in self._created():
+            identity = spec["identity"]
+            if identity in seen:
+                continue
+            seen.add(identity)
+            kind = str(spec.get("type", "")).removeprefix("SNAPSHOT_TYPE_")
+            previous = (spec.get("incrementalSnapshotMetadata") or {}).get("previousSnapshotIdentity")
+            files = self.files(identity)
+            index = json.loads(self.read(identity, INDEX_NAME)) if INDEX_NAME in files else {}
+            out.append((identity, kind, previous, files, index))
+        return out
 
-    def upload_manifest(self, identity: str, manifest_json: Mapping[str, Any]) -> str:
-        self.manifests[identity] = dict(manifest_json)
-        return f"s3://bucket/_manifests/{identity}.json"
+    @property
+    def rollbacks(self) -> list[str]:
+        """Identities hot-loaded again after their first hot-load."""
+        seen: set[str] = set()
+        again: list[str] = []
+        for spec in self._created():
+            identity = spec["identity"]
+            (again.append(identity) if identity in seen else seen.add(identity))
+        return again
 
-    def read_manifest(self, identity: str) -> dict[str, Any] | None:
-        return self.manifests.get(identity)
+    @property
+    def manifests(self) -> dict[str, dict[str, Any]]:
+        """The manifests stored in the bucket, by identity."""
+        listed = self.boto.list_objects_v2(Bucket=self.bucket, Prefix=f"{PREFIX}/_manifests/").get("Contents", [])
+        out: dict[str, dict[str, Any]] = {}
+        for item in listed:
+            identity = item["Key"].rsplit("/", 1)[1].removesuffix(".json")
+            out[identity] = json.loads(self.boto.get_object(Bucket=self.bucket, Key=item["Key"])["Body"].read())
+        return out
+
+    def files(self, identity: str) -> list[str]:
+        """The names of the objects stored under ``identity``."""
+        listed = self.boto.list_objects_v2(Bucket=self.bucket, Prefix=f"{PREFIX}/{identity}/").get("Contents", [])
+        return sorted(item["Key"].rsplit("/", 1)[1] for item in listed)
+
+    def read(self, identity: str, name: str) -> bytes:
+        """One stored object's bytes."""
+        body: bytes = self.boto.get_object(Bucket=self.bucket, Key=f"{PREFIX}/{identity}/{name}")["Body"].read()
+        return body

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,12 +77,12 @@ def test_baseline_then_deltas_skips_empty_and_keeps_the_chain(
         ("grpo-a-v000001", "INCREMENTAL", "grpo-a-v000000"),
         ("grpo-a-v000003", "INCREMENTAL", "grpo-a-v000001"),  # v2 was empty: v3 goes over v1
     ]
-    assert recording_loader.published[0][3] == ["config.json", "model.safetensors"]
+    assert recording_loader.published[0][3] == ["config.json", "model.safetensors", "model.safetensors.index.json"]
     assert recording_loader.published[2][3] == sorted(p.name for p in directory.iterdir())
     metrics = run.results
     assert metrics[0]["hotload/chain_cut"] == 1.0 and metrics[0]["hotload/completed"] == 1.0
     assert metrics[1]["hotload/incremental"] == 1.0 and metrics[1]["hotload/replicas_ready"] == 2.0
-    assert metrics[2]["hotload/skipped_empty"] == 1.0 and "hotload/upload_seconds" not in metrics[2]
+    assert metrics[2]["hotload/skipped_empty"] == 1.0 and metrics[2]["hotload/upload_seconds"] == 0.0
     assert metrics[3]["hotload/tensors_changed"] == 2.0
     assert all(key.startswith("hotload/") for m in metrics for key in m)
     state = Path(run.args.update_weight_disk_dir + "-hotload")
@@ -141,7 +140,7 @@ def test_failed_publish_surfaces_and_needs_a_full_next(
 ) -> None:
     run = _run(tmp_path, recording_loader)
     run.baseline()
-    recording_loader.fail_next = CWTrainError("upload refused")
+    recording_loader.fail_next_hot_load("upload refused")
     with pytest.raises(CWTrainError, match="upload refused"):
         run.step(nudge(tiny_weights(), ["lm_head.weight"], 0))
     # without a served copy the chain cannot be cut: the hook says so instead of sending a bad delta
@@ -158,7 +157,7 @@ def test_resumed_baseline_with_matching_manifest_is_not_published_again(
     assert manifest["run_id"] == "grpo-a" and manifest["version"] == "000000"
     assert manifest["deployment_id"] == "dep-1" and manifest["checksum_format"] == "adler32"
     assert sorted(manifest["tensors"]) == sorted(tiny_weights())
-    recording_loader.current = "grpo-a-v000007"  # the replicas moved on since
+    recording_loader.serve("grpo-a-v000007")  # the replicas moved on since
     run2 = _run(tmp_path, recording_loader)
     run2.baseline()
     assert len(recording_loader.published) == 1
@@ -184,8 +183,7 @@ def test_full_mode_publishes_each_version_full(
     run = _run(tmp_path, recording_loader, update_weight_mode="full")
     run.baseline()
     version = Path(run.args.update_weight_disk_dir) / "weight_v000001"
-    write_hf_checkpoint(version, tiny_weights(1))
-    (version / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    write_hf_checkpoint(version, tiny_weights(1))  # a full checkpoint, as slime's full mode writes
     run.hook(run.args, str(version), [])
     assert [(p[0], p[1]) for p in recording_loader.published][-1] == ("grpo-a-v000001", "FULL")
 
@@ -281,7 +279,9 @@ def test_chain_is_cut_from_the_served_copy_every_f_versions(
         ("v000006", "FULL", None),
         ("v000007", "INCREMENTAL", "v000006"),
     ]
-    assert recording_loader.published[3][4] == {"tensors": sorted(tiny_weights())}  # cut from memory, no staging
+    # the cut is the served copy's tensors, sent from memory: nothing staged beside the served identity
+    assert sorted(recording_loader.published[3][4]["weight_map"]) == sorted(tiny_weights())
+    assert [p.name for p in Path(run.args.update_weight_disk_dir + "-hotload").iterdir()] == ["served_identity"]
     assert run.results[4]["hotload/skipped_empty"] == 1.0
     assert run.results[3]["hotload/chain_cut"] == 1.0 and run.results[3]["hotload/tensors_verified"] == 1.0
     # every manifest holds the Adler-32 of every tensor of exactly the weights of its version
@@ -297,7 +297,7 @@ def test_failed_publish_is_followed_by_a_full_cut(
 ) -> None:
     run = _run(tmp_path, recording_loader, every=20, mirror=True)
     run.baseline()
-    recording_loader.fail_next = CWTrainError("hot-load failed")
+    recording_loader.fail_next_hot_load("hot-load failed")
     with pytest.raises(CWTrainError):
         run.step(nudge(tiny_weights(), ["lm_head.weight"], 1))
     run.step(nudge(tiny_weights(), ["lm_head.weight", "model.norm.weight"], 2))
@@ -328,15 +328,13 @@ def test_wait_off_returns_once_created_and_verify_counts_replicas(
 
     hf = write_hf_checkpoint(tmp_path / "hf", tiny_weights())
     args = slime_args(tmp_path, hf)
-    waited: list[str] = []
-    original_wait = recording_loader.wait
-    recording_loader.wait = lambda hot_load_id, **kw: waited.append(hot_load_id) or original_wait(hot_load_id, **kw)
     ahead = SlimePublisher(HookConfig("dep-1", "ahead", wait=False, full_every=0), recording_loader)
     metrics = ahead(args, args.update_weight_disk_dir)
-    assert waited == [] and "hotload/replicas_ready" not in metrics and "hotload/upload_seconds" in metrics
+    assert metrics["hotload/published"] == 1.0 and metrics["hotload/upload_seconds"] > 0
+    assert metrics["hotload/completed"] == 0.0 and metrics["hotload/replicas_ready"] == 0.0  # not waited for
     verified = SlimePublisher(HookConfig("dep-1", "verified", verify=True, full_every=0), recording_loader)
-    metrics = verified(args, args.update_weight_disk_dir)
-    assert len(waited) == 1 and metrics["hotload/replicas_verified"] == 2.0
+    metrics = verified(args, args.update_weight_disk_dir)  # the next create waits for the one in flight first
+    assert metrics["hotload/completed"] == 1.0 and metrics["hotload/replicas_verified"] == 2.0
 
 
 def test_manifest_bytes_are_the_ones_published_before() -> None:

@@ -1,4 +1,9 @@
-"""The live-tensor path's per-rank encoding: device tensors give the bytes host tensors give."""
+"""The live-tensor path's per-rank encoding: device tensors give the bytes host tensors give.
+
+slime's ranks hand their chunks to core's :class:`~cwtrain.hotload.RankShare` (host copies of
+the served weights) and publish through :func:`~cwtrain.hotload.publish_spmd` over slime's
+collective; these tests hold the rank side to it.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,6 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-
-
-def _publisher(served: dict[str, Any]) -> Any:
-    from cwtrain.integrations.slime import HookConfig
-    from cwtrain.integrations.slime.tensors import TensorPublisher, _host_copy
-
-    publisher = TensorPublisher(HookConfig("dep", "run", full_every=0))
-    publisher.served = {name: _host_copy(name, tensor) for name, tensor in served.items()}
-    return publisher
 
 
 def _weights(device: str) -> dict[str, Any]:
@@ -28,13 +24,16 @@ def _weights(device: str) -> dict[str, Any]:
 
 
 def _encoded_bytes(device: str) -> tuple[list[bytes], dict[str, Any], list[str]]:
+    from cwtrain.hotload import RankShare, SharePlan
+
     base = _weights(device)
-    publisher = _publisher(base)
+    share = RankShare()
+    share.seed(base)
     new = {name: tensor.clone() for name, tensor in base.items()}
     new["a.weight"][3, 4] += 1
     new["b.weight"][0] = 7.0
-    snap, files, weight_map = publisher._encode([list(new.items())], full=False)
-    return [f.tobytes() for f in files], weight_map, snap.changed
+    encoded = share.encode(SharePlan("run-v000001", False, "run-v000000", "b", "p"), [list(new.items())])
+    return [f.tobytes() for f in encoded.files], encoded.weight_map, sorted(encoded.weight_map)
 
 
 def test_cpu_tensors_encode_only_changed_tensors() -> None:
@@ -44,10 +43,10 @@ def test_cpu_tensors_encode_only_changed_tensors() -> None:
 
 
 def test_served_copy_is_never_a_view_of_the_parameters() -> None:
-    from cwtrain.integrations.slime.tensors import _host_copy
+    from cwtrain.hotload import host_copy
 
     parameter = torch.ones(8)
-    copy = _host_copy("p", parameter)
+    copy = host_copy("p", parameter)
     parameter.add_(1.0)  # an in-place optimizer step
     assert bytes(copy.data) == torch.ones(8).numpy().tobytes()
 
@@ -57,12 +56,12 @@ def test_device_tensors_encode_to_the_same_bytes_as_host_tensors() -> None:
     assert _encoded_bytes("cuda") == _encoded_bytes("cpu")
 
 
-def test_an_encoding_failure_on_one_rank_raises_on_every_rank() -> None:
+def test_an_encoding_failure_on_one_rank_raises_on_every_rank(recording_loader: Any) -> None:
     import threading
 
     from cwtrain.errors import CWTrainError
     from cwtrain.integrations.slime import HookConfig
-    from cwtrain.integrations.slime.tensors import TensorPublisher, _host_copy
+    from cwtrain.integrations.slime.tensors import TensorPublisher
 
     barrier = threading.Barrier(2)
     slots: list[Any] = [None, None]
@@ -87,11 +86,13 @@ def test_an_encoding_failure_on_one_rank_raises_on_every_rank() -> None:
     errors: dict[int, BaseException] = {}
 
     def rank_main(rank: int) -> None:
-        publisher = TensorPublisher(HookConfig("dep", "run", full_every=0), View(rank))
-        base = {f"r{rank}.weight": torch.zeros(4)}
-        publisher.served = {n: _host_copy(n, t) for n, t in base.items()}
-        publisher.served_identity = "run-v000000"
-        publisher.cadence.published(full=True)  # as the baseline does
+        config = HookConfig("dep-1", "run", full_every=0)
+        publisher = TensorPublisher(config, View(rank), loader=recording_loader if rank == 0 else None)
+        publisher.share.seed({f"r{rank}.weight": torch.zeros(4)})
+        publisher.seeded = True
+        if rank == 0:  # as the baseline leaves rank 0's session
+            publisher.publisher.session.served_identity = "run-v000000"
+            publisher.publisher.session.cadence.published(full=True)
         new = {f"r{rank}.weight": torch.zeros(5 if rank == 1 else 4)}  # rank 1's shape changed: no delta
         try:
             publisher.publish(None, new.items())
@@ -106,3 +107,4 @@ def test_an_encoding_failure_on_one_rank_raises_on_every_rank() -> None:
     assert not any(t.is_alive() for t in threads)  # nobody left waiting in a collective
     assert set(errors) == {0, 1}
     assert all(isinstance(e, CWTrainError) and "rank 1" in str(e) for e in errors.values())
+    assert recording_loader.published == []  # nothing committed

@@ -39,11 +39,13 @@ def _checkpoint(directory: Path, weights: dict[str, Any]) -> Path:
     return directory
 
 
-def _actor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **flags: Any) -> tuple[Any, RecordingLoader]:
-    """The live-tensor actor over the stand-in, its publisher on a recording loader."""
+def _actor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str], **flags: Any
+) -> tuple[Any, RecordingLoader]:
+    """The live-tensor actor over the stand-in, publishing for real through a recording loader."""
     from slime.backends.megatron_utils.actor import MegatronTrainRayActor
 
-    from cwtrain.integrations.slime import HookConfig, SlimePublisher, make_actor_cls
+    from cwtrain.integrations.slime import HookConfig, make_actor_cls
     from cwtrain.integrations.slime.tensors import TensorPublisher
 
     weights = _weights()
@@ -52,28 +54,16 @@ def _actor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **flags: Any) -> tup
     actor = make_actor_cls(MegatronTrainRayActor)(1, 0, None, None)
     actor.init(args, "actor")
     actor.weights = {name: tensor.clone() for name, tensor in weights.items()}
-    loader = RecordingLoader()
+    loader = RecordingLoader(*s3_bucket, deployment_id="dep")
     config = HookConfig("dep", "live", full_every=0, state_dir=str(tmp_path / "state"))
-    publisher = TensorPublisher(config)
-    publisher._publisher = SlimePublisher(config, loader=loader)  # rank 0's baseline and manifests
-    monkeypatch.setattr(publisher, "_publish", _record_publish(publisher))
-    actor._cwtrain = publisher
+    actor._cwtrain = TensorPublisher(config, loader=loader)
     return actor, loader
 
 
-def _record_publish(publisher: Any) -> Any:
-    """Stand in for the upload and hot-load: encode (the part under test) and record what would go out."""
-    published: list[tuple[str, list[str]]] = []
-    publisher.published = published
-
-    def publish(identity: str, chunks: Any, *, full: bool) -> dict[str, float]:
-        _, _, weight_map = publisher._encode(chunks, full=full)
-        published.append((identity, sorted(weight_map)))
-        publisher.served_identity = identity
-        publisher.cadence.published(full=full)
-        return publisher._state_metrics({"hotload/chain_cut": float(full)})
-
-    return publish
+def _last(loader: RecordingLoader) -> tuple[str, list[str]]:
+    """The identity of the last publish and the tensors its snapshot holds."""
+    identity, _, _, _, index = loader.published[-1]
+    return identity, sorted(index["weight_map"])
 
 
 def _step(actor: Any) -> None:
@@ -83,31 +73,31 @@ def _step(actor: Any) -> None:
 
 
 def test_full_disk_and_colocate_updaters_publish_through_slimes_own_gather(
-    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str]
 ) -> None:
     """slime picks UpdateWeightFromDisk for --update-weight-transport disk: it has no _iter_*_chunks."""
-    actor, loader = _actor(tmp_path, monkeypatch, update_weight_mode="full", update_weight_transport="disk")
+    actor, loader = _actor(tmp_path, monkeypatch, s3_bucket, update_weight_mode="full", update_weight_transport="disk")
     assert not hasattr(actor.weight_updater, "_iter_non_expert_chunks")  # what slime picked
     actor.update_weights()  # the baseline
     _step(actor)
     actor.update_weights()
-    identity, names = actor._cwtrain.published[-1]
+    identity, names = _last(loader)
     assert identity == "live-v000001" and names == sorted(actor.weights)  # expert pass included
-    assert [p[0] for p in loader.published] == ["live-v000000"]
+    assert [p[0] for p in loader.published] == ["live-v000000", "live-v000001"]
 
 
 def test_the_gather_holds_one_buffer_at_a_time(
-    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str]
 ) -> None:
     from slime.backends.megatron_utils.update_weight.update_weight_from_distributed import GATHER
 
     buffer = 1024  # four 256-byte tensors per chunk
-    actor, _ = _actor(tmp_path, monkeypatch, update_weight_buffer_size=buffer)
+    actor, _ = _actor(tmp_path, monkeypatch, s3_bucket, update_weight_buffer_size=buffer)
     model_bytes = sum(t.numel() * t.element_size() for t in actor.weights.values())
     largest = max(t.numel() * t.element_size() for t in actor.weights.values())
     actor.update_weights()  # the baseline gathers too
     for full in (False, True):
-        actor._cwtrain.cadence.force_full = full
+        actor._cwtrain.publisher.session.cadence.force_full = full
         _step(actor)
         GATHER.reset()
         actor.update_weights()
@@ -115,16 +105,16 @@ def test_the_gather_holds_one_buffer_at_a_time(
         # slime's own updaters hold a buffer plus the tensor that overflows it; so may publishing
         assert GATHER.peak <= buffer + largest, (GATHER.peak, buffer, model_bytes)
         assert GATHER.alive == 0
-    assert actor._cwtrain.published[-1][0] == "live-v000002"
+    assert _last(actor._cwtrain.publisher.session.loader)[0] == "live-v000002"
 
 
 def test_offload_wakes_the_actor_and_puts_it_back_to_sleep(
-    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str]
 ) -> None:
     """--offload-train (also from --offload or a critic): weights paused, groups destroyed after train()."""
     from slime.backends.megatron_utils.actor import torch_memory_saver
 
-    actor, _ = _actor(tmp_path, monkeypatch, offload_train=True, use_critic=True)
+    actor, _ = _actor(tmp_path, monkeypatch, s3_bucket, offload_train=True, use_critic=True)
     gathered: list[tuple[int, int]] = []
     chunks = actor.cwtrain_chunks
 
@@ -139,9 +129,9 @@ def test_offload_wakes_the_actor_and_puts_it_back_to_sleep(
 
 
 def test_keep_old_actor_moves_slimes_weight_queue(
-    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str]
 ) -> None:
-    actor, _ = _actor(tmp_path, monkeypatch, keep_old_actor=True, update_weights_interval=1)
+    actor, _ = _actor(tmp_path, monkeypatch, s3_bucket, keep_old_actor=True, update_weights_interval=1)
     actor.update_weights()
     assert actor.calls == [("copy", "rollout_actor", "old_actor"), ("backup", "rollout_actor")]
     actor.calls.clear()
@@ -152,20 +142,22 @@ def test_keep_old_actor_moves_slimes_weight_queue(
 
 
 def test_update_weights_is_timed_like_slimes(
-    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str]
 ) -> None:
     from slime.backends.megatron_utils.actor import TIMED
 
-    actor, _ = _actor(tmp_path, monkeypatch)
+    actor, _ = _actor(tmp_path, monkeypatch, s3_bucket)
     TIMED.clear()
     actor.update_weights()
     assert TIMED == ["update_weights"]  # slime logs it as perf/update_weights_time
 
 
-def test_metrics_reach_slimes_logger(slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_metrics_reach_slimes_logger(
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: tuple[Any, str]
+) -> None:
     from slime.observability.logging_utils import RECORDS
 
-    actor, _ = _actor(tmp_path, monkeypatch)
+    actor, _ = _actor(tmp_path, monkeypatch, s3_bucket)
     RECORDS.clear()
     actor.update_weights()
     _step(actor)

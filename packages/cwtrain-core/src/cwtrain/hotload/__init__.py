@@ -1,48 +1,191 @@
-"""Checkpoint hot-load: the snapshot format and codec, uploads, and :class:`HotLoader`.
+"""Checkpoint hot-load: the snapshot format and codec, uploads, the publish session and :class:`HotLoader`.
 
-Layers, bottom up: :mod:`~cwtrain.hotload.format.index` (wire format, no I/O beyond
-files), :mod:`~cwtrain.hotload.codec.encode` (XOR + zstd + Adler-32 on numpy buffers),
-:mod:`~cwtrain.hotload.codec.device` (the same on torch tensors where they live),
-:mod:`~cwtrain.hotload.files.mirror` (the trainer's copy of what replicas serve),
-:mod:`~cwtrain.hotload.publish.upload` (immutable, resumable uploads), and
-:mod:`~cwtrain.hotload.loader` (publish, trigger, wait, rollback). Names are
-resolved on first use so that importing this package stays cheap.
+The public surface is what this package exports; plug-ins and ``cwtrain-local`` import
+from here (a test holds them to it), and the modules behind it may move. The wings, bottom
+up (``docs/internals.md`` maps every module):
+
+* :mod:`~cwtrain.hotload.format` — the bytes on the wire: safetensors headers, the index,
+  checksums, exact file reads, tensors, identities, chain rules;
+* :mod:`~cwtrain.hotload.codec` — tensors to frames and back: the encoder, the decoders,
+  zstd frames, the device path;
+* :mod:`~cwtrain.hotload.files` — directories on disk: the one opener, writers,
+  validation, the trainer's mirror of what is served;
+* :mod:`~cwtrain.hotload.publish` — object storage and the cycle of one version: uploads,
+  the store, manifests, the permission check, stored-object verification, the
+  distributed publisher and :class:`PublishSession`;
+* :mod:`~cwtrain.hotload.settings` (the hot-load settings, declared once) and
+  :mod:`~cwtrain.hotload.loader` (:class:`HotLoader`, one deployment's hot-loads).
+
+Names are resolved on first use, so importing this package stays cheap (no torch, no boto3).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cwtrain.hotload import errors
 from cwtrain.lazy import lazy_exports
 
-_LAZY = {
-    "HotLoader": "cwtrain.hotload.loader",
-    "ProgressEvent": "cwtrain.hotload.follow",
-    "SnapshotInfo": "cwtrain.hotload.files.validate",
-    "inspect_snapshot": "cwtrain.hotload.files.validate",
-    "delta_index_for_upload": "cwtrain.hotload.files.validate",
-    "snapshot_prefix": "cwtrain.hotload.format.identity",
-    "SnapshotStore": "cwtrain.hotload.publish.store",
-    "upload_snapshot": "cwtrain.hotload.publish.upload",
-    "check_snapshot_access": "cwtrain.hotload.publish.upload",
-    "DeltaEncoder": "cwtrain.hotload.codec.encode",
-    "WeightMirror": "cwtrain.hotload.files.mirror",
-    "DeltaReport": "cwtrain.hotload.files.mirror",
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py keeps the three lists equal)
+    from cwtrain.hotload.codec.decode import apply_delta, load_full
+    from cwtrain.hotload.codec.device import TORCH_DTYPES, TorchDeltaEncoder, safetensors_dtype, tensor_data
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+    from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir
+    from cwtrain.hotload.files.mirror import DeltaReport, WeightMirror
+    from cwtrain.hotload.files.validate import SnapshotInfo, delta_index_for_upload, inspect_snapshot
+    from cwtrain.hotload.files.write import checkpoint_checksums, write_delta, write_full_snapshot
+    from cwtrain.hotload.follow import HotLoadStatus, ProgressEvent
+    from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
+    from cwtrain.hotload.format.identity import (
+        RESERVED_IDENTITIES,
+        identity_version,
+        snapshot_prefix,
+        split_version_identity,
+        validate_identity,
+        version_identity,
+    )
+    from cwtrain.hotload.format.index import (
+        DEFAULT_SHARD_BYTES,
+        INDEX_NAME,
+        SINGLE_FILE_NAME,
+        SnapshotFile,
+        generated_index_bytes,
+        read_index_file,
+    )
+    from cwtrain.hotload.format.safetensors import header_of_bytes
+    from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
+    from cwtrain.hotload.loader import HotLoader
+    from cwtrain.hotload.publish.cadence import MAX_FULL_EVERY, ChainCadence
+    from cwtrain.hotload.publish.distributed import (
+        Collective,
+        RankShare,
+        SharePlan,
+        ShareResult,
+        SingleProcess,
+        host_copy,
+        layout_by_sizes,
+    )
+    from cwtrain.hotload.publish.manifest import snapshot_manifest
+    from cwtrain.hotload.publish.object_writer import SHA256_METADATA
+    from cwtrain.hotload.publish.session import PublishOutcome, PublishSession, VersionPlan, build_loader
+    from cwtrain.hotload.publish.spmd import publish_spmd
+    from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
+    from cwtrain.hotload.publish.upload import SnapshotUpload, check_snapshot_access, upload_snapshot
+    from cwtrain.hotload.settings import HotLoadSettings, parse_prompt_cache_policy, validate_run_id
+
+_MODULES = {
+    "cwtrain.hotload.loader": ("HotLoader",),
+    "cwtrain.hotload.follow": ("HotLoadStatus", "ProgressEvent"),
+    "cwtrain.hotload.settings": ("HotLoadSettings", "parse_prompt_cache_policy", "validate_run_id"),
+    "cwtrain.hotload.publish.session": ("PublishOutcome", "PublishSession", "VersionPlan", "build_loader"),
+    "cwtrain.hotload.publish.cadence": ("MAX_FULL_EVERY", "ChainCadence"),
+    "cwtrain.hotload.publish.spmd": ("publish_spmd",),
+    "cwtrain.hotload.publish.distributed": (
+        "Collective",
+        "RankShare",
+        "SharePlan",
+        "ShareResult",
+        "SingleProcess",
+        "host_copy",
+        "layout_by_sizes",
+    ),
+    "cwtrain.hotload.publish.store": ("SnapshotStore", "StoredSnapshot"),
+    "cwtrain.hotload.publish.upload": ("SnapshotUpload", "check_snapshot_access", "upload_snapshot"),
+    "cwtrain.hotload.publish.object_writer": ("SHA256_METADATA",),
+    "cwtrain.hotload.publish.manifest": ("snapshot_manifest",),
+    "cwtrain.hotload.files.validate": ("SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"),
+    "cwtrain.hotload.files.checkpoint": ("SnapshotDirectory", "open_checkpoint", "open_snapshot_dir"),
+    "cwtrain.hotload.files.write": ("checkpoint_checksums", "write_delta", "write_full_snapshot"),
+    "cwtrain.hotload.files.mirror": ("DeltaReport", "WeightMirror"),
+    "cwtrain.hotload.codec.encode": ("DeltaEncoder",),
+    "cwtrain.hotload.codec.decode": ("apply_delta", "load_full"),
+    "cwtrain.hotload.codec.device": ("TORCH_DTYPES", "TorchDeltaEncoder", "safetensors_dtype", "tensor_data"),
+    "cwtrain.hotload.format.identity": (
+        "RESERVED_IDENTITIES",
+        "identity_version",
+        "snapshot_prefix",
+        "split_version_identity",
+        "validate_identity",
+        "version_identity",
+    ),
+    "cwtrain.hotload.format.chain": ("MAX_CHAIN_DELTAS",),
+    "cwtrain.hotload.format.index": (
+        "DEFAULT_SHARD_BYTES",
+        "INDEX_NAME",
+        "SINGLE_FILE_NAME",
+        "SnapshotFile",
+        "generated_index_bytes",
+        "read_index_file",
+    ),
+    "cwtrain.hotload.format.safetensors": ("header_of_bytes",),
+    "cwtrain.hotload.format.tensors": ("FileRegion", "TensorData", "as_tensor_data"),
 }
 
 __all__ = [
+    "ChainCadence",
+    "Collective",
+    "DEFAULT_SHARD_BYTES",
     "DeltaEncoder",
     "DeltaReport",
+    "FileRegion",
+    "HotLoadSettings",
+    "HotLoadStatus",
     "HotLoader",
+    "INDEX_NAME",
+    "MAX_CHAIN_DELTAS",
+    "MAX_FULL_EVERY",
     "ProgressEvent",
+    "PublishOutcome",
+    "PublishSession",
+    "RESERVED_IDENTITIES",
+    "RankShare",
+    "SHA256_METADATA",
+    "SINGLE_FILE_NAME",
+    "SharePlan",
+    "ShareResult",
+    "SingleProcess",
+    "SnapshotDirectory",
+    "SnapshotFile",
     "SnapshotInfo",
     "SnapshotStore",
+    "SnapshotUpload",
+    "StoredSnapshot",
+    "TORCH_DTYPES",
+    "TensorData",
+    "TorchDeltaEncoder",
+    "VersionPlan",
     "WeightMirror",
+    "apply_delta",
+    "as_tensor_data",
+    "build_loader",
     "check_snapshot_access",
+    "checkpoint_checksums",
     "delta_index_for_upload",
+    "generated_index_bytes",
+    "header_of_bytes",
+    "host_copy",
+    "identity_version",
     "inspect_snapshot",
+    "layout_by_sizes",
+    "load_full",
+    "open_checkpoint",
+    "open_snapshot_dir",
+    "parse_prompt_cache_policy",
+    "publish_spmd",
+    "read_index_file",
+    "safetensors_dtype",
+    "snapshot_manifest",
     "snapshot_prefix",
+    "split_version_identity",
+    "tensor_data",
     "upload_snapshot",
+    "validate_identity",
+    "validate_run_id",
+    "version_identity",
+    "write_delta",
+    "write_full_snapshot",
 ]
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 __all__ += errors.__all__  # the snapshot and hot-load errors (cwtrain.errors' classes)
 _LAZY.update(dict.fromkeys(errors.__all__, "cwtrain.hotload.errors"))
 

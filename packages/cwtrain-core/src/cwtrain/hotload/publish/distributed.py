@@ -16,14 +16,14 @@ or a driver) writes the index over every rank's shards and runs the hot-load cyc
   every tensor on every rank); :func:`number_by_counts` numbers each rank's files once the
   ranks' file counts are all-gathered (slime).
 * :func:`commit_shares` writes the index last, refusing until every shard it names is stored.
-* :class:`Collective`: the two collectives :func:`publish_spmd` needs, which a plug-in
+* :class:`Collective`: the two collectives a distributed publish needs, which a plug-in
   implements over its own process group (``torch.distributed`` in slime); :class:`SingleProcess`
-  is a world of one.
+  is a world of one. :func:`cwtrain.hotload.publish.spmd.publish_spmd` runs one version over them.
 
 ::
 
     share = RankShare(rank, world_size)                          # once per rank, for the run
-    outcome = publish_spmd(collective, share, chunks, session=session, plan=plan)   # rank 0: session, plan
+    outcome = publish_spmd(collective, share, chunks, session=session, plan=plan)   # publish/spmd.py
 
     results = [share.publish_owned(share_plan, params, s3) for each worker]        # a driver's way
     outcome = session.commit_shares(plan, results)
@@ -39,9 +39,9 @@ import sys
 import time
 from collections.abc import Buffer, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from cwtrain.errors import CWTrainError, SnapshotError
+from cwtrain.errors import SnapshotError
 from cwtrain.hotload.codec.encode import DeltaEncoder, ShardSink, delta_shard_header
 from cwtrain.hotload.format.index import (
     CHECKSUM_FORMAT,
@@ -58,11 +58,9 @@ from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
 from cwtrain.hotload.publish.upload import SnapshotUpload
 from cwtrain.infra.enums import SnapshotType
 
-if TYPE_CHECKING:
-    from cwtrain.hotload.publish.session import PublishOutcome, PublishSession, VersionPlan
-
 __all__ = [
     "Collective",
+    "PlannedVersion",
     "EncodedShare",
     "RankShare",
     "SharePlan",
@@ -72,11 +70,29 @@ __all__ = [
     "layout_by_sizes",
     "merge_weight_maps",
     "number_by_counts",
-    "publish_spmd",
 ]
 
 Chunk = Iterable[tuple[str, Any]]
 """Tensors gathered together, by name (numpy arrays, torch tensors or ``TensorData``)."""
+
+
+class PlannedVersion(Protocol):
+    """What a share plan takes from a session's version plan (:class:`~cwtrain.hotload.publish.session.VersionPlan`)."""
+
+    @property
+    def identity(self) -> str:
+        """The new snapshot identity."""
+        ...
+
+    @property
+    def full(self) -> bool:
+        """FULL or delta."""
+        ...
+
+    @property
+    def previous_identity(self) -> str | None:
+        """The predecessor of a delta."""
+        ...
 
 
 class Collective(Protocol):
@@ -132,7 +148,7 @@ class SharePlan:
     shard_bytes: int = DEFAULT_SHARD_BYTES
 
     @classmethod
-    def of(cls, plan: VersionPlan, store: SnapshotStore, *, upload_workers: int = 8) -> SharePlan:
+    def of(cls, plan: PlannedVersion, store: SnapshotStore, *, upload_workers: int = 8) -> SharePlan:
         """The share plan of a session's version plan, for the deployment's store."""
         return cls(plan.identity, plan.full, plan.previous_identity, store.bucket, store.path_prefix, upload_workers)
 
@@ -312,6 +328,18 @@ def host_copy(name: str, tensor: Any) -> TensorData:
     return TensorData(data.dtype, tuple(data.shape), np.array(np.frombuffer(raw, dtype=np.uint8), copy=True))
 
 
+@dataclass
+class _Encoding:
+    """What :meth:`RankShare.encode` gathers over the chunks of one version."""
+
+    frames: list[tuple[str, list[Buffer], int]] = field(default_factory=list)
+    checksums: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, Any] = field(default_factory=dict)
+    full_host: dict[str, TensorData] = field(default_factory=dict)
+    total: int = 0
+    changed_bytes: int = 0
+
+
 class RankShare:
     """One rank's side of a distributed publish; keeps the served copy of the tensors it owns.
 
@@ -371,40 +399,44 @@ class RankShare:
                 dtype or shape (publish FULL instead).
         """
         started = time.perf_counter()
-        frames: list[tuple[str, list[Buffer], int]] = []
-        checksums: dict[str, str] = {}
-        pending: dict[str, Any] = {}
-        full_host: dict[str, TensorData] = {}
-        total = changed_bytes = 0
+        state = _Encoding()
         with DeltaEncoder(shard_bytes=plan.shard_bytes) as encoder:
             device = _device_encoder(encoder)
             try:
                 for chunk in chunks:
-                    tensors = dict(chunk)
-                    total += sum(_nbytes(t) for t in tensors.values())
-                    if plan.full:
-                        host = {name: host_copy(name, tensor) for name, tensor in tensors.items()}
-                        checksums.update(encoder.checksums(host))
-                        full_host.update(host)
-                        for name, tensor in tensors.items():
-                            pending[name] = self._keep(name, tensor) if self.on_device else host[name]
-                    else:
-                        encoded = self._encode_delta(tensors, encoder, device, frames)
-                        checksums.update(encoded.checksums)
-                        for name in encoded.changed:
-                            pending[name] = self._keep(name, tensors[name])
-                            changed_bytes += _nbytes(tensors[name])
-                    del chunk, tensors
+                    self._encode_chunk(plan, chunk, encoder, device, state)
+                    del chunk  # let the gathered tensors go before the next chunk is gathered
             finally:
                 if device is not None:
                     device.close()
             if plan.full:
-                files, weight_map = self._full_files(encoder, full_host, checksums, layout)
-                changed_bytes = total
+                files, weight_map = self._full_files(encoder, state.full_host, state.checksums, layout)
+                state.changed_bytes = state.total
             else:
-                files, weight_map = self._delta_files(encoder, frames, checksums, layout)
-        self._pending = pending
-        return EncodedShare(files, weight_map, checksums, total, changed_bytes, time.perf_counter() - started)
+                files, weight_map = self._delta_files(encoder, state.frames, state.checksums, layout)
+        self._pending = state.pending
+        return EncodedShare(
+            files, weight_map, state.checksums, state.total, state.changed_bytes, time.perf_counter() - started
+        )
+
+    def _encode_chunk(
+        self, plan: SharePlan, chunk: Chunk, encoder: DeltaEncoder, device: Any, state: _Encoding
+    ) -> None:
+        """One chunk into ``state``; its tensors are referenced only until this returns."""
+        tensors = dict(chunk)
+        state.total += sum(_nbytes(t) for t in tensors.values())
+        if plan.full:
+            host = {name: host_copy(name, tensor) for name, tensor in tensors.items()}
+            state.checksums.update(encoder.checksums(host))
+            state.full_host.update(host)
+            for name, tensor in tensors.items():
+                state.pending[name] = self._keep(name, tensor) if self.on_device else host[name]
+            return
+        encoded = self._encode_delta(tensors, encoder, device, state.frames)
+        state.checksums.update(encoded.checksums)
+        for name in encoded.changed:
+            state.pending[name] = self._keep(name, tensors[name])
+            state.changed_bytes += _nbytes(tensors[name])
 
     def _encode_delta(
         self,
@@ -606,91 +638,3 @@ def commit_shares(
         tensors_changed=changed,
         bytes_changed=bytes_changed,
     )
-
-
-# ------------------------------------------------------------------------------ SPMD
-
-
-def publish_spmd(
-    collective: Collective,
-    share: RankShare,
-    chunks: Iterable[Chunk],
-    *,
-    session: PublishSession | None = None,
-    plan: VersionPlan | None = None,
-    s3: Any = None,
-    extra_files: Mapping[str, bytes] | None = None,
-) -> PublishOutcome | None:
-    """Publish one version from every rank's ``chunks``; every rank calls it, in step.
-
-    Rank 0 holds the ``session`` and the version's ``plan``; it shares the plan, every rank
-    encodes its chunks, the file counts are all-gathered to number the shards, every rank
-    stores its share, rank 0 commits the index and runs the hot-load cycle, and the outcome
-    is broadcast: every rank commits or discards its new served copy, and a failure anywhere
-    raises on every rank.
-
-    Args:
-        collective: rank, world size and object collectives.
-        share: this rank's :class:`RankShare`.
-        chunks: this rank's tensors, in chunks.
-        session: rank 0's session.
-        plan: rank 0's plan of this version (from ``session.begin``).
-        s3: the object store of ranks other than 0 (default: built from the environment).
-        extra_files: side files of a FULL snapshot (rank 0).
-
-    Returns:
-        the outcome on rank 0, ``None`` elsewhere.
-
-    Raises:
-        CWTrainError: publishing failed on some rank (raised on every rank).
-    """
-    rank = collective.rank
-    target: SharePlan | str | None = None
-    if rank == 0:
-        if session is None or plan is None:
-            raise CWTrainError("rank 0 of a distributed publish needs the session and the version's plan")
-        try:
-            target = SharePlan.of(plan, session.loader.store, upload_workers=session.settings.upload_workers)
-        except Exception as exc:
-            target = f"{type(exc).__name__}: {exc}"
-    target = collective.broadcast_object(target)
-    if not isinstance(target, SharePlan):
-        share.discard()
-        if rank == 0:
-            assert session is not None and plan is not None
-            session.commit_shares(plan, [ShareResult(rank=0, error=str(target))])
-        raise CWTrainError(f"cannot resolve the snapshot bucket: {target}")
-    problem: str | None = None
-    encoded: EncodedShare | None = None
-    try:
-        encoded = share.encode(target, chunks)
-    except Exception as exc:  # every rank must reach the collectives below, then all raise
-        problem = f"rank {rank}: {type(exc).__name__}: {exc}"
-    counts = collective.all_gather_object((len(encoded.files) if encoded else 0, problem))
-    problems = [p for _, p in counts if p]
-    result: ShareResult
-    if problems:
-        result = ShareResult(rank=rank, error=problems[0])
-    else:
-        assert encoded is not None
-        number_by_counts(encoded, [count for count, _ in counts], rank, full=target.full)
-        try:
-            store = session.loader.store if rank == 0 and session is not None else s3
-            result = share.store(target, encoded, store.s3 if isinstance(store, SnapshotStore) else store)
-        except Exception as exc:
-            result = ShareResult(rank=rank, error=f"rank {rank}: {type(exc).__name__}: {exc}")
-    results = collective.all_gather_object(result)
-    outcome: PublishOutcome | None = None
-    status: str | None = None
-    if rank == 0:
-        assert session is not None and plan is not None
-        try:
-            outcome = session.commit_shares(plan, results, extra_files=extra_files if target.full else None)
-        except Exception as exc:
-            status = f"{type(exc).__name__}: {exc}"
-    status = collective.broadcast_object(status)
-    if status is not None:
-        share.discard()
-        raise CWTrainError(f"publishing {target.identity} failed: {status}")
-    share.commit()
-    return outcome

@@ -84,6 +84,9 @@ class VersionPlan:
         full: a FULL snapshot (chain cut) rather than a delta.
         previous_identity: the predecessor of a delta (what the replicas serve); ``None`` for FULL.
         budget: the one time budget of this version's whole cycle.
+        measured: outcome fields a publisher measured before the session took over (its
+            served copy's figures: ``mirror_seconds``, ``tensors_verified``, ...), set with
+            :meth:`measure`.
     """
 
     version: int
@@ -91,11 +94,24 @@ class VersionPlan:
     full: bool
     previous_identity: str | None
     budget: Budget = field(compare=False)
+    measured: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def snapshot_type(self) -> SnapshotType:
         """FULL or INCREMENTAL."""
         return SnapshotType.FULL if self.full else SnapshotType.INCREMENTAL
+
+    def measure(self, **figures: float) -> VersionPlan:
+        """Record figures of this version that the outcome reports (names of :class:`PublishOutcome` fields).
+
+        Raises:
+            UsageError: a name that is not an outcome field.
+        """
+        unknown = sorted(set(figures) - _MEASURABLE)
+        if unknown:
+            raise UsageError(f"not PublishOutcome figures: {unknown}")
+        self.measured.update(figures)
+        return self
 
 
 @dataclass
@@ -170,6 +186,8 @@ class PublishOutcome:
 
 
 _NOT_METRICS = frozenset({"identity", "hot_load"})
+#: What a publisher may measure itself (the rest is the session's).
+_MEASURABLE = frozenset({"mirror_seconds", "stage_seconds", "tensors_changed", "tensors_verified", "bytes_changed"})
 
 
 class PublishSession(Closing):
@@ -383,7 +401,11 @@ class PublishSession(Closing):
         return run.outcome
 
     def publish_baseline(
-        self, checkpoint: str | os.PathLike[str], *, checksums: Mapping[str, str] | None = None
+        self,
+        checkpoint: str | os.PathLike[str],
+        *,
+        checksums: Mapping[str, str] | None = None,
+        plan: VersionPlan | None = None,
     ) -> PublishOutcome:
         """Publish a base checkpoint as ``<run>-v000000`` (FULL), unless an identical one completed.
 
@@ -393,22 +415,26 @@ class PublishSession(Closing):
 
         Args:
             checkpoint: the base checkpoint directory.
-            checksums: its tensors' Adler-32s (default: computed from the directory).
+            checksums: its tensors' Adler-32s (default: computed from the directory, timed
+                as ``stage_seconds``).
+            plan: the plan of version 0 (default: ``begin(0, full=True)``), for a caller
+                that measured figures of its own.
 
         Raises:
             CWTrainError: the baseline is required but missing, or publishing failed.
         """
         from cwtrain.hotload.files.write import checkpoint_checksums
 
-        plan = self.begin(0, full=True)
-        started = time.perf_counter()
-        sums = dict(checksums) if checksums is not None else dict(checkpoint_checksums(Path(checkpoint)))
-        stage_seconds = time.perf_counter() - started
+        plan = plan if plan is not None else self.begin(0, full=True)
+        if checksums is not None:
+            sums = dict(checksums)
+        else:
+            started = time.perf_counter()
+            sums = dict(checkpoint_checksums(Path(checkpoint)))
+            plan.measure(stage_seconds=time.perf_counter() - started)
         existing = self.loader.completed_hot_load(plan.identity)
         if self.settings.publish_baseline and (existing is None or not self._manifest_matches(plan.identity, sums)):
-            outcome = self.publish_directory(plan, checkpoint, checksums=sums)
-            outcome.stage_seconds += stage_seconds
-            return outcome
+            return self.publish_directory(plan, checkpoint, checksums=sums)
         if existing is None:
             raise CWTrainError(
                 f"CWTRAIN_HOTLOAD_PUBLISH_BASELINE is off but {plan.identity} was never hot-loaded on deployment "
@@ -417,7 +443,6 @@ class PublishSession(Closing):
         log.info("baseline %s already completed with the same weights; not published again", plan.identity)
         with self._run(plan, None, manifest=False) as run:
             run.outcome.baseline_skipped = True
-            run.outcome.stage_seconds = stage_seconds
             if self.loader.current_identity() != plan.identity:
                 started = time.perf_counter()
                 hot_load = cycle.rollback(self._target, plan.identity, wait=False, budget=plan.budget)
@@ -547,6 +572,8 @@ class _Run:
         self.outcome = PublishOutcome(
             version=plan.version, identity=plan.identity, chain_cut=plan.full, incremental=not plan.full
         )
+        for name, value in plan.measured.items():
+            setattr(self.outcome, name, type(getattr(self.outcome, name))(value))
 
     def stored(self, stored: StoredSnapshot, seconds: float) -> None:
         """Record what the upload stored."""
@@ -554,7 +581,7 @@ class _Run:
         outcome.upload_seconds += seconds
         outcome.snapshot_bytes = stored.snapshot_bytes
         outcome.wire_bytes = stored.wire_bytes
-        if stored.tensors_changed is not None:
+        if stored.tensors_changed is not None and "tensors_changed" not in self.plan.measured:
             outcome.tensors_changed = stored.tensors_changed
             outcome.bytes_changed = stored.bytes_changed
         if self.checksums is None and stored.checksums is not None:

@@ -14,10 +14,10 @@ What it does, all on loopback::
    - samples one GRPO group per prompt through :mod:`cwtrain.integrations.rollout`
      (exact token ids and log-probs; each sample names the identity that served it),
    - scores them on :class:`~cwtrain.local.demo.grpo.ParityTask` and takes one GRPO step in torch,
-   - publishes the new BF16 weights from memory with :meth:`cwtrain.HotLoader.publish`:
-     an XOR+zstd delta against what replicas serve, a FULL snapshot every ``--full-every``
-     versions,
-   - waits until every replica serves the new identity.
+   - publishes the new BF16 weights from memory through core's publish session
+     (:class:`cwtrain.hotload.PublishSession`, as every integration does): an XOR+zstd delta
+     against what replicas serve, a FULL snapshot every ``--full-every`` versions,
+   - waits until every replica serves the new identity (verified).
 
 4. Deletes the deployment and gateway and stops the stack (also on Ctrl-C or an error).
 
@@ -46,13 +46,11 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from cwtrain.hotload.format.identity import version_identity
-from cwtrain.hotload.publish.cadence import MAX_FULL_EVERY, ChainCadence
+from cwtrain.hotload import MAX_FULL_EVERY
 from cwtrain.local.demo.report import LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
     from cwtrain.infra import Deployment, Gateway, InferenceClient
-    from cwtrain.infra.objectstore import ObjectStore
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
     from cwtrain.local.stack import LocalStack
@@ -148,10 +146,6 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
     return config
 
 
-def _snapshot_bytes(s3: ObjectStore, bucket: str, prefix: str) -> int:
-    return sum(obj.size for obj in s3.list_objects(bucket, prefix))
-
-
 @dataclass
 class _StepStats:
     """The rollout and training half of one step (nothing at step 0, the baseline)."""
@@ -231,8 +225,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     """Run the demo and return its summary (what ``cwtrain demo`` prints as JSON)."""
     import torch
 
-    from cwtrain.hotload import HotLoader
-    from cwtrain.hotload.format.identity import snapshot_prefix
+    from cwtrain.hotload import HotLoader, HotLoadSettings, PublishSession
     from cwtrain.infra import InferenceClient, lifecycle
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack
@@ -259,64 +252,34 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
             f"deployment {deployment.id} READY ({config.replicas} replicas, base {base_uri}); rollouts at {base_url}"
         )
         loader = HotLoader(client, deployment.id, s3=stack.s3_client(), timeout=config.timeout, poll_interval=0.05)
+        # the demo's publisher is core's session, as every integration's is; verify: every replica on the identity
+        settings = HotLoadSettings(
+            deployment.id, run_id, timeout=config.timeout, full_every=config.full_every, verify=True
+        )
+        session = PublishSession(settings, loader=loader)
         rollout_config = RolloutConfig(base_url=base_url, model=_MODEL, api_key=stack.token, concurrency=16)
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
-        identity = "initial"
-        cadence = ChainCadence(config.full_every)
         try:
             for step in range(config.steps + 1):
                 stats = (
                     _rollout_and_train(step, config, task, trainer, rollout_config, params) if step else _StepStats()
                 )
                 new = trainer.served_weights()
-                version = version_identity(run_id, step)
-                full = served is None or cadence.is_full(step)
-                changed = len(new)
-                if not full and served is not None:
-                    changed = sum(1 for k in new if not torch.equal(new[k], served[k]))
-                if not full and changed == 0:
-                    records.append(
-                        StepRecord(
-                            step=step,
-                            identity=identity,
-                            snapshot_type="SKIPPED",
-                            snapshot_bytes=0,
-                            tensors_changed=0,
-                            publish_seconds=0.0,
-                            hot_load_seconds=0.0,
-                            replicas_serving=0,
-                            **asdict(stats),
-                        )
-                    )
-                    display.row(records[-1])
-                    continue
-                t0 = time.monotonic()
-                hot_load = loader.publish(
-                    new,
-                    version,
-                    previous_identity=None if full else identity,
-                    base=None if full else served,
-                    wait=False,
-                    extra_files={"config.json": config_json} if full else None,
-                )
-                t1 = time.monotonic()
-                loader.wait(hot_load.id)
-                replicas = loader.verify_served(hot_load.id, version)
-                t2 = time.monotonic()
-                served, identity = new, version
-                cadence.published(full=full)
-                size = _snapshot_bytes(loader.s3, stack.bucket, snapshot_prefix("demo", version) + "/")
+                plan = session.begin(step)
+                outcome = session.publish_tensors(plan, new, base=served, extra_files={"config.json": config_json})
+                if outcome.published:
+                    served = new
                 records.append(
                     StepRecord(
                         step=step,
-                        identity=version,
-                        snapshot_type="FULL" if full else "INCREMENTAL",
-                        snapshot_bytes=size,
-                        tensors_changed=changed,
-                        publish_seconds=t1 - t0,
-                        hot_load_seconds=t2 - t1,
-                        replicas_serving=len(replicas),
+                        identity=outcome.identity or session.served_identity or "initial",
+                        snapshot_type="SKIPPED" if outcome.skipped_empty else plan.snapshot_type.name,
+                        snapshot_bytes=outcome.snapshot_bytes,
+                        tensors_changed=outcome.tensors_changed,
+                        publish_seconds=outcome.upload_seconds,
+                        hot_load_seconds=outcome.hot_load_seconds,
+                        replicas_serving=outcome.replicas_verified,
                         **asdict(stats),
                     )
                 )

@@ -7,11 +7,12 @@ deployment only at checkpoints rather than at every ``update_weights``.
 
 Version ``rollout_id + 1`` is published: the first call publishes ``--hf-checkpoint`` as the
 baseline ``<run>-v000000``; each export then becomes an XOR delta over the previous published
-export, written into the state directory in slime's delta format and published like any
-other version (empty deltas skipped). ``CWTRAIN_HOTLOAD_FULL_EVERY`` counts the exports
-published, not rollout ids: with ``--save-interval 20`` and ``FULL_EVERY=20`` every 20th
-export is FULL, not every one. The previous export directory must still exist at the next
-save (miles keeps them).
+export, encoded from the two checkpoints in one pass with nothing staged on disk (empty
+deltas skipped), or a FULL snapshot of the export itself when the cadence cuts the chain.
+``CWTRAIN_HOTLOAD_FULL_EVERY`` counts the exports published, not rollout ids: with
+``--save-interval 20`` and ``FULL_EVERY=20`` every 20th export is FULL, not every one. The
+previous export directory must still exist at the next save (miles keeps them). The cycle of
+each version is core's :class:`~cwtrain.hotload.PublishSession`.
 
 What miles hands over, and what the hook does with it:
 
@@ -29,14 +30,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from cwtrain.errors import ConfigError
-from cwtrain.integrations.slime import SlimePublisher, default_run_id, is_rank_zero
-from cwtrain.integrations.slime.config import HookConfig, state_dir_for
-from cwtrain.integrations.slime.tracking import log_metrics
+from cwtrain.hotload import HotLoader, HotLoadSettings, PublishOutcome, PublishSession
+from cwtrain.integrations.slime import default_run_id, is_rank_zero, log_metrics, state_dir_for
 
 from .runtime import MilesRuntime
 
@@ -52,38 +51,39 @@ class PostSavePublisher:
     """Publishes miles' HF exports as consecutive weight versions.
 
     Args:
-        publisher: the :class:`SlimePublisher` doing the hot-loads (its state directory holds
-            the delta staging).
+        settings: the run's hot-load settings.
+        loader: the :class:`~cwtrain.hotload.HotLoader` to use (default: built from ``settings``).
 
     Attributes:
-        exports_published: exports handed to the publisher so far (the FULL cadence's count).
+        session: the run's publish session.
+        exports_published: exports handed to the session so far (the FULL cadence's count).
     """
 
-    def __init__(self, publisher: SlimePublisher) -> None:
-        self.publisher = publisher
+    def __init__(self, settings: HotLoadSettings, loader: HotLoader | None = None) -> None:
+        self.session = PublishSession(settings, loader=loader)
         self._previous: Path | None = None
         self.exports_published = 0
 
     @classmethod
     def from_env(cls, args: argparse.Namespace) -> PostSavePublisher:
-        """One for this run: the hook's settings from the environment, the state directory from ``args``.
+        """One for this run: the settings from the environment, the state directory from ``args``.
 
         Raises:
             ConfigError: no state directory (``CWTRAIN_HOTLOAD_STATE_DIR``,
                 ``--update-weight-disk-dir`` or ``--save``), or a malformed variable.
         """
-        config = HookConfig.from_env(default_run_id=default_run_id(args))
-        if not config.state_dir:
+        settings = HotLoadSettings.from_env(default_run_id=default_run_id(args))
+        if not settings.state_dir:
             root = getattr(args, "update_weight_disk_dir", None) or getattr(args, "save", None)
             if not root:
                 raise ConfigError("set CWTRAIN_HOTLOAD_STATE_DIR (no --update-weight-disk-dir or --save)")
-            config = replace(config, state_dir=state_dir_for(str(root)))
-        return cls(SlimePublisher(config))
+            settings = replace(settings, state_dir=state_dir_for(str(root)))
+        return cls(settings)
 
     @property
     def run_id(self) -> str:
         """The run id of the identities published."""
-        return self.publisher.config.run_id
+        return self.session.run_id
 
     def __call__(self, args: argparse.Namespace, rollout_id: int, hf_checkpoint_dir: str) -> dict[str, float]:
         """Publish the export of ``rollout_id``; returns the metrics of :meth:`publish`, merged."""
@@ -101,16 +101,14 @@ class PostSavePublisher:
             one ``hotload/*`` record per version handled: the baseline's (first call only),
             then this export's.
         """
-        from cwtrain.hotload.files.write import write_delta
-
+        session = self.session
         records: list[dict[str, float]] = []
         if self._previous is None:
-            records.append(self.publisher.publish_baseline(args))
+            records.append(session.publish_baseline(str(args.hf_checkpoint)).metrics())
             self._previous = Path(str(args.hf_checkpoint))
         version = int(rollout_id) + 1
-        base_version = self.publisher.last_version
-        if version <= base_version:
-            raise ConfigError(f"rollout {rollout_id} was already published as version {base_version}")
+        if version <= session.last_version:
+            raise ConfigError(f"rollout {rollout_id} was already published as version {session.last_version}")
         export = Path(hf_checkpoint_dir)
         if not (export / COMPLETE_MARKER).is_file():
             log.error(
@@ -118,20 +116,17 @@ class PostSavePublisher:
                 "the replicas keep %s",
                 export,
                 COMPLETE_MARKER,
-                self.publisher.served_identity,
+                session.served_identity,
             )
-            records.append(self.publisher.state_metrics({"skipped_incomplete": 1.0}, version))
+            skipped = PublishOutcome(
+                version,
+                served_version=session.served_version if session.served_version is not None else -1,
+                chain_length=session.cadence.deltas_in_chain,
+            )
+            records.append({**skipped.metrics(), "hotload/skipped_incomplete": 1.0})
             return records
-        staging = self.publisher.state_dir / "post-save" / f"weight_v{version:06d}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        write_delta(self._previous, export, staging, version=f"{version:06d}", base_version=f"{base_version:06d}")
-        try:
-            records.append(
-                self.publisher.publish_version(args, staging, version, cadence_position=self.exports_published + 1)
-            )
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        plan = session.begin(version, cadence_position=self.exports_published + 1)
+        records.append(session.publish_diff(plan, export, self._previous).metrics())
         self.exports_published += 1
         self._previous = export
         return records

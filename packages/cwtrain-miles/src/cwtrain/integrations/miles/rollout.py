@@ -26,11 +26,11 @@ from typing import Any, cast
 
 from cwtrain.errors import ConfigError
 from cwtrain.integrations.frameworks import MILES, install_line, require
-from cwtrain.integrations.slime import SlimeRuntime
-from cwtrain.integrations.slime.rollout import REFUSED_FLAGS as SLIME_REFUSED_FLAGS
-from cwtrain.integrations.slime.rollout import (
+from cwtrain.integrations.slime import REFUSED_FLAGS as SLIME_REFUSED_FLAGS
+from cwtrain.integrations.slime import (
     DataSource,
     RewardHooks,
+    SlimeRuntime,
     rollout_run_id,
     run_sync,
     sample_groups_into,

@@ -14,7 +14,7 @@ this object over::
 
     from cwtrain.integrations.miles import MilesRuntime, reset
 
-    MilesRuntime.current().use_post_save(PostSavePublisher(SlimePublisher(config, loader=my_loader)))
+    MilesRuntime.current().use_post_save(PostSavePublisher(settings, loader=my_loader))
     reset()   # a new run in the same process (tests)
 """
 

@@ -76,13 +76,29 @@ from __future__ import annotations
 from typing import Any
 
 from .barrier import init_hook
-from .config import HookConfig, is_rank_zero
+from .config import HookConfig, is_rank_zero, state_dir_for
 from .post_write import actor_hook, drain, hook
 from .publisher import SlimePublisher
+from .rollout import (
+    REFUSED_FLAGS,
+    DataSource,
+    RewardHooks,
+    rollout_run_id,
+    run_sync,
+    sample_groups_into,
+    served_version,
+    trainer_sampler,
+)
 from .runtime import SlimeRuntime, default_run_id, reset
+from .tracking import log_metrics
 
+# What miles, slime's fork, reuses: the same hooks, rollout glue and logger calls on the same
+# argument namespace (docs/internals.md says why miles depends on this plug-in).
 __all__ = [
+    "REFUSED_FLAGS",
+    "DataSource",
     "HookConfig",
+    "RewardHooks",
     "SlimePublisher",
     "SlimeRuntime",
     "actor_hook",
@@ -91,8 +107,15 @@ __all__ = [
     "hook",
     "init_hook",
     "is_rank_zero",
+    "log_metrics",
     "make_actor_cls",
     "reset",
+    "rollout_run_id",
+    "run_sync",
+    "sample_groups_into",
+    "served_version",
+    "state_dir_for",
+    "trainer_sampler",
 ]
 
 

@@ -183,7 +183,7 @@ def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None =
     run_id = rollout_run_id(args, env)
     if env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", env):
         try:
-            from .publisher import build_loader
+            from cwtrain.hotload import build_loader
 
             config = HookConfig.from_env(env, default_run_id=run_id or "unknown")
             loader = build_loader(config)
