@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.cli.options import command_group, positive_int
+from cwtrain.jsondoc import load_json
 
 __all__ = ["default_state_file", "register"]
 
@@ -121,7 +122,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _read_state(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_bytes())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import json
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ from cwtrain.integrations.rollout._runtime import LoopThread, SequenceLimiter
 from cwtrain.integrations.rollout.config import RolloutConfig
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams, as_prompt
 from cwtrain.integrations.rollout.responses import Completion, read_completions
+from cwtrain.jsondoc import load_json
 
 __all__ = ["IDENTITY_HEADER", "CompletionSampler", "RolloutBatch"]
 
@@ -508,7 +508,7 @@ class CompletionSampler(Closing):
                 status = response.status_code
                 if 200 <= status < 300:
                     try:
-                        payload = json.loads(response.content)
+                        payload = load_json(response.content)
                         if not isinstance(payload, dict):
                             raise ValueError("not a JSON object")
                     except ValueError:

@@ -57,7 +57,6 @@ code>, "message", "details": []}`` with the usual HTTP status. Armed
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import socket
@@ -66,6 +65,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from cwtrain.jsondoc import load_json
 from cwtrain.local.controlplane.resources import ServiceError, check_resource_id
 from cwtrain.local.controlplane.state import ControlPlaneState
 from cwtrain.local.harness.faults import APIFaults
@@ -213,9 +213,9 @@ class _Handler(JSONHandler):
         body: Any = None
         if method in ("POST", "PATCH", "PUT"):
             try:
-                body = json.loads(raw) if raw.strip() else {}
-            except ValueError:
-                raise ServiceError("invalid_argument", "request body is not valid JSON") from None
+                body = load_json(raw) if raw.strip() else {}
+            except ValueError as exc:
+                raise ServiceError("invalid_argument", f"request body is not valid JSON: {exc}") from None
             if not isinstance(body, dict):
                 raise ServiceError("invalid_argument", "request body must be a JSON object")
         known = False

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import hmac
 import http.client
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from cwtrain.jsondoc import load_json
 from cwtrain.local.loopback import (
     DEFAULT_MAX_BODY_BYTES,
     BackgroundServer,
@@ -118,7 +118,7 @@ class _Handler(JSONHandler):
             try:
                 conn.request("GET", "/v1/models", headers=self._replica_auth())
                 response = conn.getresponse()
-                doc = json.loads(response.read()) if response.status == 200 else {}
+                doc = load_json(response.read()) if response.status == 200 else {}
                 for card in doc.get("data") or []:
                     if isinstance(card, dict) and card.get("id") == model:
                         return card
@@ -166,9 +166,9 @@ class _Handler(JSONHandler):
                 return None
             return parts[1]
         try:
-            body = json.loads(raw or b"{}")
-        except ValueError:
-            self._error(400, "request body is not JSON")
+            body = load_json(raw or b"{}")
+        except ValueError as exc:
+            self._error(400, f"request body is not JSON: {exc}")
             return None
         model = body.get("model") if isinstance(body, dict) else None
         if not isinstance(model, str) or not model:

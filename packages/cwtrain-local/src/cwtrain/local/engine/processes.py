@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cwtrain.jsondoc import load_json
+
 __all__ = ["DEFAULT_REPLICA_COMMAND", "TOKEN_VARIABLE", "ReplicaProcess", "kill_all"]
 
 log = logging.getLogger("cwtrain.local.engine.processes")
@@ -205,7 +207,7 @@ class ReplicaProcess:
             response = conn.getresponse()
             raw = response.read()
             try:
-                data = json.loads(raw) if raw else {}
+                data = load_json(raw) if raw else {}
             except ValueError:
                 data = {"raw": raw[:200].decode(errors="replace")}
             return response.status, data

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import json
 import logging
 import os
 import queue
@@ -65,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cwtrain.errors import UsageError
+from cwtrain.jsondoc import load_json
 from cwtrain.local.engine.chat import chat_complete
 from cwtrain.local.engine.completions import (
     SSE_CONTENT_TYPE,
@@ -410,7 +410,7 @@ class _Handler(JSONHandler):
 
     def _json_body(self) -> Any:
         raw = self.read_body()
-        return json.loads(raw) if raw else None
+        return load_json(raw) if raw else None
 
     def do_GET(self) -> None:
         replica = self.server.replica
