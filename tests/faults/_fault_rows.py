@@ -165,4 +165,18 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "a FULL without checksums, a delta without --base, an empty delta",
         "exit 1 with the reason and result unverified; never ok",
     ),
+    "deep-json": (
+        "JSON nested far deeper than any real document",
+        "request files (deployment/gateway create -f), CWTRAIN_API_HEADERS, an API answer, a completions answer, "
+        "bodies to the local control plane, gateway, replica and NeMo-RL's gym_model, a Gym rollouts file: "
+        "129, 900 and 100,000 levels deep",
+        "a clear error naming the input (exit 1, or 400 in the server's shape), never RecursionError; nothing sent",
+    ),
+    "malformed-answer": (
+        "malformed completions answers",
+        "a table (choice index a string, an object, a float, repeated or out of range; token ids out of range; "
+        "routes that do not fill their dtype; 100,000-deep JSON) and hypothesis: any value of a valid answer replaced, "
+        "read directly and through the sampler",
+        "nothing escapes but a RolloutError (retried or reported); what reads is in range and index order",
+    ),
 }

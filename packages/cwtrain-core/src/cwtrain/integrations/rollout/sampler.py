@@ -97,9 +97,9 @@ def _retry_after(value: str | None) -> float | None:
         pass
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -511,8 +511,8 @@ class CompletionSampler(Closing):
                         payload = load_json(response.content)
                         if not isinstance(payload, dict):
                             raise ValueError("not a JSON object")
-                    except ValueError:
-                        last = f"HTTP {status} with a body that is not a JSON object: {response.text[:200]!r}"
+                    except ValueError as exc:
+                        last = f"HTTP {status} with a body that is not a JSON object ({exc}): {response.text[:200]!r}"
                     else:
                         latency = time.monotonic() - started
                         stats.latencies.append(latency)
