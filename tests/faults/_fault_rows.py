@@ -179,4 +179,11 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "read directly and through the sampler",
         "nothing escapes but a RolloutError (retried or reported); what reads is in range and index order",
     ),
+    "broken-stream": (
+        "an upstream answer that breaks off",
+        "a replica's stream cut after two events, cut mid-event, or ended without data: [DONE]; a whole answer cut "
+        "mid-body (Content-Length or chunked); a completions answer whose choice has no finish_reason, or abort/error",
+        "the gateway ends the stream with vLLM's error event and [DONE] (OpenAI clients raise), a whole answer is an "
+        "error status; the sampler retries and never returns a truncated completion as finished",
+    ),
 }

@@ -32,7 +32,7 @@ import numpy as np
 
 from cwtrain.errors import RolloutError
 
-__all__ = ["ID_FIELDS", "Completion", "decode_routed_experts", "read_completions"]
+__all__ = ["ID_FIELDS", "UNFINISHED_REASONS", "Completion", "decode_routed_experts", "read_completions", "unfinished"]
 
 ID_FIELDS = (
     "choices[].token_ids",
@@ -95,6 +95,9 @@ class Completion:
         """Prompt ids followed by completion ids."""
         return [*self.prompt_ids, *self.response_ids]
 
+
+#: ``finish_reason`` values of a generation the engine gave up (vLLM's ``abort``, ``error``).
+UNFINISHED_REASONS = frozenset({"abort", "error"})
 
 #: Token ids are vocabulary indexes: at least 0, below 2**31 (an int32, as engines hold them).
 MAX_TOKEN_ID = 2**31 - 1
@@ -326,7 +329,7 @@ def read_completions(
                 response_ids=tuple(ids),
                 text=text,
                 logprobs=logprobs,
-                finish_reason=reason if isinstance(reason, str) else "stop",
+                finish_reason=reason if isinstance(reason, str) and reason else "stop",
                 identity=identity,
                 latency=latency,
                 stop_reason=stop_reason if isinstance(stop_reason, int | str) else None,
@@ -337,6 +340,28 @@ def read_completions(
             )
         )
     return out
+
+
+def unfinished(payload: Any) -> str | None:
+    """Why an answer holds a completion that did not finish, or ``None``.
+
+    A choice without a ``finish_reason`` (``null``, absent, not text) was cut short on the way
+    (a stream that broke off, a proxy that gave up); one that ended ``abort`` or ``error`` was
+    given up by the engine. Neither is a finished completion; the sampler retries the request.
+    Answers malformed otherwise are left to :func:`read_completions`.
+    """
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if type(choices) is not list:
+        return None
+    for position, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            return None
+        reason = choice.get("finish_reason")
+        if not isinstance(reason, str) or not reason:
+            return f"choice {position} has no finish_reason ({reason!r}): the completion did not finish"
+        if reason in UNFINISHED_REASONS:
+            return f"choice {position} ended with finish_reason {reason!r}: the engine gave the completion up"
+    return None
 
 
 def _in_index_order(choices: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
