@@ -186,4 +186,11 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "the gateway ends the stream with vLLM's error event and [DONE] (OpenAI clients raise), a whole answer is an "
         "error status; the sampler retries and never returns a truncated completion as finished",
     ),
+    "gym-relay": (
+        "NeMo-RL's gym_model endpoint as an open relay",
+        "requests without a token, with Gym's placeholder key or a wrong one (declaring a 1 GiB body), an oversized "
+        "or malformed body, a 100,000-deep body; a server advertised on one address reached on another",
+        "401 before a byte of the body is read, 413/400 at once, nothing forwarded to the deployment; it listens only "
+        "where it is advertised and Gym gets its token",
+    ),
 }

@@ -25,7 +25,7 @@ failed: ``data: {"error": {"message", "type": "InternalServerError", "param": nu
 Auth: ``coreWeaveAuth`` gateways want ``Authorization: Bearer <the stack's API token>``;
 ``weightsAndBiasesAuth`` gateways accept any non-empty bearer key. The key is checked before
 a byte of the body is read, and bodies are bounded (:data:`MAX_BODY_BYTES`, 413;
-:mod:`cwtrain.local.loopback`). The gateway speaks to replicas with the replicas' own token
+:mod:`cwtrain.serving`). The gateway speaks to replicas with the replicas' own token
 (``replica_token``), never with the caller's key. Errors use OpenAI's body
 ``{"error": {"message", "type", "code"}}``.
 """
@@ -43,13 +43,8 @@ from urllib.parse import urlsplit
 
 from cwtrain.jsondoc import load_json
 from cwtrain.local.engine.completions import SSE_DONE, error_body, sse_event
-from cwtrain.local.loopback import (
-    DEFAULT_MAX_BODY_BYTES,
-    BackgroundServer,
-    JSONHandler,
-    LoopbackHTTPServer,
-    RequestRefused,
-)
+from cwtrain.local.loopback import LoopbackHTTPServer
+from cwtrain.serving import DEFAULT_MAX_BODY_BYTES, BackgroundServer, JSONHandler, RequestRefused
 
 __all__ = ["MAX_BODY_BYTES", "GatewayServer", "Router"]
 

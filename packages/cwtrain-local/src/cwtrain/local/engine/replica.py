@@ -85,13 +85,8 @@ from cwtrain.local.engine.snapshots import (
     weights_file,
 )
 from cwtrain.local.engine.tokenization import detokenize, tokenize
-from cwtrain.local.loopback import (
-    DEFAULT_MAX_BODY_BYTES,
-    BackgroundServer,
-    JSONHandler,
-    LoopbackHTTPServer,
-    RequestRefused,
-)
+from cwtrain.local.loopback import LoopbackHTTPServer
+from cwtrain.serving import DEFAULT_MAX_BODY_BYTES, BackgroundServer, JSONHandler, RequestRefused
 
 __all__ = [
     "ENGINE_ROUTES",
