@@ -193,4 +193,17 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "401 before a byte of the body is read, 413/400 at once, nothing forwarded to the deployment; it listens only "
         "where it is advertised and Gym gets its token",
     ),
+    "local-up": (
+        "two local stacks on one state file, and local up killed",
+        "two 'cwtrain local up' with one state file started at once; SIGKILL of 'local up' with moto's server and a "
+        "replica running",
+        "the second refuses naming the holder's pid, exit 1, and local down stops the one running; every child is gone "
+        "within 10 s of the SIGKILL and the state file is known stale",
+    ),
+    "local-s3": (
+        "the local object store answering otherwise than S3",
+        "UploadPart, UploadPartCopy, CompleteMultipartUpload, ListParts and Abort of an aborted or unknown upload; "
+        "ListParts while the parts are uploaded; two computations of one part's ETag at once",
+        "404 NoSuchUpload as S3 answers; every listed part ETag is the MD5 of the part's bytes",
+    ),
 }
