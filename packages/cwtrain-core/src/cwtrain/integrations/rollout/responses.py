@@ -369,7 +369,8 @@ def _in_index_order(choices: list[dict[str, Any]], n: int) -> list[dict[str, Any
     indexes = [choice.get("index") for choice in choices]
     if all(index is None for index in indexes):
         return choices
-    if not all(type(index) is int for index in indexes) or sorted(indexes) != list(range(n)):
+    numbers = [index for index in indexes if type(index) is int]
+    if len(numbers) != len(indexes) or sorted(numbers) != list(range(n)):
         shown = ", ".join(repr(index)[:40] for index in indexes)
         raise RolloutError(f"completions response has choice indexes [{shown}]; expected 0 .. {n - 1}, each once")
     return sorted(choices, key=lambda choice: int(choice["index"]))
