@@ -167,9 +167,9 @@ ROWS: dict[str, tuple[str, str, str]] = {
     ),
     "deep-json": (
         "JSON nested far deeper than any real document",
-        "request files (deployment/gateway create -f), CWTRAIN_API_HEADERS, an API answer, a completions answer, "
-        "bodies to the local control plane, gateway, replica and NeMo-RL's gym_model, a Gym rollouts file: "
-        "129, 900 and 100,000 levels deep",
+        "request files (deployment/gateway create -f), CWTRAIN_API_HEADERS, an API answer, bodies to the local "
+        "control plane, gateway and replica, a Gym rollouts file: 129, 900 and 100,000 levels deep (a completions "
+        "answer: malformed-answer; gym_model's body: gym-relay)",
         "a clear error naming the input (exit 1, or 400 in the server's shape), never RecursionError; nothing sent",
     ),
     "malformed-answer": (
