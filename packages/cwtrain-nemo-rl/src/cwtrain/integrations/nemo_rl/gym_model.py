@@ -684,7 +684,10 @@ class GymModelServer:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cwtrain.integrations.nemo_rl.gym_model``: serve the endpoint until interrupted."""
     parser = argparse.ArgumentParser(
-        prog="python -m cwtrain.integrations.nemo_rl.gym_model", description=__doc__.split("\n")[0]
+        prog="python -m cwtrain.integrations.nemo_rl.gym_model",
+        description=__doc__.split("\n")[0],
+        epilog=f"Every request needs 'Authorization: Bearer <token>': the token is {TOKEN_VARIABLE} when set, else a "
+        "random one printed as api_key in the JSON line written at start (give it to Gym as policy_api_key).",
     )
     parser.add_argument("--tokenizer", required=True, help="the trainer's tokenizer (HF name or directory)")
     parser.add_argument("--chat-template", help="a chat template (Jinja text or a file) instead of the tokenizer's")
