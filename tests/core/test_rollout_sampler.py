@@ -505,3 +505,38 @@ def test_async_sample_group() -> None:
     assert [c.index for c in group] == [0, 1, 2]
     assert fake.bodies[0]["prompt"] == "hi" and fake.bodies[0]["add_special_tokens"] is False
     assert group[0].prompt_ids == (ord("h"), ord("i"))  # from the returned prompt_token_ids
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("broken-stream")
+@pytest.mark.parametrize("reason", [None, "missing", "abort", "error", 7])
+def test_a_choice_that_did_not_finish_is_retried_never_returned_as_finished(reason: Any) -> None:
+    """A completion cut short upstream (no finish_reason, or the engine's abort/error) is not a sample."""
+    good = FakeEndpoint()
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        answer = good.answer(json.loads(request.content))
+        if len(calls) == 1:
+            choice = answer["choices"][1]
+            if reason == "missing":
+                del choice["finish_reason"]
+            else:
+                choice["finish_reason"] = reason
+        return httpx.Response(200, json=answer)
+
+    sleeps = Sleeps()
+    with make(handler, sleeps) as sampler:
+        batch = sampler.sample_groups_sync([[1, 2, 3]], 3, PARAMS)
+    assert len(calls) == 2 and len(sleeps.calls) == 1  # retried as a transient failure
+    assert [c.finish_reason for c in batch.groups[0]] == ["stop"] * 3
+
+    def never_finishes(request: httpx.Request) -> httpx.Response:
+        answer = good.answer(json.loads(request.content))
+        answer["choices"][0]["finish_reason"] = None
+        return httpx.Response(200, json=answer)
+
+    with make(never_finishes, max_attempts=3) as sampler, pytest.raises(RolloutError, match="finish_reason") as info:
+        sampler.sample_groups_sync([[1, 2, 3]], 3, PARAMS)
+    assert "after 3 attempts" in str(info.value)

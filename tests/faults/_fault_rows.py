@@ -165,4 +165,45 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "a FULL without checksums, a delta without --base, an empty delta",
         "exit 1 with the reason and result unverified; never ok",
     ),
+    "deep-json": (
+        "JSON nested far deeper than any real document",
+        "request files (deployment/gateway create -f), CWTRAIN_API_HEADERS, an API answer, bodies to the local "
+        "control plane, gateway and replica, a Gym rollouts file: 129, 900 and 100,000 levels deep (a completions "
+        "answer: malformed-answer; gym_model's body: gym-relay)",
+        "a clear error naming the input (exit 1, or 400 in the server's shape), never RecursionError; nothing sent",
+    ),
+    "malformed-answer": (
+        "malformed completions answers",
+        "a table (choice index a string, an object, a float, repeated or out of range; token ids out of range; "
+        "routes that do not fill their dtype; 100,000-deep JSON) and hypothesis: any value of a valid answer replaced, "
+        "read directly and through the sampler",
+        "nothing escapes but a RolloutError (retried or reported); what reads is in range and index order",
+    ),
+    "broken-stream": (
+        "an upstream answer that breaks off",
+        "a replica's stream cut after two events, cut mid-event, or ended without data: [DONE]; a whole answer cut "
+        "mid-body (Content-Length or chunked); a completions answer whose choice has no finish_reason, or abort/error",
+        "the gateway ends the stream with vLLM's error event and [DONE] (OpenAI clients raise), a whole answer is an "
+        "error status; the sampler retries and never returns a truncated completion as finished",
+    ),
+    "gym-relay": (
+        "NeMo-RL's gym_model endpoint as an open relay",
+        "requests without a token, with Gym's placeholder key or a wrong one (declaring a 1 GiB body), an oversized "
+        "or malformed body, a 100,000-deep body; a server advertised on one address reached on another",
+        "401 before a byte of the body is read, 413/400 at once, nothing forwarded to the deployment; it listens only "
+        "where it is advertised and Gym gets its token",
+    ),
+    "local-up": (
+        "two local stacks on one state file, and local up killed",
+        "two 'cwtrain local up' with one state file started at once; SIGKILL of 'local up' with moto's server and a "
+        "replica running",
+        "the second refuses naming the holder's pid, exit 1, and local down stops the one running; every child is gone "
+        "within 10 s of the SIGKILL and the state file is known stale",
+    ),
+    "local-s3": (
+        "the local object store answering otherwise than S3",
+        "UploadPart, UploadPartCopy, CompleteMultipartUpload, ListParts and Abort of an aborted or unknown upload; "
+        "ListParts while the parts are uploaded; two computations of one part's ETag at once",
+        "404 NoSuchUpload as S3 answers; every listed part ETag is the MD5 of the part's bytes",
+    ),
 }

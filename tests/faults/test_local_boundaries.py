@@ -9,6 +9,8 @@ the server tried to read what it should have refused:
   before a byte of the body is read, and the replica keeps its identity.
 - ``local-bodies``: malformed framings and oversized bodies: 400 or 413 at once, in the
   server's error shape, and the server goes on answering.
+- ``deep-json``: a body nested 129, 900 and 100,000 levels deep: 400 in the server's error
+  shape, and the server goes on answering.
 - ``local-ids``: escaped ids holding ``?``, ``/``, ``%`` or control characters, and the
   reserved id ``parameters``: ``invalid_argument``, nothing looked up, deleted or created.
 """
@@ -178,6 +180,26 @@ def test_malformed_and_oversized_bodies_are_400_or_413_at_once(
         assert status == expected, (server, headers, body, doc)
         assert time.monotonic() - started < 5
         _shape(server, status, doc)
+    status, _, _ = _exchange(origin, _head("GET", "/health" if server == "replica" else "/v1/models", auth))
+    if server == "api":
+        status, _, _ = _exchange(origin, _head("GET", f"{API_PREFIX}/deployments/{target.deployment_id}", auth))
+    assert status == 200  # still serving
+
+
+@pytest.mark.fault_row("deep-json")
+@pytest.mark.parametrize("server", ["api", "gateway", "replica"])
+def test_a_deeply_nested_body_is_a_400_in_the_servers_shape(
+    server: str, stack: LocalStack, target: DeployedModel
+) -> None:
+    origin, path, token = _servers(stack, target)[server]
+    auth = f"Authorization: Bearer {token}"
+    for depth in (100_000, 900, 129):
+        body = ('{"model": "' + target.model + '", "prompt": ' + "[" * depth + "]" * depth + "}").encode()
+        status, _, doc = _exchange(
+            origin, _head("POST", path, auth, "Content-Type: application/json", f"Content-Length: {len(body)}"), body
+        )
+        assert status == 400, (server, depth, doc)
+        assert "levels deep" in _shape(server, status, doc)
     status, _, _ = _exchange(origin, _head("GET", "/health" if server == "replica" else "/v1/models", auth))
     if server == "api":
         status, _, _ = _exchange(origin, _head("GET", f"{API_PREFIX}/deployments/{target.deployment_id}", auth))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +101,107 @@ def test_local_up_stops_everything_on_ctrl_c(tmp_path: Path, sigint_ignored: boo
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started (every thread's children, from /proc)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(child) for child in (task / "children").read_text().split()}
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its new parent's wait() does not)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return fields[0] not in ("Z", "X")
+
+
+def _reap(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@pytest.mark.fault_row("local-up")
+def test_a_second_local_up_with_the_same_state_file_refuses(tmp_path: Path) -> None:
+    """Both started at once, before either wrote the state file: exactly one runs."""
+    state_file = tmp_path / "stack.json"
+    argv = [*CWTRAIN, "local", "up", "--no-deploy", "--state-file", str(state_file)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ended = [p for p in procs if p.poll() is not None]
+        assert len(ended) == 1, "both 'local up' ran with one state file"
+        (loser,) = ended
+        (winner,) = [p for p in procs if p is not loser]
+        err = loser.stderr.read() if loser.stderr else ""
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert loser.returncode == 1 and len(lines) == 1 and "Traceback" not in err, err
+        assert "already running" in lines[0] and str(state_file) in lines[0] and str(winner.pid) in lines[0]
+        down = subprocess.run(
+            [*CWTRAIN, "local", "down", "--state-file", str(state_file)], capture_output=True, text=True, timeout=120
+        )
+        assert json.loads(down.stdout)["pid"] == winner.pid, down.stderr
+        assert winner.wait(timeout=60) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@pytest.mark.fault_row("local-up")
+def test_sigkill_of_local_up_takes_its_children_with_it(tmp_path: Path) -> None:
+    """moto's server and the replicas end within seconds of the SIGKILL (as 'local down' sends it
+    after --timeout), and the state file it left is known stale."""
+    state_file = tmp_path / "stack.json"
+    proc = subprocess.Popen(
+        [*CWTRAIN, "local", "up", "--replicas", "1", "--state-file", str(state_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    children: set[int] = set()
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.rstrip() == "}":
+                break
+        doc = json.loads("".join(lines))
+        children = _children(proc.pid)
+        assert len(children) >= 2, children  # moto's server and the replica
+        assert _answers(doc["env"]["CW_S3_ENDPOINT"])
+        proc.kill()
+        killed = time.monotonic()
+        proc.wait(timeout=30)
+        while any(_alive(pid) for pid in children) and time.monotonic() - killed < 10:
+            time.sleep(0.05)
+        left = {pid for pid in children if _alive(pid)}
+        seconds = time.monotonic() - killed
+        print(f"children of the SIGKILLed 'local up' gone after {seconds:.2f} s")
+        assert not left, f"still running {seconds:.0f} s after the SIGKILL: {left}"
+        assert not _answers(doc["env"]["CW_S3_ENDPOINT"])
+        down = subprocess.run(
+            [*CWTRAIN, "local", "down", "--state-file", str(state_file)], capture_output=True, text=True, timeout=60
+        )
+        assert json.loads(down.stdout)["result"] == "not_running" and not state_file.exists(), down.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _reap(children)
 
 
 def test_demo_and_local_parsers() -> None:

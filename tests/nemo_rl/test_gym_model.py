@@ -4,7 +4,10 @@ tests/contracts/test_gym_real.py)."""
 
 from __future__ import annotations
 
+import json
 import pickle
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,14 @@ import pytest
 from gym_model_support import RecordingEndpoint, TurnTokenizer
 
 from cwtrain.errors import RolloutError
-from cwtrain.integrations.nemo_rl.gym_model import ChatRenderer, GymModel, GymModelError, GymModelServer
+from cwtrain.integrations.nemo_rl.gym_model import (
+    MAX_BODY_BYTES,
+    ChatRenderer,
+    GymModel,
+    GymModelError,
+    GymModelServer,
+    bind_address,
+)
 from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig
 
 DEPLOYMENT = {
@@ -189,10 +199,11 @@ def test_server_speaks_http_as_gym_and_vllm_clients_expect() -> None:
     endpoint = RecordingEndpoint()
     with GymModelServer(gym_model(endpoint), advertise="127.0.0.1") as server:
         assert server.base_url == f"http://127.0.0.1:{server.port}/v1"
-        with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=30) as http:
+        auth = {"Authorization": f"Bearer {server.token}"}  # what Gym's model server sends as its api_key
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", headers=auth, timeout=30) as http:
             models = http.get("/v1/models").json()
             assert [m["id"] for m in models["data"]] == ["served-model"]
-            chat = http.post("/v1/chat/completions", json=first_turn(), headers={"Authorization": "Bearer dummy_key"})
+            chat = http.post("/v1/chat/completions", json=first_turn())
             assert chat.status_code == 200 and chat.headers["x-cwtrain-snapshot-identity"] == "run-v000004"
             tokens = http.post("/tokenize", json={"model": "m", "messages": first_turn()["messages"]}).json()
             assert tokens["tokens"] == chat.json()["choices"][0]["message"]["prompt_token_ids"]
@@ -204,6 +215,72 @@ def test_server_speaks_http_as_gym_and_vllm_clients_expect() -> None:
                 "/v1/chat/completions", json=first_turn(messages=[{"role": "user", "content": "x" * 50}])
             )
             assert overflow.status_code == 400 and "context length" in overflow.text
+
+
+def _raw(port: int, head: str, body: bytes = b"", host: str = "127.0.0.1") -> tuple[int, dict[str, Any], float]:
+    """One request over a raw socket: ``(status, JSON body, seconds to the answer)``."""
+    started = time.monotonic()
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(head.encode("latin-1") + b"\r\n\r\n" + body)
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            data = sock.recv(65536)
+            assert data, f"closed without an answer: {raw!r}"
+            raw += data
+        top, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(
+            next(line.split(b":")[1] for line in top.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
+        while len(rest) < length:
+            rest += sock.recv(65536)
+    return int(top.split()[1]), json.loads(rest[:length]), time.monotonic() - started
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("gym-relay")
+def test_the_endpoint_is_no_open_relay_token_first_bounded_bodies() -> None:
+    endpoint = RecordingEndpoint()
+    with GymModelServer(gym_model(endpoint), advertise="127.0.0.1") as server:
+        assert server.host == "127.0.0.1" and len(server.token) >= 32
+        chat = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        for auth in ("", "\r\nAuthorization: Bearer dummy_key", "\r\nAuthorization: Bearer " + server.token + "x"):
+            # a 1 GiB body is declared and never sent: the refusal comes before reading any of it
+            status, doc, seconds = _raw(server.port, chat + auth + f"\r\nContent-Length: {1 << 30}", b"{")
+            assert status == 401 and doc["type"] == "AuthenticationError" and seconds < 5, doc
+            for path in ("/v1/models", "/health"):
+                status, doc, _ = _raw(server.port, f"GET {path} HTTP/1.1\r\nHost: x" + auth)
+                assert status == 401, (path, doc)
+        assert endpoint.requests == []  # nothing reached the deployment
+        good = f"\r\nAuthorization: Bearer {server.token}"
+        status, doc, seconds = _raw(server.port, chat + good + f"\r\nContent-Length: {MAX_BODY_BYTES + 1}", b"{")
+        assert status == 413 and seconds < 5, doc
+        status, doc, _ = _raw(server.port, chat + good + "\r\nContent-Length: abc", b"{")
+        assert status == 400, doc
+        body = json.dumps(first_turn()).encode()
+        status, doc, _ = _raw(server.port, chat + good + f"\r\nContent-Length: {len(body)}", body)
+        assert status == 200 and doc["choices"][0]["message"]["generation_token_ids"] == [20, 21, 0]
+        assert len(endpoint.requests) == 1
+        assert endpoint.headers[0]["authorization"] == "Bearer deployment-key"  # the deployment's key, not Gym's
+        deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        status, doc, _ = _raw(server.port, chat + good + f"\r\nContent-Length: {len(deep)}", deep)
+        assert status == 400 and "levels deep" in doc["message"], doc
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("gym-relay")
+def test_the_endpoint_listens_only_where_it_is_advertised() -> None:
+    with GymModelServer(gym_model(RecordingEndpoint()), advertise="127.0.0.2") as server:
+        assert server.host == "127.0.0.2" and server.base_url == f"http://127.0.0.2:{server.port}/v1"
+        with pytest.raises(OSError):  # not every interface: another address of this machine is refused
+            socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+        status, _, _ = _raw(
+            server.port, f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}", host="127.0.0.2"
+        )
+        assert status == 200
+    with GymModelServer(gym_model(RecordingEndpoint()), advertise="localhost", token="chosen-token") as server:
+        assert server.host == "127.0.0.1" and server.token == "chosen-token"
+    assert bind_address("10.1.2.3") == "10.1.2.3" and bind_address("::1") == "::1"
+    assert bind_address("localhost") == "127.0.0.1"
 
 
 @pytest.mark.e2e
@@ -246,7 +323,14 @@ def test_generation_serves_gym_from_the_local_deployment(tmp_path: Path, monkeyp
         try:
             (base_url,) = generation.dp_openai_server_base_urls
             assert generation.dp_openai_server_base_urls == [base_url]  # started once
+            nemo_gym: dict[str, Any] = {"config_paths": ["vllm_model_for_training.yaml"]}
+            generation.configure_nemo_gym(nemo_gym)  # what the patched setup does before Gym starts
+            token = nemo_gym["policy_model"]["responses_api_models"]["vllm_model"]["api_key"]
+            assert token == generation.gym_model_server().token
             with httpx.Client(timeout=120) as http:
+                refused = http.post(f"{base_url}/chat/completions", json=first_turn())
+                assert refused.status_code == 401  # Gym's placeholder key, or none, is refused
+                http.headers["Authorization"] = f"Bearer {token}"
                 early = http.post(f"{base_url}/chat/completions", json=first_turn())
                 assert early.status_code == 503  # nothing published yet: fails closed
                 for step in range(2):

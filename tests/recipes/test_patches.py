@@ -25,7 +25,12 @@ PATCHES = {
         RECIPES_DIR.parent
         / "packages/cwtrain-nemo-rl/src/cwtrain/integrations/nemo_rl/nemo-rl-coreweave-backend.patch",
         {"nemo_rl/algorithms/grpo.py"},
-        ['elif backend == "coreweave":', "CoreWeaveGeneration(generation_config, tokenizer)", "init_policy()"],
+        [
+            'elif backend == "coreweave":',
+            "CoreWeaveGeneration(generation_config, tokenizer)",
+            "init_policy()",
+            'policy_generation.configure_nemo_gym(env_configs["nemo_gym"])',
+        ],
         "v0.7.0",
     ),
 }

@@ -36,7 +36,6 @@ the command could know (``--token``, the secret variables of
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -46,6 +45,7 @@ from typing import TextIO
 
 from cwtrain.config import VARIABLES
 from cwtrain.errors import CWTrainError, mask_secrets
+from cwtrain.jsondoc import load_json
 
 __all__ = ["ERROR_EXITS", "ErrorExit", "fail", "find_exit", "is_store_error", "known_secrets", "one_line"]
 
@@ -119,8 +119,8 @@ def known_secrets(token: str | None = None, environ: Mapping[str, str] | None = 
     values += [environ.get(var.name, "") for var in VARIABLES.values() if var.secret]
     values += [environ.get(name, "") for name in _STORE_SECRETS]
     try:
-        headers = json.loads(environ.get("CWTRAIN_API_HEADERS") or "{}")
-    except (ValueError, RecursionError):
+        headers = load_json(environ.get("CWTRAIN_API_HEADERS") or "{}")
+    except ValueError:
         headers = None
     if isinstance(headers, dict):
         values += [str(value) for value in headers.values()]

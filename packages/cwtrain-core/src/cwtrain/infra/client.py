@@ -39,7 +39,6 @@ request (an earlier attempt whose response was lost created it); otherwise it ra
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -68,6 +67,7 @@ from cwtrain.errors import (
 )
 from cwtrain.infra.enums import PromptCachePolicy, SnapshotType
 from cwtrain.infra.models import Deployment, Gateway, HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
+from cwtrain.jsondoc import JSONDepthError, load_json
 
 __all__ = [
     "API_PATH",
@@ -190,9 +190,12 @@ def headers_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
     if text is None:
         return {}
     try:
-        value = json.loads(text)
-    except ValueError:
-        raise ConfigError("CWTRAIN_API_HEADERS is not valid JSON (expected an object of header names)") from None
+        value = load_json(text)
+    except ValueError as exc:
+        reason = f" ({exc})" if isinstance(exc, JSONDepthError) else ""
+        raise ConfigError(
+            f"CWTRAIN_API_HEADERS is not valid JSON{reason} (expected an object of header names)"
+        ) from None
     if not isinstance(value, dict):
         raise ConfigError("CWTRAIN_API_HEADERS must be a JSON object of header names to values")
     return {str(k): str(v) for k, v in value.items()}
@@ -213,7 +216,7 @@ def _code_of(body: Any, status: int) -> str:
 
 def _error_from_response(response: httpx.Response) -> APIError:
     try:
-        body: Any = response.json()
+        body: Any = load_json(response.content)
     except ValueError:
         body = None
     if isinstance(body, Mapping):
@@ -349,10 +352,10 @@ class InferenceClient(Closing):
         if not response.content.strip():
             return {}
         try:
-            return response.json()
-        except ValueError:
+            return load_json(response.content)
+        except ValueError as exc:
             raise TransportError(
-                f"{method} {path} answered HTTP {response.status_code} with a body that is not JSON",
+                f"{method} {path} answered HTTP {response.status_code} with a body that is not JSON ({exc})",
                 http_status=response.status_code,
             ) from None
 

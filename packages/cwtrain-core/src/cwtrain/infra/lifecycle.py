@@ -20,7 +20,6 @@ conditions. There is no DELETED status: a resource is gone when GET answers NOT_
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import sys
@@ -40,6 +39,7 @@ from cwtrain.errors import (
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import ResourceStatus
 from cwtrain.infra.models import Deployment, Gateway, describe_conditions
+from cwtrain.jsondoc import load_json
 from cwtrain.polling import Budget, poll
 
 __all__ = [
@@ -73,8 +73,9 @@ def load_request(source: str | Path, *, stdin: Any = None) -> dict[str, Any]:
     """Read a JSON request body from a file (``-`` = stdin) and refuse placeholders.
 
     Raises:
-        UsageError: the file cannot be read, is not JSON or not a JSON object, or a
-            string value still holds a ``<placeholder>``.
+        UsageError: the file cannot be read, is not JSON (or nests deeper than
+            :data:`cwtrain.jsondoc.MAX_DEPTH`) or not a JSON object, or a string value still
+            holds a ``<placeholder>``.
     """
     name = str(source)
     try:
@@ -82,7 +83,7 @@ def load_request(source: str | Path, *, stdin: Any = None) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read request file {name}: {exc}") from None
     try:
-        body = json.loads(text)
+        body = load_json(text)
     except ValueError as exc:
         raise UsageError(f"request file {name} is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

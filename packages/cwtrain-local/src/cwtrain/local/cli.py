@@ -25,6 +25,15 @@ deployment ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``, ``CWTRAIN_ROLLOUT_BASE_URL``,
 state file (``~/.cache/cwtrain-local/stack.json``, or under ``XDG_CACHE_HOME``; mode 0600
 since it holds the local token) that ``local down`` uses to stop it (SIGTERM, then SIGKILL).
 
+One stack per state file: ``local up`` holds an exclusive lock (``flock``) on
+``<state file>.lock`` (which names its pid) from before it starts anything until it exits;
+the kernel drops the lock when the process dies, however it died. A second ``local up``
+with the same state file refuses at once (exit 1, naming the holder's pid), and ``local
+down`` asks the lock, not only the pid, whether a stack runs. The lock file stays (removing
+it while another process may have it open would let two stacks hold two different files).
+Every child of the stack (moto's server, the replicas) is killed by the kernel when ``local
+up`` dies, SIGKILL included (:mod:`cwtrain.local.children`).
+
 ``cwtrain demo`` runs :func:`cwtrain.local.demo.run.main` (GRPO on the tiny model against a
 fresh local stack; its options are listed by ``cwtrain demo --help``).
 """
@@ -32,6 +41,7 @@ fresh local stack; its options are listed by ``cwtrain demo --help``).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -43,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.cli.options import command_group, positive_int
+from cwtrain.jsondoc import load_json
 
 __all__ = ["default_state_file", "register"]
 
@@ -119,9 +130,55 @@ def _demo(args: argparse.Namespace) -> int:
     return int(main(args))
 
 
+def _lock_file(state_file: Path) -> Path:
+    return state_file.with_name(state_file.name + ".lock")
+
+
+def _holder(state_file: Path) -> int | None:
+    """The pid of the ``local up`` holding ``state_file``'s lock; ``None`` when none holds it
+    (0 when one does but has not written its pid yet)."""
+    try:
+        fd = os.open(_lock_file(state_file), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else 0
+    finally:
+        os.close(fd)  # closing drops the shared lock, if taken
+    return None
+
+
+def _hold_lock(state_file: Path) -> int:
+    """Take ``state_file``'s lock for this process's life (the returned descriptor holds it).
+
+    Raises:
+        CWTrainError: another ``local up`` holds it.
+    """
+    from cwtrain.errors import CWTrainError
+
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(_lock_file(state_file), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        pid = f"pid {text}" if text.isdigit() else "a process still starting"
+        raise CWTrainError(
+            f"a local stack is already running: {pid} holds the state file {state_file}; stop it with "
+            f"'cwtrain local down --state-file {state_file}', or give this one another --state-file"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def _read_state(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_bytes())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -148,16 +205,10 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     from cwtrain.cli.output import emit
-    from cwtrain.errors import CWTrainError
     from cwtrain.local.stack import LocalStack
 
     state_file: Path = args.state_file or default_state_file()
-    previous = _read_state(state_file)
-    if previous and _is_our_process(int(previous.get("pid", 0))):
-        raise CWTrainError(
-            f"a local stack is already running (pid {previous['pid']}, state file {state_file}); "
-            "stop it with 'cwtrain local down' first"
-        )
+    lock = _hold_lock(state_file)  # held until this process ends; the kernel drops it if it dies
     # SIGINT too: a stack started from a script's background job inherits SIGINT ignored, and
     # Python then installs no KeyboardInterrupt handler; Ctrl-C and kill -INT must still stop it.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -194,6 +245,8 @@ def _up(args: argparse.Namespace) -> int:
                     state_file.unlink(missing_ok=True)
     except KeyboardInterrupt:
         print("local stack stopped", file=sys.stderr)
+    finally:
+        os.close(lock)
     return 0
 
 
@@ -201,19 +254,25 @@ def _down(args: argparse.Namespace) -> int:
     from cwtrain.cli.output import emit
 
     state_file: Path = args.state_file or default_state_file()
-    state = _read_state(state_file)
-    if state is None:
-        emit({"result": "not_running", "state_file": str(state_file)})
-        return 0
-    pid = int(state.get("pid", 0))
-    if pid <= 0 or not _is_our_process(pid):
-        state_file.unlink(missing_ok=True)
+    locked = _lock_file(state_file).exists()
+    holder = _holder(state_file)
+    for _ in range(20):  # locked a moment ago, its pid not written yet
+        if holder != 0:
+            break
+        time.sleep(0.05)
+        holder = _holder(state_file)
+    state = _read_state(state_file) or {}
+    # the lock says whether a stack runs; without a lock file, an older cwtrain's state file: its pid
+    pid = holder or int(state.get("pid", 0) or 0)
+    running = bool(holder) if locked else pid > 0 and _is_our_process(pid)
+    if not running:
+        state_file.unlink(missing_ok=True)  # none, or stale: its stack ended without removing it
         emit({"result": "not_running", "pid": pid, "state_file": str(state_file)})
         return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     result = "stopped"
-    while _is_our_process(pid):
+    while _holder(state_file) == pid if locked else _is_our_process(pid):
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             result = "killed"

@@ -43,6 +43,7 @@ from typing import Any
 from cwtrain.errors import LifecycleError, UsageError
 from cwtrain.hotload.format.index import INDEX_NAME, SINGLE_FILE_NAME, generated_index_bytes
 from cwtrain.hotload.format.safetensors import header_of_bytes
+from cwtrain.jsondoc import load_json
 from cwtrain.local.controlplane.server import API_PREFIX, ControlPlaneServer
 from cwtrain.local.controlplane.state import ControlPlaneState
 from cwtrain.local.controlplane.supervisor import Supervisor
@@ -389,10 +390,10 @@ class LocalStack:
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 raw = response.read()
-                return response.status, json.loads(raw) if raw else {}
+                return response.status, load_json(raw) if raw else {}
         except urllib.error.HTTPError as exc:
             raw = exc.read()
-            return exc.code, json.loads(raw) if raw else {}
+            return exc.code, load_json(raw) if raw else {}
 
     def _expect(self, status: int, payload: Any, what: str) -> Any:
         if status != 200:

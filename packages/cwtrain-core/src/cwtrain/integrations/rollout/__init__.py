@@ -28,10 +28,13 @@ a 400 naming it is dropped for the run. Routed experts split a group into ``n`` 
 split group uses one group's budget).
 
 **Retries.** HTTP 408, 409, 425, 429, 500, 502, 503, 504, transport errors, a per-request
-deadline (``CWTRAIN_ROLLOUT_TIMEOUT``) and 2xx bodies that are not JSON objects are retried up
-to ``CWTRAIN_ROLLOUT_MAX_ATTEMPTS`` tries, sleeping ``min(30, 2^(k-1)) × U[0.5, 1.5)`` s after
-try *k* (or ``Retry-After`` when larger, at most 30 s). Other statuses fail at once with
-``RolloutError("completions request failed: HTTP <code>: …")``.
+deadline (``CWTRAIN_ROLLOUT_TIMEOUT``), 2xx bodies that are not JSON objects (or nest deeper
+than 128 levels) and answers with a choice that did not finish (no ``finish_reason``, or
+``abort``/``error``: cut short on the way, or given up by the engine; never returned as a
+finished completion) are retried up to ``CWTRAIN_ROLLOUT_MAX_ATTEMPTS`` tries, sleeping
+``min(30, 2^(k-1)) × U[0.5, 1.5)`` s after try *k* (or ``Retry-After`` when larger, at most
+30 s). Other statuses fail at once with ``RolloutError("completions request failed: HTTP
+<code>: …")``; any other malformed answer is a ``RolloutError`` too, never another exception.
 
 **Exact ids.** Read from ``choices[].token_ids``, ``choices[].logprobs.tokens``
 (``token_id:N``) or ``nvext`` (see :mod:`cwtrain.integrations.rollout.responses`); none of them

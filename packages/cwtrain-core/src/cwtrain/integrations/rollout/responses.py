@@ -12,6 +12,11 @@ other shape present must agree with it:
 
 Text is never re-tokenized unless the caller opts in (``CWTRAIN_ROLLOUT_TOKEN_IDS=0`` plus the
 trainer's tokenizer), and then only when the tokens decode back to exactly the returned text.
+
+Whatever the answer holds, reading it raises nothing but :class:`~cwtrain.errors.RolloutError`:
+a choice ``index`` that is not one of ``0 .. n-1`` (each once), a token id outside
+``[0, 2**31)``, routes whose bytes do not fill their dtype are refused by name; a value of the
+wrong kind where an optional field belongs (log-probs, ``cached_tokens``) counts as absent.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 
 from cwtrain.errors import RolloutError
 
-__all__ = ["ID_FIELDS", "Completion", "decode_routed_experts", "read_completions"]
+__all__ = ["ID_FIELDS", "UNFINISHED_REASONS", "Completion", "decode_routed_experts", "read_completions", "unfinished"]
 
 ID_FIELDS = (
     "choices[].token_ids",
@@ -91,10 +96,28 @@ class Completion:
         return [*self.prompt_ids, *self.response_ids]
 
 
+#: ``finish_reason`` values of a generation the engine gave up (vLLM's ``abort``, ``error``).
+UNFINISHED_REASONS = frozenset({"abort", "error"})
+
+#: Token ids are vocabulary indexes: at least 0, below 2**31 (an int32, as engines hold them).
+MAX_TOKEN_ID = 2**31 - 1
+
+
 def _int_list(value: Any) -> list[int] | None:
     if type(value) is list and all(type(x) is int for x in value):
         return value
     return None
+
+
+def _id_list(value: Any, field: str) -> list[int] | None:
+    """``value`` as token ids: ``None`` when it is not a list of integers; a list of integers
+    with one outside ``[0, MAX_TOKEN_ID]`` is a malformed answer."""
+    ids = _int_list(value)
+    if ids is not None and ids and (min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
+        bad = next(i for i in ids if i < 0 or i > MAX_TOKEN_ID)
+        shown = str(bad) if abs(bad) < 10**12 else f"an integer of {len(str(abs(bad)))} digits"
+        raise RolloutError(f"{field} holds the token id {shown}, outside 0..{MAX_TOKEN_ID}; the answer is malformed")
+    return ids
 
 
 def _dig(obj: Any, *keys: str) -> Any:
@@ -116,12 +139,12 @@ def _ids_from_token_strings(tokens: Any) -> list[int] | None:
             ids.append(int(token[9:]))
         except ValueError:
             return None
-    return ids
+    return _id_list(ids, "choices[].logprobs.tokens")
 
 
 def _completion_sources(choice: dict[str, Any], top: dict[str, Any], n: int) -> list[tuple[str, list[int]]]:
     found: list[tuple[str, list[int]]] = []
-    ids = _int_list(choice.get("token_ids"))
+    ids = _id_list(choice.get("token_ids"), "choices[].token_ids")
     if ids is not None:
         found.append(("token_ids", ids))
     tokens = _dig(choice, "logprobs", "tokens")
@@ -141,7 +164,7 @@ def _completion_sources(choice: dict[str, Any], top: dict[str, Any], n: int) -> 
             _dig(top, "nvext", "engine_data", "completion_token_ids"),
         ]
     for candidate in candidates:
-        ids = _int_list(candidate)
+        ids = _id_list(candidate, "nvext completion_token_ids")
         if ids is not None:
             found.append(("nvext", ids))
             break
@@ -157,7 +180,7 @@ def _prompt_sources(choice: dict[str, Any], top: dict[str, Any], n: int) -> list
     if n == 1:
         candidates.append(("nvext.engine_data.prompt_token_ids", _dig(top, "nvext", "engine_data", "prompt_token_ids")))
     for name, value in candidates:
-        ids = _int_list(value)
+        ids = _id_list(value, name)
         if ids is not None:
             found.append((name, ids))
     return found
@@ -167,12 +190,15 @@ def _logprobs(choice: dict[str, Any], count: int) -> tuple[float, ...] | None:
     values = _dig(choice, "logprobs", "token_logprobs")
     if type(values) is not list or len(values) != count:
         return None
-    for value in values:
-        if type(value) is not float and type(value) is not int:
-            return None
-        if not math.isfinite(value):
-            return None
-    return tuple(float(v) for v in values)
+    if not all(type(value) is float or type(value) is int for value in values):
+        return None
+    try:
+        floats = tuple(float(v) for v in values)
+    except OverflowError:  # an integer past the float range: not a log-prob
+        return None
+    if not all(math.isfinite(v) for v in floats):
+        return None
+    return floats
 
 
 _ROUTE_DTYPES: dict[str, np.dtype[Any]] = {"uint8": np.dtype(np.uint8), "uint16": np.dtype("<u2")}
@@ -204,6 +230,10 @@ def decode_routed_experts(value: Any, rows: int) -> np.ndarray[Any, Any]:
         raw = base64.b64decode(value.get("data") or "", validate=True)
     except (binascii.Error, TypeError, ValueError) as exc:
         raise RolloutError(f"nvext.routed_experts.data is not base64: {exc}") from None
+    if len(raw) % dtype.itemsize:
+        raise RolloutError(
+            f"nvext.routed_experts.data holds {len(raw)} bytes, not a whole number of {value.get('dtype')} values"
+        )
     array = np.frombuffer(raw, dtype=dtype)
     if array.size != math.prod(shape):
         raise RolloutError(f"nvext.routed_experts holds {array.size} values, shape {shape} needs {math.prod(shape)}")
@@ -253,7 +283,7 @@ def read_completions(
         count = len(choices) if type(choices) is list else "no"
         raise RolloutError(f"completions response has {count} choices for n={n}")
     if n > 1:
-        choices = sorted(choices, key=lambda c: c.get("index") or 0)
+        choices = _in_index_order(choices, n)
     cached = _dig(payload, "usage", "prompt_tokens_details", "cached_tokens")
     cached_tokens = cached if type(cached) is int else None
     out = []
@@ -299,7 +329,7 @@ def read_completions(
                 response_ids=tuple(ids),
                 text=text,
                 logprobs=logprobs,
-                finish_reason=reason if isinstance(reason, str) else "stop",
+                finish_reason=reason if isinstance(reason, str) and reason else "stop",
                 identity=identity,
                 latency=latency,
                 stop_reason=stop_reason if isinstance(stop_reason, int | str) else None,
@@ -310,6 +340,40 @@ def read_completions(
             )
         )
     return out
+
+
+def unfinished(payload: Any) -> str | None:
+    """Why an answer holds a completion that did not finish, or ``None``.
+
+    A choice without a ``finish_reason`` (``null``, absent, not text) was cut short on the way
+    (a stream that broke off, a proxy that gave up); one that ended ``abort`` or ``error`` was
+    given up by the engine. Neither is a finished completion; the sampler retries the request.
+    Answers malformed otherwise are left to :func:`read_completions`.
+    """
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if type(choices) is not list:
+        return None
+    for position, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            return None
+        reason = choice.get("finish_reason")
+        if not isinstance(reason, str) or not reason:
+            return f"choice {position} has no finish_reason ({reason!r}): the completion did not finish"
+        if reason in UNFINISHED_REASONS:
+            return f"choice {position} ended with finish_reason {reason!r}: the engine gave the completion up"
+    return None
+
+
+def _in_index_order(choices: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The choices sorted by ``index``: each of ``0 .. n-1`` once (or no choice has one: as sent)."""
+    indexes = [choice.get("index") for choice in choices]
+    if all(index is None for index in indexes):
+        return choices
+    numbers = [index for index in indexes if type(index) is int]
+    if len(numbers) != len(indexes) or sorted(numbers) != list(range(n)):
+        shown = ", ".join(repr(index)[:40] for index in indexes)
+        raise RolloutError(f"completions response has choice indexes [{shown}]; expected 0 .. {n - 1}, each once")
+    return sorted(choices, key=lambda choice: int(choice["index"]))
 
 
 def _prompt_ids(

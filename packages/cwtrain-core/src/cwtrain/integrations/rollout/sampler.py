@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import json
 import logging
 import math
 import os
@@ -28,7 +27,8 @@ from cwtrain.integrations.nvext import as_cache_salt
 from cwtrain.integrations.rollout._runtime import LoopThread, SequenceLimiter
 from cwtrain.integrations.rollout.config import RolloutConfig
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams, as_prompt
-from cwtrain.integrations.rollout.responses import Completion, read_completions
+from cwtrain.integrations.rollout.responses import Completion, read_completions, unfinished
+from cwtrain.jsondoc import load_json
 
 __all__ = ["IDENTITY_HEADER", "CompletionSampler", "RolloutBatch"]
 
@@ -97,9 +97,22 @@ def _retry_after(value: str | None) -> float | None:
         pass
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+
+
+def _answer_of(response: httpx.Response) -> tuple[dict[str, Any], str | None]:
+    """A 2xx answer's JSON object, or why it must be asked again: not a JSON object (cut short,
+    a proxy's page), or a completion that did not finish (:func:`~.responses.unfinished`)."""
+    try:
+        payload = load_json(response.content)
+    except ValueError as exc:
+        return {}, f"HTTP {response.status_code} with a body that is not a JSON object ({exc}): {response.text[:200]!r}"
+    if not isinstance(payload, dict):
+        return {}, f"HTTP {response.status_code} with a body that is not a JSON object: {response.text[:200]!r}"
+    cut = unfinished(payload)
+    return payload, None if cut is None else f"HTTP {response.status_code}: {cut}"
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -507,17 +520,13 @@ class CompletionSampler(Closing):
             else:
                 status = response.status_code
                 if 200 <= status < 300:
-                    try:
-                        payload = json.loads(response.content)
-                        if not isinstance(payload, dict):
-                            raise ValueError("not a JSON object")
-                    except ValueError:
-                        last = f"HTTP {status} with a body that is not a JSON object: {response.text[:200]!r}"
-                    else:
+                    payload, problem = _answer_of(response)
+                    if problem is None:
                         latency = time.monotonic() - started
                         stats.latencies.append(latency)
                         identity = response.headers.get(IDENTITY_HEADER) or payload.get("system_fingerprint")
                         return payload, identity if isinstance(identity, str) and identity else None, latency
+                    last = problem
                 elif status in RETRIED_STATUSES:
                     last = f"HTTP {status}: {response.text[:200]}"
                     wait_at_least = _retry_after(response.headers.get("retry-after")) or 0.0

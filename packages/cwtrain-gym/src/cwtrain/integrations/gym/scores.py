@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import CWTrainError
+from cwtrain.jsondoc import load_json
 
 __all__ = ["AgentScore", "GymScores", "read_scores"]
 
@@ -49,6 +50,11 @@ class GymScores:
     aggregate_metrics: Any = None
 
 
+def _reason(exc: ValueError) -> str:
+    """Why a line or file is not JSON: the parser's message without its position, or the depth refusal."""
+    return exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+
+
 def _reward(row: dict[str, Any]) -> float | None:
     value = row.get("reward")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -78,9 +84,9 @@ def read_scores(output_path: Path, aggregate_metrics_path: Path | None = None) -
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CWTrainError(f"{output_path}:{number} is not JSON ({exc.msg})") from None
+                row = load_json(line)
+            except ValueError as exc:
+                raise CWTrainError(f"{output_path}:{number} is not JSON ({_reason(exc)})") from None
             if not isinstance(row, dict):
                 raise CWTrainError(f"{output_path}:{number} is not a JSON object")
             rollouts += 1
@@ -95,9 +101,9 @@ def read_scores(output_path: Path, aggregate_metrics_path: Path | None = None) -
     metrics: Any = None
     if aggregate_metrics_path is not None and aggregate_metrics_path.exists():
         try:
-            metrics = json.loads(aggregate_metrics_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise CWTrainError(f"{aggregate_metrics_path} is not JSON ({exc.msg})") from None
+            metrics = load_json(aggregate_metrics_path.read_bytes())
+        except ValueError as exc:
+            raise CWTrainError(f"{aggregate_metrics_path} is not JSON ({_reason(exc)})") from None
     return GymScores(
         rollouts=rollouts,
         scored=len(rewards),

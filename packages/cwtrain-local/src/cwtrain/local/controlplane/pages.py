@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from cwtrain.jsondoc import load_json
 from cwtrain.local.controlplane.resources import ServiceError
 
 __all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "Paginator", "page_size"]
@@ -112,7 +113,7 @@ class Paginator:
             mac, raw = blob[:12], blob[12:]
             if not hmac.compare_digest(mac, hmac.new(self._secret, raw, hashlib.sha256).digest()[:12]):
                 raise ValueError("bad signature")
-            payload = json.loads(raw)
+            payload = load_json(raw)
         except (ValueError, TypeError):
             raise ServiceError("invalid_argument", "pageToken is not a token this service issued") from None
         if payload.get("k") != kind or payload.get("o") != self.organization_id:

@@ -2,7 +2,7 @@
 
 :class:`ControlPlaneServer` serves ``/v1alpha1/inference`` (``shared/spec/service-api.md``)
 from a :class:`~cwtrain.local.controlplane.state.ControlPlaneState` on a loopback HTTP server in a
-background thread (:mod:`cwtrain.local.loopback`):
+background thread (:mod:`cwtrain.serving`):
 
 =======  ======================================  ==========================================
 Method   Path                                    Answer
@@ -47,7 +47,7 @@ Every call needs ``Authorization: Bearer <token>``: an admin token may write, a 
 token may only read (``permission_denied`` otherwise), anything else is
 ``unauthenticated``; the token is checked before a byte of the body is read. Bodies are
 bounded (:data:`MAX_BODY_BYTES`, 413) and framed strictly (400 for a ``Content-Length``
-such as ``abc``, ``-1`` or ``1e11``; :mod:`cwtrain.local.loopback`). Ids in paths are
+such as ``abc``, ``-1`` or ``1e11``; :mod:`cwtrain.serving`). Ids in paths are
 matched segment by segment before they are unescaped, and an id that is not 1-128
 characters of ``[A-Za-z0-9._-]`` (``x?junk``, ``a%2Fb``, control characters) is refused
 with ``invalid_argument`` instead of being looked up. Errors are ``{"code": <Connect
@@ -57,7 +57,6 @@ code>, "message", "details": []}`` with the usual HTTP status. Armed
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import socket
@@ -66,10 +65,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from cwtrain.jsondoc import load_json
 from cwtrain.local.controlplane.resources import ServiceError, check_resource_id
 from cwtrain.local.controlplane.state import ControlPlaneState
 from cwtrain.local.harness.faults import APIFaults
-from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer, RequestRefused
+from cwtrain.local.loopback import LoopbackHTTPServer
+from cwtrain.serving import BackgroundServer, JSONHandler, RequestRefused
 
 __all__ = ["API_PREFIX", "MAX_BODY_BYTES", "ControlPlaneServer"]
 
@@ -213,9 +214,9 @@ class _Handler(JSONHandler):
         body: Any = None
         if method in ("POST", "PATCH", "PUT"):
             try:
-                body = json.loads(raw) if raw.strip() else {}
-            except ValueError:
-                raise ServiceError("invalid_argument", "request body is not valid JSON") from None
+                body = load_json(raw) if raw.strip() else {}
+            except ValueError as exc:
+                raise ServiceError("invalid_argument", f"request body is not valid JSON: {exc}") from None
             if not isinstance(body, dict):
                 raise ServiceError("invalid_argument", "request body must be a JSON object")
         known = False

@@ -117,7 +117,12 @@ def invalid(text: str, param: str | None = None, value: Any = None) -> Completio
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     """An OpenAI-style error body."""
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "APIError")
+    kind = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        500: "InternalServerError",
+        503: "ServiceUnavailableError",
+    }.get(status, "APIError")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 

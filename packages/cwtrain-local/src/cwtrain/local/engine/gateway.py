@@ -11,14 +11,21 @@ gateway's ``status.endpoints[0]``. It serves
   ``pathBasedRouting``: ``/<model>/v1/...``, ``/<model>/tokenize``), then the request goes to
   one of that deployment's routable replicas, unchanged (a ``Transfer-Encoding: chunked``
   body is read whole and sent on with its length), and the replica's answer comes back
-  unchanged (its ``x-cwtrain-snapshot-identity`` header included). A stream (an answer
-  without ``Content-Length``: server-sent events) is relayed as it arrives, chunk by chunk.
-  A replica that does not answer is skipped for the next one.
+  unchanged (its ``x-cwtrain-snapshot-identity`` header included). A stream (server-sent
+  events, ``text/event-stream``) is relayed as it arrives, event by event; any other answer
+  is read whole first. A replica that does not answer, or whose whole answer breaks off, is
+  skipped for the next one (503 when none is left).
+
+A stream that breaks off (the replica died, the connection dropped, it ended without
+``data: [DONE]``) is never ended as if it were whole: the events relayed so far stand, a
+half-sent event is dropped, and the stream ends as vLLM ends a stream whose generation
+failed: ``data: {"error": {"message", "type": "InternalServerError", "param": null,
+"code": 500}}`` and then ``data: [DONE]``. OpenAI clients raise on that event.
 
 Auth: ``coreWeaveAuth`` gateways want ``Authorization: Bearer <the stack's API token>``;
 ``weightsAndBiasesAuth`` gateways accept any non-empty bearer key. The key is checked before
 a byte of the body is read, and bodies are bounded (:data:`MAX_BODY_BYTES`, 413;
-:mod:`cwtrain.local.loopback`). The gateway speaks to replicas with the replicas' own token
+:mod:`cwtrain.serving`). The gateway speaks to replicas with the replicas' own token
 (``replica_token``), never with the caller's key. Errors use OpenAI's body
 ``{"error": {"message", "type", "code"}}``.
 """
@@ -27,20 +34,17 @@ from __future__ import annotations
 
 import hmac
 import http.client
-import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from cwtrain.local.loopback import (
-    DEFAULT_MAX_BODY_BYTES,
-    BackgroundServer,
-    JSONHandler,
-    LoopbackHTTPServer,
-    RequestRefused,
-)
+from cwtrain.jsondoc import load_json
+from cwtrain.local.engine.completions import SSE_DONE, error_body, sse_event
+from cwtrain.local.loopback import LoopbackHTTPServer
+from cwtrain.serving import DEFAULT_MAX_BODY_BYTES, BackgroundServer, JSONHandler, RequestRefused
 
 __all__ = ["MAX_BODY_BYTES", "GatewayServer", "Router"]
 
@@ -53,6 +57,8 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length
 #: Engine routes outside ``/v1`` that the gateway relays (vLLM's tokenizer endpoints).
 ROOT_ROUTES = ("/tokenize", "/detokenize")
 _RELAY_READ = 64 * 1024
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+_DONE_LINE = re.compile(rb"^data: ?\[DONE\]\r?$", re.MULTILINE)
 #: The longest request body the gateway reads (and relays; replicas take as much).
 MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 
@@ -118,7 +124,7 @@ class _Handler(JSONHandler):
             try:
                 conn.request("GET", "/v1/models", headers=self._replica_auth())
                 response = conn.getresponse()
-                doc = json.loads(response.read()) if response.status == 200 else {}
+                doc = load_json(response.read()) if response.status == 200 else {}
                 for card in doc.get("data") or []:
                     if isinstance(card, dict) and card.get("id") == model:
                         return card
@@ -166,9 +172,9 @@ class _Handler(JSONHandler):
                 return None
             return parts[1]
         try:
-            body = json.loads(raw or b"{}")
-        except ValueError:
-            self._error(400, "request body is not JSON")
+            body = load_json(raw or b"{}")
+        except ValueError as exc:
+            self._error(400, f"request body is not JSON: {exc}")
             return None
         model = body.get("model") if isinstance(body, dict) else None
         if not isinstance(model, str) or not model:
@@ -190,32 +196,52 @@ class _Handler(JSONHandler):
             try:
                 conn.request("POST", target, body=raw, headers=headers)
                 response = conn.getresponse()
-                body = response.read() if response.getheader("Content-Length") is not None else None
+                content_type = response.getheader("Content-Type") or "application/json"
+                streamed = content_type.split(";")[0].strip().lower() == "text/event-stream"
+                body = None if streamed else response.read()  # a whole answer: all of it, or an error
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                last = f"{url}: {exc}"
-                log.info("gateway: replica %s did not answer (%s); trying the next one", url, exc)
+                last = f"{url}: {exc or type(exc).__name__}"
+                log.info("gateway: replica %s did not answer whole (%s); trying the next one", url, last)
                 continue
             relayed = {k: v for k, v in response.getheaders() if k.lower() not in _HOP_HEADERS | {"content-type"}}
-            content_type = response.getheader("Content-Type") or "application/json"
             try:
                 if body is not None:
                     self.send_body(response.status, body, content_type=content_type, headers=relayed)
                 else:
-                    self.send_stream(response.status, _relay(response), content_type=content_type, headers=relayed)
+                    events = _relay_events(response, url)
+                    self.send_stream(response.status, events, content_type=content_type, headers=relayed)
             finally:
                 conn.close()
             return
         self._error(503, f"no replica answered ({last})", "server_error", "503")
 
 
-def _relay(response: http.client.HTTPResponse) -> Iterator[bytes]:
-    """A streamed answer's bytes as they arrive (each read returns what one chunk has ready)."""
+def _event_end(data: bytes) -> int:
+    """Where the last whole event of ``data`` ends (0: no whole event yet)."""
+    return max((data.rfind(end) + len(end) for end in _EVENT_ENDS if end in data), default=0)
+
+
+def _relay_events(response: http.client.HTTPResponse, url: str) -> Iterator[bytes]:
+    """A stream's whole events as they arrive; a stream that breaks off before ``data: [DONE]``
+    ends with vLLM's error event and ``[DONE]`` (a half-sent event is dropped)."""
+    pending = b""
+    done = False
     try:
         while data := response.read1(_RELAY_READ):
-            yield data
+            pending += data
+            cut = _event_end(pending)
+            if cut:
+                events, pending = pending[:cut], pending[cut:]
+                done = done or _DONE_LINE.search(events) is not None
+                yield events
+        reason = f"the replica's stream ended without data: [DONE] ({len(pending)} bytes of a half event dropped)"
     except (OSError, http.client.HTTPException) as exc:
-        log.info("gateway: the replica's stream broke off (%s)", exc)
+        reason = f"the replica's stream broke off ({exc or type(exc).__name__})"
+    if done:
+        return
+    log.warning("gateway: %s from %s; ending the client's stream with an error event", reason, url)
+    yield sse_event(error_body(f"{reason}; the completion is incomplete: retry the request", 500)) + SSE_DONE
 
 
 class _Server(LoopbackHTTPServer):

@@ -7,15 +7,14 @@ thread keeps :attr:`ReplicaProcess.health` fresh: fast while something is changi
 replica is starting or loading a snapshot), slowly otherwise.
 
 Every process started here is also recorded in a module-wide registry that an
-``atexit`` hook kills, and on Linux the child gets ``PR_SET_PDEATHSIG`` so it dies with
-the thread that started it: nothing outlives the stack, even after an exception.
+``atexit`` hook kills, and the kernel kills it when the stack's process dies, SIGKILL
+included (:func:`cwtrain.local.children.start_child`): nothing outlives the stack.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import http.client
 import json
 import logging
@@ -29,6 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cwtrain.jsondoc import load_json
+from cwtrain.local.children import start_child
+
 __all__ = ["DEFAULT_REPLICA_COMMAND", "TOKEN_VARIABLE", "ReplicaProcess", "kill_all"]
 
 log = logging.getLogger("cwtrain.local.engine.processes")
@@ -40,14 +42,6 @@ DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "cwtrain.local
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()
-
-
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -122,14 +116,8 @@ class ReplicaProcess:
         """Start the process and its health monitor."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+            self._proc = start_child(
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env
             )
         with _LIVE_LOCK:
             _LIVE.add(self._proc)
@@ -205,7 +193,7 @@ class ReplicaProcess:
             response = conn.getresponse()
             raw = response.read()
             try:
-                data = json.loads(raw) if raw else {}
+                data = load_json(raw) if raw else {}
             except ValueError:
                 data = {"raw": raw[:200].decode(errors="replace")}
             return response.status, data

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import json
 import logging
 import os
 import queue
@@ -65,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cwtrain.errors import UsageError
+from cwtrain.jsondoc import load_json
 from cwtrain.local.engine.chat import chat_complete
 from cwtrain.local.engine.completions import (
     SSE_CONTENT_TYPE,
@@ -85,13 +85,8 @@ from cwtrain.local.engine.snapshots import (
     weights_file,
 )
 from cwtrain.local.engine.tokenization import detokenize, tokenize
-from cwtrain.local.loopback import (
-    DEFAULT_MAX_BODY_BYTES,
-    BackgroundServer,
-    JSONHandler,
-    LoopbackHTTPServer,
-    RequestRefused,
-)
+from cwtrain.local.loopback import LoopbackHTTPServer
+from cwtrain.serving import DEFAULT_MAX_BODY_BYTES, BackgroundServer, JSONHandler, RequestRefused
 
 __all__ = [
     "ENGINE_ROUTES",
@@ -410,7 +405,7 @@ class _Handler(JSONHandler):
 
     def _json_body(self) -> Any:
         raw = self.read_body()
-        return json.loads(raw) if raw else None
+        return load_json(raw) if raw else None
 
     def do_GET(self) -> None:
         replica = self.server.replica

@@ -48,6 +48,7 @@ from cwtrain.hotload.format.index import (
 )
 from cwtrain.hotload.format.tensors import TensorData
 from cwtrain.hotload.publish.object_writer import SHA256_METADATA
+from cwtrain.jsondoc import load_json
 from cwtrain.local.engine.model import (
     CONFIG_FILE,
     ModelConfig,
@@ -160,7 +161,7 @@ class SnapshotSource:
         def key(name: str) -> str:
             return f"{path}/{name}" if path else name
 
-        config = ModelConfig.from_json(json.loads(self._get(bucket, key(CONFIG_FILE))))
+        config = ModelConfig.from_json(load_json(self._get(bucket, key(CONFIG_FILE))))
         if self._exists(bucket, key(INDEX_NAME)):
             index = parse_index(self._get(bucket, key(INDEX_NAME)), source=f"s3://{bucket}/{key(INDEX_NAME)}")
             names = sorted(set(index["weight_map"].values()))
@@ -273,5 +274,5 @@ def served_from_weights_file(data: bytes) -> ServedWeights:
     weights, metadata = weights_from_safetensors(data)
     if "identity" not in metadata or "config" not in metadata:
         raise SnapshotError("the peer's weights file has no identity/config metadata")
-    config = ModelConfig.from_json(json.loads(metadata["config"]))
+    config = ModelConfig.from_json(load_json(metadata["config"]))
     return ServedWeights.build(metadata["identity"], config, to_tensor_data(weights))

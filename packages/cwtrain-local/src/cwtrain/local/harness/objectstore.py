@@ -1,8 +1,10 @@
 """Object storage on loopback: moto's S3 server in a child process.
 
-``MotoS3Server`` starts ``python -m moto.server`` on ``127.0.0.1`` (a free port unless
-one is given), waits until it answers, and stops it (and only it) on exit, also on an
-exception. Tests and :class:`cwtrain.local.LocalStack` use it::
+``MotoS3Server`` starts moto's server (through :mod:`cwtrain.local.harness.moto_s3`, which
+makes it answer ``NoSuchUpload`` and list part ETags as S3 does) on ``127.0.0.1`` (a free
+port unless one is given), waits until it answers, and stops it (and only it) on exit, also
+on an exception; the kernel ends it when its parent dies (:mod:`cwtrain.local.children`).
+Tests and :class:`cwtrain.local.LocalStack` use it::
 
     with MotoS3Server() as store:
         s3 = store.client()
@@ -21,6 +23,8 @@ import urllib.error
 import urllib.request
 from types import TracebackType
 from typing import Any
+
+from cwtrain.local.children import start_child
 
 __all__ = ["DEFAULT_REGION", "MotoS3Server", "free_port"]
 
@@ -66,12 +70,12 @@ class MotoS3Server:
             return self
         env = dict(os.environ)
         env.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        self._proc = start_child(
+            [sys.executable, "-m", "cwtrain.local.harness.moto_s3", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
-            start_new_session=True,
         )
         deadline = time.monotonic() + self.startup_timeout
         while True:

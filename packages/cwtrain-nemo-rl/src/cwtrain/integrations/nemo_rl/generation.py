@@ -13,7 +13,9 @@ With NeMo Gym (``env.should_use_nemo_gym``), Gym's model server samples through
 :mod:`~cwtrain.integrations.nemo_rl.gym_model` endpoint, which this object starts in the
 driver on first use (rendering chats with the trainer's tokenizer, salting with the
 synchronizer's served identity). ``served_model_name`` is the deployment's model name
-(what NeMo-RL's patched ``setup`` gives Gym as ``policy_model_name``). ``cfg`` carries
+(what NeMo-RL's patched ``setup`` gives Gym as ``policy_model_name``), and
+:meth:`~CoreWeaveGeneration.configure_nemo_gym` puts the endpoint's bearer token into the Gym
+config as its model server's ``api_key`` (the patched ``setup`` calls it before Gym starts). ``cfg`` carries
 ``vllm_cfg.max_model_len`` = ``coreweave_cfg.max_model_len`` when that is set, since
 NeMo-RL's Gym rollouts read the engine's context length there.
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -102,6 +104,17 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
     def served_model_name(self) -> str:
         """The deployment's model name (``coreweave_cfg.model`` / ``CWTRAIN_ROLLOUT_MODEL``)."""
         return self.settings.rollout.model
+
+    def configure_nemo_gym(self, nemo_gym: MutableMapping[str, Any], server_name: str = "policy_model") -> None:
+        """Give Gym's model server the gym_model endpoint's bearer token (starting the endpoint).
+
+        ``nemo_gym`` is NeMo-RL's ``env.nemo_gym``, the Gym config it hands Gym on top of the
+        config files (Gym merges it last). NeMo-RL sets ``policy_api_key`` to a placeholder
+        there; the ``api_key`` of the model server itself (``<server_name>`` with Gym's
+        ``vllm_model``, as ``vllm_model_for_training.yaml`` names it) takes precedence.
+        """
+        servers = nemo_gym.setdefault(server_name, {}).setdefault("responses_api_models", {})
+        servers.setdefault("vllm_model", {})["api_key"] = self.gym_model_server().token
 
     def gym_model_server(self) -> GymModelServer:
         """The :mod:`~cwtrain.integrations.nemo_rl.gym_model` endpoint of this generation, started once."""

@@ -41,21 +41,36 @@ the same ids the chat would use; ``GET /v1/models`` names the deployment's model
 Completion text is returned as the assistant's ``content``; tool calls are not parsed
 out of it.
 
+The endpoint forwards to the deployment with the deployment's own key, so it is no open
+relay: it listens only where Gym reaches it (loopback when it advertises loopback, else the
+one address it advertises; never every interface unless told), every request must carry
+``Authorization: Bearer <its token>`` (checked before a byte of the body is read), and
+bodies are bounded (:data:`MAX_BODY_BYTES`, else 413) by :mod:`cwtrain.serving`. The token
+is random per server; :class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration`
+hands it to Gym as its model server's ``api_key`` in the Gym config NeMo-RL passes on (NeMo-RL
+itself gives Gym the placeholder ``policy_api_key: dummy_key``, which the server's own
+``api_key`` overrides).
+
 Standalone (the deployment from ``CWTRAIN_ROLLOUT_BASE_URL``, ``_MODEL``, ``_API_KEY``;
-the served identity from ``<state dir>/served_identity``, which the publisher writes)::
+the served identity from ``<state dir>/served_identity``, which the publisher writes; the
+token from ``CWTRAIN_GYM_MODEL_TOKEN``, else a random one printed as ``api_key``)::
 
+    CWTRAIN_GYM_MODEL_TOKEN=$(cat /secrets/gym-token) \\
     python -m cwtrain.integrations.nemo_rl.gym_model --tokenizer /shared/hf/base \\
-        --max-model-len 10240 --state-dir /shared/hotload-state --port 8001
+        --max-model-len 10240 --state-dir /shared/hotload-state --advertise 10.0.0.7 --port 8001
 
-then point Gym at ``http://<host>:8001/v1`` (``policy_base_url``).
+then point Gym at ``http://10.0.0.7:8001/v1`` (``policy_base_url``) with that token as
+``policy_api_key``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import math
+import secrets
 import socket
 import sys
 import threading
@@ -63,23 +78,40 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from cwtrain.errors import CWTrainError, RolloutError
 from cwtrain.integrations.rollout import IDENTITY_HEADER, CompletionSampler, Prompt, SamplingParams, served_version
+from cwtrain.jsondoc import load_json
+from cwtrain.serving import (
+    DEFAULT_MAX_BODY_BYTES,
+    LOOPBACK,
+    GuardedHTTPServer,
+    JSONHandler,
+    RequestRefused,
+    check_bearer,
+    is_loopback,
+    url_host,
+)
 
 __all__ = [
+    "MAX_BODY_BYTES",
+    "TOKEN_VARIABLE",
     "ChatRenderer",
     "ChatTokenizer",
     "GymModel",
     "GymModelError",
     "GymModelServer",
+    "bind_address",
     "main",
 ]
 
 log = logging.getLogger(__name__)
+
+#: The longest request body read (a long multi-turn chat with its token ids fits many times).
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
+#: The variable the standalone server takes its bearer token from (else it makes one up).
+TOKEN_VARIABLE = "CWTRAIN_GYM_MODEL_TOKEN"
 
 # Keys Gym puts on assistant messages that a chat template must not see.
 _TOKEN_KEYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
@@ -470,32 +502,51 @@ class GymModel:
             self._counters = _Counters()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(JSONHandler):
     server: _Server
+    max_body_bytes = MAX_BODY_BYTES
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("gym_model: " + format, *args)
 
+    def authenticate(self) -> None:
+        """Every route wants the endpoint's bearer token, before a byte of a body is read."""
+        check_bearer(self.headers, (self.server.token,))
+
+    def refusal_body(self, error: RequestRefused) -> Any:
+        kind = "AuthenticationError" if error.status == 401 else "BadRequestError"
+        return _error_body(GymModelError(error.status, error.message, kind))
+
     def do_GET(self) -> None:
+        try:
+            self.read_body()
+        except RequestRefused as exc:
+            self.refuse(exc)
+            return
         path = self.path.split("?", 1)[0].rstrip("/")
         model = self.server.model
         if path in ("", "/health", "/v1/health"):
-            self._send(200, {"status": "ok"})
+            self.send_json(200, {"status": "ok"})
         elif path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": model.model, "object": "model", "owned_by": "cwtrain"}]})
+            card = {"id": model.model, "object": "model", "owned_by": "cwtrain"}
+            self.send_json(200, {"object": "list", "data": [card]})
         else:
             self._error(GymModelError(404, f"no route GET {path}", "NotFoundError"))
 
     def do_POST(self) -> None:
+        try:
+            raw = self.read_body()
+        except RequestRefused as exc:
+            self.refuse(exc)
+            return
         path = self.path.split("?", 1)[0].rstrip("/")
         try:
-            body = self._body()
+            body = _json_object(raw)
             if path == "/v1/chat/completions":
                 answer, identity = self.server.model.chat(body)
-                self._send(200, answer, {IDENTITY_HEADER: identity} if identity else None)
+                self.send_json(200, answer, {IDENTITY_HEADER: identity} if identity else None)
             elif path in ("/tokenize", "/v1/tokenize"):
-                self._send(200, self.server.model.tokenize(body))
+                self.send_json(200, self.server.model.tokenize(body))
             else:
                 raise GymModelError(404, f"no route POST {path}", "NotFoundError")
         except GymModelError as exc:
@@ -504,39 +555,30 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("gym_model: %s failed", path)
             self._error(GymModelError(500, f"{type(exc).__name__}: {exc}", "InternalServerError"))
 
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body = json.loads(raw or b"{}")
-        except json.JSONDecodeError as exc:
-            raise GymModelError(400, f"the request body is not JSON: {exc.msg}") from None
-        if not isinstance(body, dict):
-            raise GymModelError(400, "the request body must be a JSON object")
-        return body
-
     def _error(self, exc: GymModelError) -> None:
-        self._send(exc.status, {"object": "error", "message": str(exc), "type": exc.kind, "param": None,
-                                "code": exc.status})  # fmt: skip
-
-    def _send(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode("utf-8")
-        self.send_response(status, HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else None)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(exc.status, _error_body(exc))
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _error_body(exc: GymModelError) -> dict[str, Any]:
+    return {"object": "error", "message": str(exc), "type": exc.kind, "param": None, "code": exc.status}
 
-    def __init__(self, address: tuple[str, int], model: GymModel) -> None:
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = load_json(raw or b"{}")
+    except ValueError as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise GymModelError(400, f"the request body is not JSON: {reason}") from None
+    if not isinstance(body, dict):
+        raise GymModelError(400, "the request body must be a JSON object")
+    return body
+
+
+class _Server(GuardedHTTPServer):
+    def __init__(self, host: str, port: int, model: GymModel, token: str) -> None:
         self.model = model
-        super().__init__(address, _Handler)
+        self.token = token
+        super().__init__(host, port, _Handler)
 
 
 def node_address() -> str:
@@ -547,45 +589,77 @@ def node_address() -> str:
             return str(ray.util.get_node_ip_address())
         except Exception:  # an unusual Ray: fall back to the hostname's address
             return socket.gethostbyname(socket.gethostname())
-    return "127.0.0.1"
+    return LOOPBACK
+
+
+def bind_address(advertise: str) -> str:
+    """Where to listen so that callers of ``advertise`` reach the endpoint, and no wider: the
+    address itself for an IP address, loopback for ``localhost``, else the address the host
+    name resolves to."""
+    bare = advertise.strip("[]")
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        pass
+    if is_loopback(bare):
+        return LOOPBACK
+    return socket.gethostbyname(bare)
 
 
 class GymModelServer:
-    """:class:`GymModel` over HTTP, in a background thread.
+    """:class:`GymModel` over HTTP, in a background thread, behind a bearer token.
+
+    It listens on the address it advertises (:func:`bind_address`): loopback when Gym runs on
+    this node's loopback, else the one interface Gym's node reaches, never every interface
+    unless ``host`` says so. Every request needs ``Authorization: Bearer <token>`` (checked
+    before a byte of the body is read; bodies over :data:`MAX_BODY_BYTES` are refused with
+    413): the token is random unless given, and reaches Gym as its model server's
+    ``api_key`` (:meth:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration.configure_nemo_gym`).
 
     Args:
         model: the endpoint's logic.
-        host: the address to listen on (default: every interface when ``advertise`` is not
-            loopback, else loopback).
+        host: the address to listen on (default: :func:`bind_address` of ``advertise``).
         port: the port (0: any free one).
         advertise: the host the base URL names (default :func:`node_address`).
+        token: the bearer token callers must send (default: a random one).
     """
 
     def __init__(
-        self, model: GymModel, *, host: str | None = None, port: int = 0, advertise: str | None = None
+        self,
+        model: GymModel,
+        *,
+        host: str | None = None,
+        port: int = 0,
+        advertise: str | None = None,
+        token: str | None = None,
     ) -> None:
         self.model = model
         self.advertise = advertise or node_address()
-        loopback = self.advertise in ("127.0.0.1", "localhost", "::1")
-        self._server = _Server((host or ("127.0.0.1" if loopback else "0.0.0.0"), port), model)
+        self.token = token or secrets.token_urlsafe(32)
+        self._server = _Server(host or bind_address(self.advertise), port, model, self.token)
         self._thread: threading.Thread | None = None
+
+    @property
+    def host(self) -> str:
+        """The address it listens on."""
+        return self._server.host
 
     @property
     def port(self) -> int:
         """The port it listens on."""
-        return int(self._server.server_address[1])
+        return self._server.port
 
     @property
     def base_url(self) -> str:
         """``http://<advertised host>:<port>/v1``: what Gym's ``policy_base_url`` should be."""
-        return f"http://{self.advertise}:{self.port}/v1"
+        return f"http://{url_host(self.advertise)}:{self.port}/v1"
 
     def start(self) -> GymModelServer:
         """Serve in a daemon thread (idempotent)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._server.serve_forever, name="cwtrain-gym-model", daemon=True)
             self._thread.start()
-            log.info("gym_model serving %s for model %s", self.base_url, self.model.model)
+            log.info("gym_model serving %s (listening on %s) for model %s", self.base_url, self.host, self.model.model)
         return self
 
     def close(self) -> None:
@@ -610,13 +684,20 @@ class GymModelServer:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cwtrain.integrations.nemo_rl.gym_model``: serve the endpoint until interrupted."""
     parser = argparse.ArgumentParser(
-        prog="python -m cwtrain.integrations.nemo_rl.gym_model", description=__doc__.split("\n")[0]
+        prog="python -m cwtrain.integrations.nemo_rl.gym_model",
+        description=__doc__.split("\n")[0],
+        epilog=f"Every request needs 'Authorization: Bearer <token>': the token is {TOKEN_VARIABLE} when set, else a "
+        "random one printed as api_key in the JSON line written at start (give it to Gym as policy_api_key).",
     )
     parser.add_argument("--tokenizer", required=True, help="the trainer's tokenizer (HF name or directory)")
     parser.add_argument("--chat-template", help="a chat template (Jinja text or a file) instead of the tokenizer's")
     parser.add_argument("--max-model-len", type=int, help="the deployment's context length")
     parser.add_argument("--state-dir", help="where the publisher writes served_identity (CWTRAIN_HOTLOAD_STATE_DIR)")
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0)")
+    parser.add_argument(
+        "--host",
+        help="address to listen on (default: the address --advertise names or resolves to; never every interface "
+        "unless given 0.0.0.0)",
+    )
     parser.add_argument("--port", type=int, default=8001, help="port (8001)")
     parser.add_argument("--advertise", help="host to print in the base URL (default: this host's name)")
     args = parser.parse_args(argv)
@@ -645,8 +726,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         salt=lambda: require_served_salt(state_dir),
     )
-    server = GymModelServer(model, host=args.host, port=args.port, advertise=args.advertise or socket.gethostname())
-    print(json.dumps({"base_url": server.base_url, "model": model.model}), flush=True)
+    token = env_str(TOKEN_VARIABLE)
+    server = GymModelServer(
+        model, host=args.host, port=args.port, advertise=args.advertise or socket.gethostname(), token=token
+    )
+    shown = {"base_url": server.base_url, "model": model.model, "listening_on": server.host}
+    if token is None:  # made up here: Gym's policy_api_key must be it
+        shown["api_key"] = server.token
+    print(json.dumps(shown), flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,4 +1,5 @@
-"""``JSONHandler.read_body``: credentials first, ``Expect: 100-continue`` after the checks, stalls, limits."""
+"""``cwtrain.serving``: ``JSONHandler.read_body`` (credentials first, ``Expect: 100-continue`` after the
+checks, stalls, limits), ``check_bearer``, and servers that listen only where they are told."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cwtrain.local.loopback import BackgroundServer, JSONHandler, LoopbackHTTPServer, RequestRefused
+from cwtrain.serving import BackgroundServer, GuardedHTTPServer, JSONHandler, RequestRefused
 
 
 class _Handler(JSONHandler):
@@ -34,7 +35,7 @@ class _Handler(JSONHandler):
 
 @pytest.fixture
 def origin() -> Iterator[tuple[str, int]]:
-    server = BackgroundServer(LoopbackHTTPServer(0, _Handler), "loopback-test").start()
+    server = BackgroundServer(GuardedHTTPServer("127.0.0.1", 0, _Handler), "serving-test").start()
     yield "127.0.0.1", server.port
     server.stop()
 
@@ -90,3 +91,35 @@ def test_a_chunked_body_over_the_limit_is_413(origin: tuple[str, int]) -> None:
         sock.sendall(b"POST / HTTP/1.1\r\nAuthorization: Bearer ok\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 3)
         status, doc = _answer(sock)
         assert status == 413 and "64 bytes" in doc["error"]["message"]
+
+
+def test_check_bearer_takes_only_a_known_token() -> None:
+    from email.message import Message
+
+    from cwtrain.serving import check_bearer
+
+    def headers(value: str | None) -> Message:
+        message = Message()
+        if value is not None:
+            message["Authorization"] = value
+        return message
+
+    assert check_bearer(headers("Bearer ok"), {"other", "ok"}) == "ok"
+    assert check_bearer(headers("bearer  ok "), {"ok"}) == "ok"
+    for value in (None, "", "Bearer", "Bearer ", "Basic ok", "Bearer nope", "Bearer ok2"):
+        with pytest.raises(RequestRefused) as info:
+            check_bearer(headers(value), {"ok", ""})
+        assert info.value.status == 401 and info.value.code == "unauthenticated"
+
+
+def test_servers_listen_only_where_told() -> None:
+    from cwtrain.serving import is_loopback, url_host
+
+    server = GuardedHTTPServer("127.0.0.1", 0, _Handler)
+    try:
+        assert server.host == "127.0.0.1" and server.url == f"http://127.0.0.1:{server.port}"
+    finally:
+        server.server_close()
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.0.0.2")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5") and not is_loopback("node-7")
+    assert url_host("::1") == "[::1]" and url_host("10.0.0.5") == "10.0.0.5"
