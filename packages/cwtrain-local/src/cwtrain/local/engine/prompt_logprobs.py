@@ -109,6 +109,7 @@ def echo_logprobs(
         as_ids: Name tokens ``token_id:<N>``.
         generated: The generated tokens' block (its ``text_offset`` starting at 0), or ``None``.
     """
+
     def token_name(token: int) -> str:
         return f"token_id:{token}" if as_ids else lm.tokenizer.token_text(token)
 
@@ -124,9 +125,7 @@ def echo_logprobs(
             top_logprobs.append(None)
             continue
         token_logprobs.append(_floor(score.logprob))
-        top_logprobs.append(
-            {token_name(alt): _floor(logprob) for alt, logprob, _ in _position(score, count)}
-        )
+        top_logprobs.append({token_name(alt): _floor(logprob) for alt, logprob, _ in _position(score, count)})
     start = offsets[-1] + len(names[-1]) if offsets else 0
     if generated is not None:
         offsets += [start + offset for offset in generated["text_offset"]]
