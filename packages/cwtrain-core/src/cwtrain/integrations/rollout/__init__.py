@@ -41,6 +41,10 @@ opt-in (``CWTRAIN_ROLLOUT_TOKEN_IDS=0`` plus ``tokenizer=``), checked by decodin
 **Identity.** Each completion carries the snapshot identity that served it, read from the
 ``x-cwtrain-snapshot-identity`` header, else the body's ``system_fingerprint``.
 
+**Canary.** :class:`Canary` scores a fixed probe on the deployment (prompt log-probs through
+``echo``/``prompt_logprobs``) and compares it with the trainer's own log-probs after a
+hot-load (:mod:`cwtrain.integrations.rollout.canary`).
+
 **Variables** (explicit argument > framework config key > variable > default):
 ``CWTRAIN_ROLLOUT_BASE_URL`` (required), ``_MODEL`` (required), ``_API_KEY`` / ``_API_KEY_FILE``,
 ``_CONCURRENCY`` (16), ``_TIMEOUT`` (600), ``_MAX_ATTEMPTS`` (6), ``_LOGPROBS`` (true),
@@ -54,6 +58,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from cwtrain.errors import RolloutError
+from cwtrain.integrations.rollout.canary import (
+    DEFAULT_CANARY_BOUND,
+    Canary,
+    CanaryAnswer,
+    CanaryProbe,
+    CanaryResult,
+    IdentityGap,
+    TrainerLogprobs,
+)
 from cwtrain.integrations.rollout.config import RolloutConfig
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams
 from cwtrain.integrations.rollout.responses import Completion, decode_routed_experts
@@ -61,14 +74,21 @@ from cwtrain.integrations.rollout.sampler import IDENTITY_HEADER, CompletionSamp
 from cwtrain.integrations.rollout.samples import fill_group, served_version
 
 __all__ = [
+    "DEFAULT_CANARY_BOUND",
     "IDENTITY_HEADER",
+    "Canary",
+    "CanaryAnswer",
+    "CanaryProbe",
+    "CanaryResult",
     "Completion",
     "CompletionSampler",
+    "IdentityGap",
     "Prompt",
     "RolloutBatch",
     "RolloutConfig",
     "RolloutError",
     "SamplingParams",
+    "TrainerLogprobs",
     "decode_routed_experts",
     "fill_group",
     "sample_groups",
