@@ -77,6 +77,12 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar("CWTRAIN_ROLLOUT_TOKEN_ID_PROMPTS", "true", "send prompts as token ids"),
     EnvVar("CWTRAIN_ROLLOUT_ROUTED_EXPERTS", "false", "request MoE routes"),
     EnvVar("CWTRAIN_ROLLOUT_SEEDS", "true", "random seed on each request of a split group"),
+    EnvVar(
+        "CWTRAIN_ROLLOUT_MAX_STALENESS",
+        "unset (no limit)",
+        "integer >= 0; a completion served more than K versions behind the newest published, or by another "
+        "run's identity, is re-requested",
+    ),
     # object storage
     EnvVar("AWS_REGION", "required", "the bucket's availability zone, e.g. US-EAST-04A"),
     EnvVar("CW_S3_ENDPOINT", "AWS config, else https://cwobject.com", "S3 endpoint"),

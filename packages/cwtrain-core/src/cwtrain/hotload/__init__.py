@@ -21,6 +21,9 @@ _LAZY = {
     "inspect_snapshot": "cwtrain.hotload.files.validate",
     "delta_index_for_upload": "cwtrain.hotload.files.validate",
     "snapshot_prefix": "cwtrain.hotload.format.identity",
+    "version_identity": "cwtrain.hotload.format.identity",
+    "identity_version": "cwtrain.hotload.format.identity",
+    "split_version_identity": "cwtrain.hotload.format.identity",
     "SnapshotStore": "cwtrain.hotload.publish.store",
     "upload_snapshot": "cwtrain.hotload.publish.upload",
     "check_snapshot_access": "cwtrain.hotload.publish.upload",
@@ -39,9 +42,12 @@ __all__ = [
     "WeightMirror",
     "check_snapshot_access",
     "delta_index_for_upload",
+    "identity_version",
     "inspect_snapshot",
     "snapshot_prefix",
+    "split_version_identity",
     "upload_snapshot",
+    "version_identity",
 ]
 __all__ += errors.__all__  # the snapshot and hot-load errors (cwtrain.errors' classes)
 _LAZY.update(dict.fromkeys(errors.__all__, "cwtrain.hotload.errors"))
