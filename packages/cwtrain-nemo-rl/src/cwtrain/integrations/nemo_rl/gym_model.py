@@ -30,7 +30,11 @@ call on the deployment:
    sends the checkpoint path and a dummy key, which are ignored here), the prompt cache
    salted with the identity now served (``nvext.cache_salt``); with no served identity
    yet the request is refused (503): it fails closed;
-5. the answer is a ``chat.completion`` whose message carries ``prompt_token_ids``,
+5. the sampler samples for the run (its ``run_id``): completions are fenced by version
+   (``CWTRAIN_ROLLOUT_MAX_STALENESS``), and ``coreweave/served_version`` counts only this
+   run's identities, so a request served by another run's weights never passes for one of
+   its versions;
+6. the answer is a ``chat.completion`` whose message carries ``prompt_token_ids``,
    ``generation_token_ids`` and ``generation_log_probs`` (what Gym's model server copies
    onto its output items and NeMo-RL trains on), plus ``logprobs.content`` with
    ``token_id:<id>`` tokens when ``logprobs`` was asked, ``system_fingerprint`` and the
@@ -42,7 +46,8 @@ Completion text is returned as the assistant's ``content``; tool calls are not p
 out of it.
 
 Standalone (the deployment from ``CWTRAIN_ROLLOUT_BASE_URL``, ``_MODEL``, ``_API_KEY``;
-the served identity from ``<state dir>/served_identity``, which the publisher writes)::
+the served identity from ``<state dir>/served_identity``, which the publisher writes; the
+run from ``--run-id``, else ``CWTRAIN_HOTLOAD_RUN_ID``, else that identity's)::
 
     python -m cwtrain.integrations.nemo_rl.gym_model --tokenizer /shared/hf/base \\
         --max-model-len 10240 --state-dir /shared/hotload-state --port 8001
@@ -68,7 +73,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from cwtrain.errors import CWTrainError, RolloutError
-from cwtrain.integrations.rollout import IDENTITY_HEADER, CompletionSampler, Prompt, SamplingParams, served_version
+from cwtrain.hotload import identity_version
+from cwtrain.integrations.rollout import IDENTITY_HEADER, CompletionSampler, Prompt, SamplingParams
 
 __all__ = [
     "ChatRenderer",
@@ -452,8 +458,8 @@ class GymModel:
                 "coreweave/gym_request_seconds_max": seconds[-1] if seconds else 0.0,
                 "coreweave/identities_seen": float(len(c.identities)),
             }
-            versions = [served_version(i) for i in c.identities]
-            numeric = [int(v) for v in versions if v is not None and v.isdigit()]
+            run = self.sampler.run_id  # only this run's identities are its versions
+            numeric = [v for v in (identity_version(i, run) for i in c.identities) if v is not None] if run else []
             if numeric:
                 out["coreweave/served_version"] = float(max(numeric))
             return out
@@ -616,6 +622,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chat-template", help="a chat template (Jinja text or a file) instead of the tokenizer's")
     parser.add_argument("--max-model-len", type=int, help="the deployment's context length")
     parser.add_argument("--state-dir", help="where the publisher writes served_identity (CWTRAIN_HOTLOAD_STATE_DIR)")
+    parser.add_argument(
+        "--run-id",
+        help="the run whose versions count as served versions (CWTRAIN_HOTLOAD_RUN_ID; else the state dir's)",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0)")
     parser.add_argument("--port", type=int, default=8001, help="port (8001)")
     parser.add_argument("--advertise", help="host to print in the base URL (default: this host's name)")
@@ -639,8 +649,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         template = Path(args.chat_template)
         tokenizer.chat_template = template.read_text(encoding="utf-8") if template.is_file() else args.chat_template
     state_dir = args.state_dir or env_str("CWTRAIN_HOTLOAD_STATE_DIR")
+    run_id = args.run_id or env_str("CWTRAIN_HOTLOAD_RUN_ID")
+    if run_id is None and state_dir:  # the run of the identity the publisher recorded
+        from cwtrain.hotload import split_version_identity
+        from cwtrain.integrations.nvext import read_served_identity
+
+        recorded = split_version_identity(read_served_identity(state_dir))
+        run_id = recorded[0] if recorded is not None else None
     model = GymModel(
-        CompletionSampler(config),
+        CompletionSampler(config, run_id=run_id),
         ChatRenderer(tokenizer),
         max_model_len=args.max_model_len,
         salt=lambda: require_served_salt(state_dir),
