@@ -2,7 +2,7 @@
 
 Scripted endpoints (``httpx.MockTransport``) answer with the identity a test chooses per
 request; the end-to-end case (an identity swapped in the middle of a batch on the local
-stack) is ``tests/e2e/test_rollout_fence.py``.
+stack) is ``tests/e2e/test_rollout_swap.py``.
 """
 
 from __future__ import annotations
