@@ -75,7 +75,7 @@ replicas; `tests/faults/test_canary_faults.py` prints these with `pytest -s`, an
 | one replica: a corrupted FULL under the new identity (`lm_head`'s exponent and top mantissa bits inverted) | 0.156 | 0.061 / 0.537 | fails |
 | one replica: its previous weights under the new identity, one step behind (0.02 N(0, 1) added to half the tensors) | 0.101 | 0.040 / 0.291 | fails |
 | one replica: its previous weights, a step ten times smaller | 0.011 | 0.004 / 0.030 | passes: not seen |
-| the base weights, against a float32 trainer one such step away | 0.227 | 0.204 / 0.517 | fails |
+| the base weights, against a float32 trainer 0.02 N(0, 1) away on every tensor | 0.227 | 0.204 / 0.517 | fails |
 
 It sees wrong or corrupted served weights (a bad FULL, a replica that applied nothing but
 reports the new identity, a broken delta that passed its checks) and drift that accumulates
