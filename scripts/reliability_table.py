@@ -47,6 +47,48 @@ The rows live in `tests/faults/_fault_rows.py`; every test carries
 this table's counts drift from the suite.
 """
 
+CANARY = """\
+## The canary: what it sees and what it does not
+
+A hot-load that completes says only that every replica *reports* the new identity. The canary
+(`cwtrain.integrations.rollout.Canary`) checks the weights behind it: after a hot-load, a fixed
+probe (a few token-id prompts from the run's own data) is scored by the deployment (prompt
+log-probs through `echo` + `logprobs` with `max_tokens` 1, and vLLM's `prompt_logprobs` where
+the endpoint has it) and compared with the trainer's own log-probs of the same tokens. The gap
+of one answer (one prompt, one request, so one replica) is the mean absolute difference over
+its tokens, in nats: averaging over a prompt damps the rounding noise of single unlikely
+tokens, while wrong weights move every token. The check's gap is the largest answer gap, so
+one replica serving wrong weights fails it even when its peers are right and every answer
+names the same identity; it also fails when an answer comes from another identity than the
+one just hot-loaded. Answers are grouped by the identity that served them (the endpoint names
+no replica); each prompt is sent `rounds` times (default 2) so that the router spreads the
+requests over the replicas.
+
+Measured on the local stack (the tiny model, 4 prompts, 140 tokens per round, 2 rounds, 2
+replicas; `tests/faults/test_canary_faults.py` prints these with `pytest -s`, and
+`tests/local/test_canary_engine.py` the float32 rows), against the default bound of 0.05:
+
+| What the replicas serve | Gap | Mean / max token | Canary |
+|---|---:|---:|---|
+| the trainer's exact bytes (a FULL, then a delta) | 0 | 0 / 0 | passes |
+| the BF16 copy of a float32 trainer's weights | 0.0008 | 0.0007 / 0.0023 | passes |
+| one replica: a corrupted FULL under the new identity (`lm_head`'s exponent and top mantissa bits inverted) | 0.156 | 0.061 / 0.537 | fails |
+| one replica: its previous weights under the new identity, one step behind (0.02 N(0, 1) added to half the tensors) | 0.101 | 0.040 / 0.291 | fails |
+| one replica: its previous weights, a step ten times smaller | 0.011 | 0.004 / 0.030 | passes: not seen |
+| the base weights, against a float32 trainer 0.02 N(0, 1) away on every tensor | 0.227 | 0.204 / 0.517 | fails |
+
+It sees wrong or corrupted served weights (a bad FULL, a replica that applied nothing but
+reports the new identity, a broken delta that passed its checks) and drift that accumulates
+over versions. It does not necessarily see a one-version lag: one optimizer step can move the
+probe's log-probs by less than trainer and engine numerics differ (the fifth row), and a real
+run's steps are small. The served identity covers a lag: `verify` refuses a hot-load whose
+replicas do not all serve its identity, and the sampler's version fence
+(`CWTRAIN_ROLLOUT_MAX_STALENESS`) re-requests completions from an identity too many versions
+behind. Nor does it see a replica the router never sent it to, or wrong weights that happen to
+agree on the probe's tokens. Set the bound from a run's first check on known-good weights:
+kernels that differ between trainer and engine add to BF16 rounding on real models.
+"""
+
 OUTRO = """\
 ## How this file is made
 
@@ -131,7 +173,13 @@ def render(rows: dict[str, tuple[str, str, str]], counts: dict[str, int], result
     total = sum(counts.get(r, 0) for r in rows)
     seconds = (results.get("_session") or {}).get("seconds")
     took = f"the run took {seconds:.0f} s" if seconds else "the run was not timed"
-    lines += ["", f"{len(rows)} rows, {total} tests; {took} on Python {platform.python_version()}.", "", OUTRO]
+    lines += [
+        "",
+        f"{len(rows)} rows, {total} tests; {took} on Python {platform.python_version()}.",
+        "",
+        CANARY,
+        OUTRO,
+    ]
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@
   The view is a ``LocalStack`` with the same control plane, object store, gateways,
   supervisor and fault hooks, but its own fresh bucket (so identities, prefixes and base
   paths never meet another module's) and its own default replica count. Leaving it disarms
-  the faults still armed and deletes every deployment and gateway created meanwhile;
+  the faults still armed (API and replica faults) and deletes every deployment and gateway created meanwhile;
   entering the next view waits until they are gone (replicas stopped, while the tests in
   between ran) and clears the record of fired faults, so every module starts on an empty
   stack as it would on a fresh one. Modules that need a
@@ -103,6 +103,7 @@ class SharedStack:
         assert state is not None
         stack.faults.api.clear()
         stack.faults.api.fired.clear()
+        stack.faults.replicas.clear()
         with state.lock:
             gateways, deployments = set(state.gateways), set(state.deployments)
             hot_load_enabled = state.hot_load_enabled
@@ -118,6 +119,7 @@ class SharedStack:
             yield view
         finally:
             stack.faults.api.clear()
+            stack.faults.replicas.clear()
             proxy = stack.faults.s3
             if proxy is not None:  # S3Proxy has no public disarm: drop cuts a failed test left armed
                 with proxy._lock:

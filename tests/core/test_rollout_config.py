@@ -15,7 +15,7 @@ import pytest
 
 from cwtrain.errors import ConfigError
 from cwtrain.integrations import nvext
-from cwtrain.integrations.rollout import Completion, RolloutConfig, RolloutError, fill_group, served_version
+from cwtrain.integrations.rollout import Completion, RolloutConfig, RolloutError, fill_group, version_tag
 
 BASE = {"CWTRAIN_ROLLOUT_BASE_URL": "https://x.example/v1/", "CWTRAIN_ROLLOUT_MODEL": "qwen"}
 
@@ -23,11 +23,11 @@ BASE = {"CWTRAIN_ROLLOUT_BASE_URL": "https://x.example/v1/", "CWTRAIN_ROLLOUT_MO
 def test_field_order_and_defaults_follow_the_spec() -> None:
     assert [f.name for f in fields(RolloutConfig)] == [
         "base_url", "model", "api_key", "concurrency", "timeout", "max_attempts", "logprobs",
-        "token_ids", "token_id_prompts", "routed_experts", "require_logprobs", "seeds",
+        "token_ids", "token_id_prompts", "routed_experts", "require_logprobs", "seeds", "max_staleness",
     ]  # fmt: skip
     config = RolloutConfig.from_env(BASE)
     assert config == RolloutConfig(
-        "https://x.example/v1", "qwen", None, 16, 600.0, 6, True, True, True, False, False, True
+        "https://x.example/v1", "qwen", None, 16, 600.0, 6, True, True, True, False, False, True, None
     )
     assert config.completions_url == "https://x.example/v1/completions"
 
@@ -182,7 +182,7 @@ def test_fill_group_sets_the_sample_fields() -> None:
     routes = np.zeros((5, 2, 1), dtype=np.int32)
     completions = [
         Completion((1, 2), (3, 4, 5, 6), "abcd", (-0.1, -0.2, -0.3, -0.4), "stop", "run-v000012", 0.5,
-                   routed_experts=routes),
+                   routed_experts=routes, version=12),  # a sampler that knows its run tagged it
         Completion((1, 2), (7,), "e", None, "length", "initial", 0.4),
     ]  # fmt: skip
     samples = [Sample(weight_versions=["11"]), Sample()]
@@ -196,13 +196,19 @@ def test_fill_group_sets_the_sample_fields() -> None:
     assert second.weight_versions == ["initial"] and second.rollout_routed_experts is None
     with pytest.raises(RolloutError, match="2 samples got 1"):
         fill_group(samples, completions[:1])
+    # without the run, "-v000012" is not taken for a version: the identity is kept as it is
+    unknown = Completion((1,), (2,), "x", None, "stop", "run-v000012", 0.1)
+    assert fill_group([Sample()], [unknown])[0].weight_versions == ["run-v000012"]
+    assert fill_group([Sample()], [Completion((1,), (2,), "x", None, "stop", None, 0.1)])[0].weight_versions == []
 
 
-def test_served_version() -> None:
-    assert served_version("grpo-a-v000012") == "12"
-    assert served_version("grpo-a-v1234567") == "1234567"
-    assert served_version("grpo-v12") == "grpo-v12"
-    assert served_version(None) is None
+def test_version_tag_is_this_runs_version_or_the_identity_as_it_is() -> None:
+    assert version_tag("grpo-a-v000012", "grpo-a") == "12"
+    assert version_tag("grpo-a-v1234567", "grpo-a") == "1234567"
+    assert version_tag("grpo-b-v000012", "grpo-a") == "grpo-b-v000012"  # another run's: never a number
+    assert version_tag("grpo-a-v000012", None) == "grpo-a-v000012"  # the run is not known
+    assert version_tag("grpo-v12", "grpo") == "grpo-v12"
+    assert version_tag(None, "grpo-a") is None
 
 
 # ----------------------------------------------------------------------- nvext
@@ -242,3 +248,18 @@ def test_routed_experts_from_the_environment() -> None:
     assert RolloutConfig.from_env(dict(BASE, CWTRAIN_ROLLOUT_ROUTED_EXPERTS="yes")).routed_experts is True
     with pytest.raises(TypeError, match="no field"):
         RolloutConfig.from_env(BASE, bogus=1)
+
+
+def test_max_staleness_is_unset_by_default_and_checked() -> None:
+    assert RolloutConfig.from_env(BASE).max_staleness is None
+    assert RolloutConfig.from_env(dict(BASE, CWTRAIN_ROLLOUT_MAX_STALENESS="0")).max_staleness == 0
+    assert RolloutConfig.from_env(dict(BASE, CWTRAIN_ROLLOUT_MAX_STALENESS=" ")).max_staleness is None
+    assert RolloutConfig.from_env(dict(BASE, CWTRAIN_ROLLOUT_MAX_STALENESS="3"), max_staleness=1).max_staleness == 1
+    for bad in ("-1", "one", "1.5"):
+        with pytest.raises(ConfigError, match="CWTRAIN_ROLLOUT_MAX_STALENESS"):
+            RolloutConfig.from_env(dict(BASE, CWTRAIN_ROLLOUT_MAX_STALENESS=bad))
+    with pytest.raises(ConfigError, match="max_staleness"):
+        RolloutConfig("https://x.example/v1", "qwen", max_staleness=-2)
+    labelled = {"max_staleness": "coreweave_cfg.max_staleness"}
+    with pytest.raises(ConfigError, match=r"coreweave_cfg\.max_staleness"):
+        RolloutConfig.from_env(dict(BASE, CWTRAIN_ROLLOUT_MAX_STALENESS="x"), labels=labelled)

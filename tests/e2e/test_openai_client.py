@@ -164,3 +164,33 @@ def test_async_client_streams_and_tokenize_agrees(local: tuple[LocalStack, Any])
     _check(tokens["tokens"], ids, logprobs)
     text = httpx.post(origin + "/detokenize", json={"model": target.model, "tokens": ids}, headers=auth).json()
     assert text["prompt"] == TOK.decode(ids, skip_special_tokens=False)
+
+
+def test_prompt_logprobs_through_the_gateway(client: Any, local: tuple[LocalStack, Any]) -> None:
+    """``echo`` + ``logprobs`` + ``max_tokens: 0`` and ``prompt_logprobs``, as a canary asks: the official client and raw HTTP."""
+    prompt = TOK.encode("the quick brown fox", add_special_tokens=True)
+    expected = token_logprobs(WEIGHTS, prompt[:1], prompt[1:])
+    raw = client.completions.with_raw_response.create(
+        model="cwtrain-tiny", prompt=prompt, echo=True, logprobs=1, max_tokens=0,
+        extra_body={"prompt_logprobs": 1, "return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    assert raw.headers["x-cwtrain-snapshot-identity"] == "initial"
+    (choice,) = raw.parse().choices
+    assert _as_ids(choice.logprobs.tokens) == prompt
+    assert choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected, abs=2e-4)
+    plp = choice.model_extra["prompt_logprobs"]
+    assert plp[0] is None
+    assert [entry[str(t)]["logprob"] for entry, t in zip(plp[1:], prompt[1:])] == pytest.approx(expected, abs=2e-4)
+
+    stack, target = local
+    response = httpx.post(
+        target.base_url + "/completions",
+        json={"model": target.model, "prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 1},
+        headers={"Authorization": f"Bearer {stack.token}"},
+        timeout=60,
+    )
+    assert response.status_code == 200 and response.headers["x-cwtrain-snapshot-identity"] == "initial"
+    block = response.json()["choices"][0]["logprobs"]
+    assert len(block["token_logprobs"]) == len(prompt) + 1  # the prompt, then the one token generated
+    assert block["token_logprobs"][1 : len(prompt)] == pytest.approx(expected, abs=2e-4)

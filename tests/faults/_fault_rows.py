@@ -69,6 +69,25 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "a single-replica deployment's replica killed after FULL + 30 deltas (no peer: it replays the chain)",
         "it serves the trainer's exact weights (log-probs equal to the trainer's)",
     ),
+    "replica-load-fails": (
+        "one of two replicas fails to load a hot-load",
+        "the local stack's replica fault `fail_load`, at one chosen version of a run",
+        "hot-load FAILED naming the replica and its reason; the peer keeps the new identity (a mix, both routed); "
+        "a later hot-load (re-activation) brings both onto one identity",
+    ),
+    "replica-stays-behind": (
+        "a replica reports success but keeps the old identity",
+        "the local stack's replica fault `stay_behind` on the next hot-load",
+        "hot-load COMPLETED; its replica row names the old identity and verification refuses it; a re-activation "
+        "brings the replica onto the new identity",
+    ),
+    "wrong-weights": (
+        "a replica serves a corrupted or an old FULL under the new identity",
+        "the local stack's replica fault `serve_wrong_weights` (corrupt: lm_head's exponent and mantissa bits "
+        "inverted; previous: the weights it served before)",
+        "the canary's gap exceeds its bound on that replica's answers and the check fails; on correct weights it "
+        "passes",
+    ),
     "torn-upload": (
         "a shard rewritten in place (same size) while it is published",
         "the loopback S3 proxy rewrites the shard when the publish has opened it, while its parts are sent, once its object is stored, or between the hash pass and the re-read of a file larger than the memory budget",

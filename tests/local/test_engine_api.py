@@ -281,6 +281,15 @@ def test_stop_token_text_is_kept_only_with_include_stop_str_in_output(engine: ht
         ),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens"),
         (
+            "/v1/completions", {"prompt": "xy", "prompt_logprobs": "2"},
+            "`prompt_logprobs` must be an integer. (parameter=prompt_logprobs, value=2)", "prompt_logprobs",
+        ),
+        (
+            "/v1/completions", {"prompt": "xy", "prompt_logprobs": -2},
+            "`prompt_logprobs` must be a positive value or -1. (parameter=prompt_logprobs, value=-2)",
+            "prompt_logprobs",
+        ),
+        (
             "/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2},
             "when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)", "top_logprobs",
         ),
@@ -387,3 +396,88 @@ def test_http10_streams_unframed_and_bad_chunk_framing_is_a_400(engine: httpx.Cl
     ).encode()
     refused = _raw(engine, bad)
     assert refused.startswith(b"HTTP/1.1 400 ") and b"malformed chunk size line" in refused
+
+
+# ------------------------------------------------------------ prompt log-probs (echo, prompt_logprobs)
+
+
+def _prompt_scores(prompt: list[int]) -> list[float]:
+    """What the model gives each prompt token after the ones before it (the first has none)."""
+    return token_logprobs(WEIGHTS, prompt[:1], prompt[1:])
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echo_returns_the_prompts_logprobs_first_as_vllm_does(engine: httpx.Client, max_tokens: int) -> None:
+    prompt = TOK.encode("the cat sat", add_special_tokens=True)
+    doc = _post(
+        engine, "/v1/completions", prompt=prompt, echo=True, logprobs=2, max_tokens=max_tokens, temperature=0,
+        return_tokens_as_token_ids=True,
+    )  # fmt: skip
+    (choice,) = doc["choices"]
+    block = choice["logprobs"]
+    expected = _prompt_scores(prompt)
+    assert block["tokens"][: len(prompt)] == [f"token_id:{t}" for t in prompt]
+    assert block["token_logprobs"][0] is None and block["top_logprobs"][0] is None  # the first token has none
+    assert block["token_logprobs"][1 : len(prompt)] == pytest.approx(expected, abs=1e-4)
+    for i, token in enumerate(prompt[1:], start=1):
+        top = block["top_logprobs"][i]
+        names = list(top)
+        assert names[0] == f"token_id:{token}" and top[names[0]] == block["token_logprobs"][i]
+        assert len(top) in (2, 3)  # the prompt token, then the 2 most likely (once when it is one of them)
+        assert list(top.values())[-2:] == sorted(list(top.values())[-2:], reverse=True)
+    # prompt_logprobs rides along, keyed by token id, the first entry null
+    plp = choice["prompt_logprobs"]
+    assert len(plp) == len(prompt) and plp[0] is None
+    for i, token in enumerate(prompt[1:], start=1):
+        entry = plp[i][str(token)]
+        assert entry["logprob"] == pytest.approx(expected[i - 1], abs=1e-4)
+        assert entry["decoded_token"] == TOK.token_text(token) and entry["rank"] >= 1
+        ranks = [v["rank"] for k, v in plp[i].items() if k != str(token)]
+        assert ranks == list(range(1, len(ranks) + 1)) and len(plp[i]) >= 2
+    # the text echoes the prompt (its ids decoded, <bos> included); usage counts the sampled token
+    assert choice["text"].startswith(TOK.decode(prompt, skip_special_tokens=False))
+    assert doc["usage"]["prompt_tokens"] == len(prompt) and doc["usage"]["completion_tokens"] == 1
+    if max_tokens == 0:  # vLLM samples one token it does not return
+        assert len(block["tokens"]) == len(prompt) and choice["text"] == TOK.decode(prompt, skip_special_tokens=False)
+        assert choice["finish_reason"] in ("length", "stop")
+    else:
+        assert len(block["tokens"]) == len(prompt) + 1
+        generated = int(block["tokens"][-1].removeprefix("token_id:"))
+        assert block["token_logprobs"][-1:] == pytest.approx(token_logprobs(WEIGHTS, prompt, [generated]), abs=1e-4)
+    offsets = block["text_offset"]
+    assert offsets[0] == 0 and all(b - a == len(t) for a, b, t in zip(offsets, offsets[1:], block["tokens"]))
+
+
+def test_prompt_logprobs_alone_scores_the_prompt_beside_a_normal_completion(engine: httpx.Client) -> None:
+    prompt = TOK.encode("hello world")
+    doc = _post(engine, "/v1/completions", prompt=prompt, prompt_logprobs=0, max_tokens=3, n=2, seed=1)
+    expected = _prompt_scores(prompt)
+    for choice in doc["choices"]:
+        assert choice["logprobs"] is None and not choice["text"].startswith("hello")  # no echo
+        plp = choice["prompt_logprobs"]
+        assert plp[0] is None and [len(p) for p in plp[1:]] == [1] * (len(prompt) - 1)  # k = 0: the token only
+        assert [p[str(t)]["logprob"] for p, t in zip(plp[1:], prompt[1:])] == pytest.approx(expected, abs=1e-4)
+    everything = _post(engine, "/v1/completions", prompt=prompt, prompt_logprobs=-1, max_tokens=1)
+    assert all(len(p) == 64 for p in everything["choices"][0]["prompt_logprobs"][1:])  # the whole vocabulary
+    text = _post(engine, "/v1/completions", prompt="hello", echo=True, max_tokens=0)
+    assert text["choices"][0]["text"] == "hello" and text["choices"][0]["logprobs"] is None  # echo without logprobs
+    assert text["choices"][0]["prompt_logprobs"] is None
+
+
+def test_echo_streams_the_prompt_on_each_choices_first_chunk(engine: httpx.Client) -> None:
+    prompt = TOK.encode("abc")
+    body = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 4, "seed": 2, "n": 2}
+    plain = _post(engine, "/v1/completions", **{k: v for k, v in body.items() if k != "model"})
+    events = _events(engine.post("/v1/completions", json=body | {"stream": True}))
+    for index in range(2):
+        chunks = [e["choices"][0] for e in events if e["choices"] and e["choices"][0]["index"] == index]
+        assert chunks[0]["text"].startswith("abc") and chunks[0]["logprobs"]["token_logprobs"][0] is None
+        assert all(not c["text"].startswith("abc") for c in chunks[1:])
+        whole = plain["choices"][index]
+        assert "".join(c["text"] for c in chunks) == whole["text"]
+        streamed = [lp for c in chunks for lp in c["logprobs"]["token_logprobs"]]
+        assert streamed == whole["logprobs"]["token_logprobs"]
+    refused = engine.post("/v1/completions", json=body | {"stream": True, "prompt_logprobs": 1})
+    assert refused.status_code == 400 and refused.json()["error"]["message"] == (
+        "`prompt_logprobs` are not available when `stream=True`. (parameter=prompt_logprobs)"
+    )

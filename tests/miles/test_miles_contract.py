@@ -65,6 +65,7 @@ def test_rollout_class_loads_by_miles_rule_and_replaces_the_zero_semaphore(
     import cwtrain.integrations.miles as package
 
     monkeypatch.setenv("CWTRAIN_ROLLOUT_CONCURRENCY", "1")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "grpo-a")  # the run the fake endpoint's identity belongs to
     args = miles_args(tmp_path, rollout_batch_size=4)
     fn, _ = _build(args)
     assert isinstance(fn, InferenceRolloutFn) and type(fn) is package.CoreWeaveRolloutFn
@@ -83,6 +84,7 @@ def test_rollout_class_loads_by_miles_rule_and_replaces_the_zero_semaphore(
             assert sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
             assert sample.reward in (0.0, 1.0) and sample.rollout_log_probs is not None
     assert output.metrics["coreweave/rollout_id"] == 3.0
+    assert output.metrics["coreweave/served_version_samples/4"] == 4 * args.n_samples_per_prompt
 
 
 def test_rollout_class_tags_miles_weight_version_when_nothing_else_says(
@@ -310,6 +312,7 @@ def test_legacy_function_style_through_miles_adapter(
     from cwtrain.integrations.slime.rollout import set_tokenizer
 
     set_tokenizer(None)
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "grpo-a")
     args = miles_args(tmp_path, rollout_function_path="cwtrain.integrations.miles.generate_rollout")
     fn, _ = _build(args)
     assert isinstance(fn, LegacyRolloutFnAdapter)

@@ -34,7 +34,7 @@ DEPLOYMENT = {
 
 
 def gym_model(endpoint: RecordingEndpoint, *, max_model_len: int | None = 40, salt: str | None = "run-v000004",
-              tokenizer: TurnTokenizer | None = None) -> GymModel:  # fmt: skip
+              tokenizer: TurnTokenizer | None = None, run_id: str | None = "run") -> GymModel:  # fmt: skip
     config = RolloutConfig.from_env(DEPLOYMENT, max_attempts=1)
 
     def served() -> str:
@@ -42,7 +42,7 @@ def gym_model(endpoint: RecordingEndpoint, *, max_model_len: int | None = 40, sa
             raise RolloutError("no served snapshot identity")
         return salt
 
-    sampler = CompletionSampler(config, transport=endpoint.transport())
+    sampler = CompletionSampler(config, transport=endpoint.transport(), run_id=run_id)
     return GymModel(sampler, ChatRenderer(tokenizer or TurnTokenizer()), max_model_len=max_model_len, salt=served)
 
 
@@ -193,6 +193,11 @@ def test_metrics_count_requests_and_served_identities() -> None:
     assert model.identities == ("run-v000007",)
     model.clear_metrics()
     assert model.metrics() == {} and model.identities == ()
+    # another run's identity (or an unknown run) is no version of this run
+    for run_id in ("other", None):
+        elsewhere = gym_model(RecordingEndpoint(identity="run-v000007"), run_id=run_id)
+        elsewhere.chat(first_turn())
+        assert "coreweave/served_version" not in elsewhere.metrics()
 
 
 def test_server_speaks_http_as_gym_and_vllm_clients_expect() -> None:

@@ -305,3 +305,28 @@ def test_setup_wrapper_reads_nemo_rls_master_config_object(monkeypatch: pytest.M
             wrapper(gym, _Tok(), None, None)
     finally:
         grpo_hooks().uninstall()
+
+
+def test_rows_carry_the_version_that_served_them_and_metrics_sum_every_bucket() -> None:
+    """``weight_version`` per row (this run's only); the generate's counters cover all its requests."""
+    requests: list[dict[str, Any]] = []
+    config = {"max_new_tokens": 4, "stop_strings": [], "coreweave_cfg": {"run_id": "run"}}
+    gen = _generation(config, requests)
+    assert gen.sampler.run_id == "run"  # the sampler samples for the run the synchronizer publishes
+    gen.note_published(3)
+    assert gen.sampler.published_version == 3
+    data = {
+        "input_ids": torch.tensor([[5, 6], [5, 6], [8, 0]]),
+        "input_lengths": torch.tensor([2, 2, 1]),
+        "stop_strings": [None, None, ["END"]],  # two buckets: different stop strings
+    }
+    out = gen.generate(data)
+    assert len(requests) == 2
+    assert out["weight_version"].tolist() == [3, 3, 3] and out["weight_version"].dtype == torch.long
+    metrics = gen.get_logger_metrics()
+    assert metrics["coreweave/served_version_samples/3"] == 3.0  # both buckets, not the last one's
+    assert metrics["coreweave/staleness_max"] == 0.0 and metrics["coreweave/samples_without_version"] == 0.0
+    other = _generation({"max_new_tokens": 4, "coreweave_cfg": {"run_id": "another"}}, [])
+    row = other.generate({"input_ids": torch.tensor([[5, 6]]), "input_lengths": torch.tensor([2])})
+    assert row["weight_version"].tolist() == [-1]  # run-v000003 is no version of run "another"
+    assert other.get_logger_metrics()["coreweave/samples_without_version"] == 1.0

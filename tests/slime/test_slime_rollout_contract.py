@@ -40,13 +40,16 @@ def _call(args: Any, *, evaluation: bool = False, prompts: list[tuple[Any, str]]
     return call_rollout_fn(fn, args, 7, DataSource(args, prompts), evaluation=evaluation)
 
 
-def test_one_request_per_group_fills_every_sample(slime_stubs: Path, tmp_path: Path, fake: FakeCompletions) -> None:
+def test_one_request_per_group_fills_every_sample(
+    slime_stubs: Path, tmp_path: Path, fake: FakeCompletions, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from slime.rollout.base_types import RolloutFnTrainOutput
     from slime.utils.types import Sample
 
     from cwtrain.integrations.slime.rollout import set_tokenizer
 
     set_tokenizer(CharTokenizer())
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "grpo-a")  # the run the hook publishes (see the last test)
     args = slime_args(tmp_path, tmp_path / "hf", rollout_batch_size=3, n_samples_per_prompt=4)
     output = _call(args)
     assert isinstance(output, RolloutFnTrainOutput)
@@ -67,6 +70,12 @@ def test_one_request_per_group_fills_every_sample(slime_stubs: Path, tmp_path: P
             assert sample.reward in (0.0, 1.0)  # slime's own rule reward (the stand-in's exact match)
             assert len(sample.response) == sample.response_length
     assert output.metrics["coreweave/samples"] == 12
+    from cwtrain.integrations.slime import reset
+
+    reset()  # a fresh process that knows no run: "-v000004" is not taken for one of its versions
+    monkeypatch.delenv("CWTRAIN_HOTLOAD_RUN_ID")
+    unknown = _call(args)
+    assert {s.weight_versions[-1] for g in unknown.samples for s in g} == {"grpo-a-v000004"}
 
 
 def test_rewards_go_through_slimes_reward_hooks(slime_stubs: Path, tmp_path: Path, fake: FakeCompletions) -> None:
@@ -92,7 +101,7 @@ def test_text_prompts_without_a_tokenizer_use_the_endpoints_prompt_ids(
 
 
 def test_served_version_falls_back_to_the_hooks_state_dir(slime_stubs: Path, tmp_path: Path) -> None:
-    from cwtrain.integrations.slime.rollout import served_version, version_of_identity
+    from cwtrain.integrations.slime.rollout import served_version
 
     args = slime_args(tmp_path, tmp_path / "hf")
     state = Path(args.update_weight_disk_dir + "-hotload")
@@ -101,7 +110,8 @@ def test_served_version_falls_back_to_the_hooks_state_dir(slime_stubs: Path, tmp
     (state / "served_identity").write_text("grpo-a-v000012")
     assert served_version(args, {}) == 12
     assert served_version(args, {"CWTRAIN_HOTLOAD_RUN_ID": "other"}) is None
-    assert version_of_identity("initial") is None and version_of_identity("x-v1234567") == 1234567
+    (state / "served_identity").write_text("initial")
+    assert served_version(args, {}) is None
 
 
 @pytest.mark.parametrize(
@@ -179,6 +189,13 @@ def test_samples_count_only_this_runs_versions(
         monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", "tiny")
         output = _call(slime_args(tmp_path, tmp_path / "hf", wandb_run_id="k3x9q2"))
     assert {s.weight_versions[-1] for g in output.samples for s in g} == {tag}
+    samples = sum(len(g) for g in output.samples)
+    if tag == "4":  # the batch's counters go to slime's rollout metrics
+        assert output.metrics["coreweave/served_version_samples/4"] == samples
+        assert output.metrics["coreweave/served_version_min"] == output.metrics["coreweave/served_version_max"] == 4
+    else:
+        assert output.metrics["coreweave/samples_without_version"] == samples
+    assert output.metrics["coreweave/stale_rerequested"] == output.metrics["coreweave/mixed_groups_resampled"] == 0
 
 
 def test_the_served_version_of_another_run_is_not_this_runs(slime_stubs: Path, tmp_path: Path) -> None:
@@ -211,3 +228,32 @@ def test_slime_is_not_said_to_refuse_a_flag_it_does_not_have() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "slime.md").read_text(encoding="utf-8")
     refused = docs[docs.index("Refused, naming the flag") :].split("\n\n", 1)[0]
     assert "--use-session-server" not in refused and all(flag in refused for flag in REFUSED_FLAGS)
+
+
+def test_max_staleness_fences_a_slime_rollout_to_the_version_the_deployment_serves(
+    slime_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollout's sampler learns the run and the served version; stale completions come back re-requested."""
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+
+    set_tokenizer(CharTokenizer())
+    args = slime_args(tmp_path, tmp_path / "hf", wandb_run_id="k3x9q2")
+    state = Path(args.update_weight_disk_dir + "-hotload")
+    state.mkdir(parents=True)
+    (state / "served_identity").write_text("weights-k3x9q2-v000005")  # what the hook recorded as served
+    with FakeCompletions(identity="weights-k3x9q2-v000004") as server:  # one replica still on v4 at first
+        answer = server.answer
+
+        def swap_after_two(body: dict[str, Any]) -> dict[str, Any]:
+            if len(server.bodies) > 2:
+                server.identity = "weights-k3x9q2-v000005"
+            return answer(body)
+
+        monkeypatch.setattr(server, "answer", swap_after_two)
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", server.base_url)
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", "tiny")
+        monkeypatch.setenv("CWTRAIN_ROLLOUT_MAX_STALENESS", "0")
+        output = _call(args)
+    assert {s.weight_versions[-1] for g in output.samples for s in g} == {"5"}
+    assert output.metrics["coreweave/stale_rerequested"] >= 1
+    assert output.metrics["coreweave/served_version_min"] == 5 and output.metrics["coreweave/staleness_max"] == 0

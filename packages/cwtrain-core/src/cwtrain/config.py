@@ -83,6 +83,12 @@ _DECLARED: tuple[EnvVar, ...] = (
         "bearer token of NeMo-RL's standalone gym_model endpoint (Gym's policy_api_key)",
         secret=True,
     ),
+    EnvVar(
+        "CWTRAIN_ROLLOUT_MAX_STALENESS",
+        "unset (no limit)",
+        "integer >= 0; a completion served more than K versions behind the newest published, or by another "
+        "run's identity, is re-requested",
+    ),
     # object storage
     EnvVar("AWS_REGION", "required", "the bucket's availability zone, e.g. US-EAST-04A"),
     EnvVar("CW_S3_ENDPOINT", "AWS config, else https://cwobject.com", "S3 endpoint"),

@@ -42,12 +42,25 @@ is a ``RolloutError`` naming what to enable. Re-tokenizing text happens only on 
 opt-in (``CWTRAIN_ROLLOUT_TOKEN_IDS=0`` plus ``tokenizer=``), checked by decoding back.
 
 **Identity.** Each completion carries the snapshot identity that served it, read from the
-``x-cwtrain-snapshot-identity`` header, else the body's ``system_fingerprint``.
+``x-cwtrain-snapshot-identity`` header, else the body's ``system_fingerprint``, and, when
+the sampler knows its run, the version of that run it names (``Completion.version``).
+
+**Versions.** The sampler learns the newest version the trainer published
+(``sampler.note_published(version, run_id=...)``, or :func:`note_published` for every
+shared sampler of the process). With ``CWTRAIN_ROLLOUT_MAX_STALENESS=K`` a completion served
+more than K versions behind it, or by another run's identity, is re-requested; a group is
+never returned with completions from two identities; each batch reports the versions it
+held (:mod:`cwtrain.integrations.rollout.sampler`).
+
+**Canary.** :class:`Canary` scores a fixed probe on the deployment (prompt log-probs through
+``echo``/``prompt_logprobs``) and compares it with the trainer's own log-probs after a
+hot-load (:mod:`cwtrain.integrations.rollout.canary`).
 
 **Variables** (explicit argument > framework config key > variable > default):
 ``CWTRAIN_ROLLOUT_BASE_URL`` (required), ``_MODEL`` (required), ``_API_KEY`` / ``_API_KEY_FILE``,
 ``_CONCURRENCY`` (16), ``_TIMEOUT`` (600), ``_MAX_ATTEMPTS`` (6), ``_LOGPROBS`` (true),
-``_TOKEN_IDS`` (true), ``_TOKEN_ID_PROMPTS`` (true), ``_ROUTED_EXPERTS`` (false), ``_SEEDS`` (true).
+``_TOKEN_IDS`` (true), ``_TOKEN_ID_PROMPTS`` (true), ``_ROUTED_EXPERTS`` (false), ``_SEEDS`` (true),
+``_MAX_STALENESS`` (unset: no limit).
 """
 
 from __future__ import annotations
@@ -57,47 +70,90 @@ from collections.abc import Sequence
 from typing import Any
 
 from cwtrain.errors import RolloutError
+from cwtrain.integrations.rollout.canary import (
+    DEFAULT_CANARY_BOUND,
+    Canary,
+    CanaryAnswer,
+    CanaryProbe,
+    CanaryResult,
+    IdentityGap,
+    TrainerLogprobs,
+)
 from cwtrain.integrations.rollout.config import RolloutConfig
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams
 from cwtrain.integrations.rollout.responses import Completion, decode_routed_experts
-from cwtrain.integrations.rollout.sampler import IDENTITY_HEADER, CompletionSampler, RolloutBatch
-from cwtrain.integrations.rollout.samples import fill_group, served_version
+from cwtrain.integrations.rollout.sampler import (
+    IDENTITY_HEADER,
+    CompletionSampler,
+    RolloutBatch,
+    served_version_metrics,
+)
+from cwtrain.integrations.rollout.samples import fill_group, version_tag
 
 __all__ = [
+    "DEFAULT_CANARY_BOUND",
     "IDENTITY_HEADER",
+    "Canary",
+    "CanaryAnswer",
+    "CanaryProbe",
+    "CanaryResult",
     "Completion",
     "CompletionSampler",
+    "IdentityGap",
     "Prompt",
     "RolloutBatch",
     "RolloutConfig",
     "RolloutError",
     "SamplingParams",
+    "TrainerLogprobs",
     "decode_routed_experts",
     "fill_group",
+    "note_published",
     "sample_groups",
     "sample_prompt",
-    "served_version",
+    "served_version_metrics",
     "shared_sampler",
+    "version_tag",
 ]
 
 _SHARED: dict[RolloutConfig, CompletionSampler] = {}
 _SHARED_LOCK = threading.Lock()
+_PUBLISHED: dict[str, int] = {}  # run id -> the newest version published in this process
 
 
 def shared_sampler(config: RolloutConfig | None = None, *, tokenizer: Any = None) -> CompletionSampler:
     """The process-wide sampler for ``config`` (default: ``RolloutConfig.from_env()``).
 
     One sampler (one connection pool) per distinct config, reused across steps. A
-    ``tokenizer`` given later is attached to an existing sampler that has none.
+    ``tokenizer`` given later is attached to an existing sampler that has none. A new
+    sampler learns the newest version :func:`note_published` recorded.
     """
     config = config or RolloutConfig.from_env()
     with _SHARED_LOCK:
         sampler = _SHARED.get(config)
         if sampler is None:
             sampler = _SHARED[config] = CompletionSampler(config, tokenizer=tokenizer)
+            for run_id, version in _PUBLISHED.items():
+                sampler.note_published(version, run_id=run_id)
         elif tokenizer is not None and sampler.tokenizer is None:
             sampler.tokenizer = tokenizer
         return sampler
+
+
+def note_published(version: int, *, run_id: str) -> None:
+    """The trainer published ``version`` of ``run_id``: tell every shared sampler of this process.
+
+    Samplers made later by :func:`shared_sampler` learn it too. A sampler built directly is
+    told with its own :meth:`CompletionSampler.note_published`. Only the newest run
+    is kept.
+    """
+    with _SHARED_LOCK:
+        if run_id not in _PUBLISHED or version > _PUBLISHED[run_id]:
+            _PUBLISHED.clear()
+            _PUBLISHED[run_id] = version
+        samplers = list(_SHARED.values())
+    for sampler in samplers:
+        sampler.note_published(version, run_id=run_id)
 
 
 def sample_groups(

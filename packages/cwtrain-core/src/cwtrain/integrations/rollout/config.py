@@ -33,6 +33,7 @@ FIELD_VARIABLES = {
     "token_id_prompts": "CWTRAIN_ROLLOUT_TOKEN_ID_PROMPTS",
     "routed_experts": "CWTRAIN_ROLLOUT_ROUTED_EXPERTS",
     "seeds": "CWTRAIN_ROLLOUT_SEEDS",
+    "max_staleness": "CWTRAIN_ROLLOUT_MAX_STALENESS",
 }
 
 # slime/miles flags that replace the part of the rollout cwtrain owns (interface.md §4.4).
@@ -67,6 +68,11 @@ class RolloutConfig:
         routed_experts: split each group into ``n = 1`` requests asking for MoE routes.
         require_logprobs: a group without log-probs is re-sampled (twice), then fails.
         seeds: a random seed on every ``n = 1`` request a group is split into.
+        max_staleness: ``K``: a completion served by an identity more than ``K`` versions
+            behind the newest version the trainer published, or by another run's identity,
+            is re-requested instead of returned (``None``: no limit). It takes effect once
+            the sampler knows its run and the newest version
+            (:meth:`~cwtrain.integrations.rollout.CompletionSampler.note_published`).
 
     Raises:
         ConfigError: a value out of range or an impossible combination.
@@ -84,6 +90,7 @@ class RolloutConfig:
     routed_experts: bool = False
     require_logprobs: bool = False
     seeds: bool = True
+    max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         base = (self.base_url or "").strip().rstrip("/")
@@ -110,6 +117,10 @@ class RolloutConfig:
                 "routed experts need log-probs, token ids and token-id prompts: set CWTRAIN_ROLLOUT_LOGPROBS, "
                 "CWTRAIN_ROLLOUT_TOKEN_IDS and CWTRAIN_ROLLOUT_TOKEN_ID_PROMPTS to true, or turn routed experts off"
             )
+        if self.max_staleness is not None and (
+            isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0
+        ):
+            raise ConfigError(f"RolloutConfig.max_staleness={self.max_staleness!r} must be an integer >= 0 or None")
         if self.require_logprobs and not self.logprobs:
             raise ConfigError("require_logprobs needs log-probs: set CWTRAIN_ROLLOUT_LOGPROBS=true")
 
@@ -170,6 +181,11 @@ class RolloutConfig:
                     values[name] = env_int(FIELD_VARIABLES[name], default, env, minimum=minimum)
                 except ConfigError as exc:
                     raise relabel(exc, name) from None
+        if "max_staleness" not in overrides and env_str(FIELD_VARIABLES["max_staleness"], env) is not None:
+            try:
+                values["max_staleness"] = env_int(FIELD_VARIABLES["max_staleness"], 0, env, minimum=0)
+            except ConfigError as exc:
+                raise relabel(exc, "max_staleness") from None
         if "timeout" not in overrides:
             try:
                 values["timeout"] = env_float(FIELD_VARIABLES["timeout"], 600.0, env)

@@ -70,6 +70,9 @@ class Completion:
         cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` of its request.
         token_source: where the ids came from (``token_ids``, ``logprobs.tokens``, ``nvext``, ``retokenized``).
         index: the choice index within its request.
+        version: the version of the sampler's run that ``identity`` names
+            (:func:`cwtrain.hotload.format.identity.identity_version`); ``None`` when the run is not
+            known, or the identity is another run's (or ``initial``, or none).
     """
 
     prompt_ids: tuple[int, ...]
@@ -84,6 +87,7 @@ class Completion:
     cached_tokens: int | None = None
     token_source: str = "token_ids"
     index: int = 0
+    version: int | None = None
 
     @property
     def truncated(self) -> bool:

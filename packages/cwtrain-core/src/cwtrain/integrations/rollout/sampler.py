@@ -4,6 +4,23 @@ The sampler owns one ``httpx.AsyncClient`` (one connection pool, reused across s
 its own event-loop thread, so the same sampler serves ``await sampler.sample_groups(...)``
 from any event loop and ``sampler.sample_groups_sync(...)`` from plain code — including
 code that is itself running inside an event loop.
+
+**Samples fenced by version.** The sampler knows the run it samples for (``run_id``) and the
+newest version the trainer published (:meth:`CompletionSampler.note_published`, called by
+the publish path after each publish, or by the caller). Each completion's identity becomes
+a version of that run (:func:`cwtrain.hotload.format.identity.identity_version`; another run's
+identity, or ``initial``, is no version of it). With ``max_staleness`` = K
+(``CWTRAIN_ROLLOUT_MAX_STALENESS``), a completion served more than K versions behind the
+newest, or by an identity that is no version of the run, is re-requested instead of
+returned, up to ``max_attempts`` times with the retries' back-off (the fleet may still be
+switching), then the batch fails with a ``RolloutError`` naming the identity; the check is
+made again on every group when the batch ends, against the newest version known then. A
+completion whose identity the endpoint does not report cannot be fenced and is kept. With
+no limit (the default) nothing is re-requested for staleness. Either way a group is never
+returned with completions from two identities: a split group (``n`` requests of ``n = 1``)
+that came back mixed is re-sampled whole (the same budget). Each batch reports what it held
+(:class:`RolloutBatch`: ``versions``, and the ``coreweave/served_version_*``,
+``coreweave/stale_rerequested``, ``coreweave/mixed_groups_resampled`` metrics).
 """
 
 from __future__ import annotations
@@ -14,15 +31,18 @@ import logging
 import math
 import os
 import random
+import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Concatenate, TypeVar
 
 import httpx
 
 from cwtrain.closing import Closing
-from cwtrain.errors import RolloutError
+from cwtrain.errors import RolloutError, UsageError
+from cwtrain.hotload.format.identity import identity_version, version_identity
 from cwtrain.integrations.nvext import as_cache_salt
 from cwtrain.integrations.rollout._runtime import LoopThread, SequenceLimiter
 from cwtrain.integrations.rollout.config import RolloutConfig
@@ -30,7 +50,7 @@ from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingPa
 from cwtrain.integrations.rollout.responses import Completion, read_completions, unfinished
 from cwtrain.jsondoc import load_json
 
-__all__ = ["IDENTITY_HEADER", "CompletionSampler", "RolloutBatch"]
+__all__ = ["IDENTITY_HEADER", "CompletionSampler", "RolloutBatch", "served_version_metrics"]
 
 log = logging.getLogger("cwtrain.integrations.rollout")
 
@@ -58,7 +78,37 @@ class _Stats:
     retries: int = 0
     resampled: int = 0
     cached_tokens: int = 0
+    stale: int = 0  # completions re-requested for staleness
+    mixed: int = 0  # groups re-sampled because they held two identities
     latencies: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Fence:
+    """What a completion is checked against: the run, the newest version published, the limit."""
+
+    run_id: str | None
+    latest: int | None
+    limit: int | None
+
+    def version(self, identity: str | None) -> int | None:
+        """The version of the run ``identity`` names (``None``: no run known, or not one of its versions)."""
+        return identity_version(identity, self.run_id) if self.run_id is not None else None
+
+    def stale(self, identity: str | None) -> str | None:
+        """Why a completion served by ``identity`` may not be returned, or ``None`` when it may."""
+        if self.limit is None or self.run_id is None or self.latest is None or identity is None:
+            return None
+        version = identity_version(identity, self.run_id)
+        newest = version_identity(self.run_id, self.latest)
+        if version is None:
+            return f"served by {identity!r}, which is no version of run {self.run_id!r} (newest published: {newest!r})"
+        if self.latest - version > self.limit:
+            return (
+                f"served by {identity!r}, {self.latest - version} versions behind the newest published {newest!r} "
+                f"(CWTRAIN_ROLLOUT_MAX_STALENESS={self.limit})"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -68,15 +118,26 @@ class RolloutBatch:
     Iterating, indexing and ``len`` act on ``groups``.
 
     Attributes:
-        groups: one list of :class:`Completion` per prompt, ``n`` each.
+        groups: one list of :class:`Completion` per prompt, ``n`` each; never two identities in one group.
         metrics: ``coreweave/*`` numbers (interface.md §4.3 plus latency percentiles,
-            tokens/s, requests, retries, identities seen).
+            tokens/s, requests, retries, identities seen), and what the batch held:
+            ``stale_rerequested`` (completions re-requested for staleness),
+            ``mixed_groups_resampled`` (groups re-sampled for holding two identities); with a
+            known run, ``samples_without_version`` (served by no version of the run), and when
+            versions were served ``served_version_min``, ``served_version_max``,
+            ``served_versions`` (how many), ``served_version_samples/<N>`` (samples per
+            version) and, with the newest published version known, ``staleness_max``.
         identities: the served snapshot identities seen, in first-seen order.
+        versions: samples per version of the sampler's run that served them (empty when
+            the run is not known).
+        published_version: the newest version the sampler knew of when the batch ended.
     """
 
     groups: list[list[Completion]]
     metrics: dict[str, float]
     identities: tuple[str, ...] = ()
+    versions: dict[int, int] = field(default_factory=dict)
+    published_version: int | None = None
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -86,6 +147,41 @@ class RolloutBatch:
 
     def __getitem__(self, index: int) -> list[Completion]:
         return self.groups[index]
+
+
+def served_version_metrics(
+    versions: Mapping[int, int],
+    *,
+    published: int | None = None,
+    stale: int = 0,
+    mixed: int = 0,
+    unversioned: int | None = None,
+) -> dict[str, float]:
+    """The ``coreweave/*`` numbers of what a batch held (see :class:`RolloutBatch`).
+
+    Args:
+        versions: samples per version of the run that served them.
+        published: the newest version published (``staleness_max`` is measured from it).
+        stale: completions re-requested for staleness.
+        mixed: groups re-sampled for holding two identities.
+        unversioned: samples served by no version of the run (``None``: the run is not known).
+
+    Integrations that merge several batches sum ``versions``, ``stale``, ``mixed`` and
+    ``unversioned`` and call this once.
+    """
+    metrics = {"coreweave/stale_rerequested": float(stale), "coreweave/mixed_groups_resampled": float(mixed)}
+    if unversioned is not None:
+        metrics["coreweave/samples_without_version"] = float(unversioned)
+    counted = {v: n for v, n in sorted(versions.items()) if n}
+    if counted:
+        metrics["coreweave/served_version_min"] = float(min(counted))
+        metrics["coreweave/served_version_max"] = float(max(counted))
+        metrics["coreweave/served_versions"] = float(len(counted))
+        for version, count in counted.items():
+            metrics[f"coreweave/served_version_samples/{version}"] = float(count)
+        if published is not None:
+            metrics["coreweave/staleness_max"] = float(max(0, published - min(counted)))
+    return metrics
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -160,6 +256,8 @@ class CompletionSampler(Closing):
         group_size: sequences per group, for the concurrency budget.
         sleep: the coroutine used between retries (default ``asyncio.sleep``).
         seed: seeds the generator of jitter and request seeds (default: from the OS).
+        run_id: the run it samples for: served identities become this run's versions
+            (see the module docs); also set by :meth:`note_published`.
     """
 
     def __init__(
@@ -171,6 +269,7 @@ class CompletionSampler(Closing):
         group_size: int | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         seed: int | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -185,8 +284,53 @@ class CompletionSampler(Closing):
         self._dropped: set[str] = set()
         self._text_prompts = not config.token_id_prompts
         self._logged: set[str] = set()
+        self._fence_lock = threading.Lock()
+        self._run_id = run_id
+        self._latest: int | None = None
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def run_id(self) -> str | None:
+        """The run it samples for (``None``: not known; no versions, no fence)."""
+        return self._run_id
+
+    @property
+    def published_version(self) -> int | None:
+        """The newest version of the run the trainer published, as last told."""
+        return self._latest
+
+    def note_published(self, version: int, *, run_id: str | None = None) -> None:
+        """The trainer published ``version`` of ``run_id`` (default: the sampler's run).
+
+        The publish path calls this after each publish; a caller may call it directly. A
+        version never goes back within a run (a lower one is ignored); another run id
+        replaces the run and its newest version. Thread-safe; batches in flight use it from
+        their next check on.
+
+        Raises:
+            UsageError: ``version`` is negative, or no run id was ever given.
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise UsageError(f"note_published(version={version!r}): a version is an integer >= 0")
+        with self._fence_lock:
+            run = run_id or self._run_id
+            if run is None:
+                raise UsageError("note_published needs the run id (run_id=...): the sampler knows no run yet")
+            if run != self._run_id:
+                self._run_id, self._latest = run, None
+            if self._latest is None or version > self._latest:
+                self._latest = version
+
+    def set_run(self, run_id: str | None) -> None:
+        """Sample for ``run_id`` (a new run forgets the newest version known)."""
+        with self._fence_lock:
+            if run_id != self._run_id:
+                self._run_id, self._latest = run_id, None
+
+    def _fence(self) -> _Fence:
+        with self._fence_lock:
+            return _Fence(self._run_id, self._latest, self.config.max_staleness)
 
     @property
     def text_prompts(self) -> bool:
@@ -326,7 +470,49 @@ class CompletionSampler(Closing):
                 first = first.exceptions[0]
             raise first from None
         groups = [f.result() for f in futures]
+        groups = await self._refence(groups, items, sizes, params, salt, do_split, stats)
         return self._finish(groups, stats, time.monotonic() - started)
+
+    async def _refence(
+        self,
+        groups: list[list[Completion]],
+        items: list[Prompt],
+        sizes: list[int],
+        params: SamplingParams,
+        salt: str | None,
+        split: bool,
+        stats: _Stats,
+    ) -> list[list[Completion]]:
+        """Re-sample the groups that went stale while the batch ran (a newer version was published)."""
+        largest = max(sizes)
+        for round_ in range(1, self.config.max_attempts + 1):
+            fence = self._fence()
+            stale = [i for i, group in enumerate(groups) if fence.stale(group[0].identity if group else None)]
+            if not stale:
+                return groups
+            if round_ == self.config.max_attempts:
+                reason = fence.stale(groups[stale[0]][0].identity)
+                raise RolloutError(
+                    f"{len(stale)} group(s) were still {reason} after {round_} rounds of re-sampling; the deployment "
+                    "does not serve a recent version: check its hot-loads (`cwtrain hotload list`)"
+                )
+            stats.stale += sum(len(groups[i]) for i in stale)
+            log.info(
+                "%d group(s) went stale during the batch (%s); re-sampling them",
+                len(stale),
+                fence.stale(groups[stale[0]][0].identity),
+            )
+            async with asyncio.TaskGroup() as tasks:
+                again = {
+                    i: tasks.create_task(self._group(items[i], sizes[i], params, salt, split, largest, stats))
+                    for i in stale
+                }
+            for i, task in again.items():
+                groups[i] = task.result()
+        return groups
+
+    async def _backoff(self, attempt: int) -> None:
+        await self._sleep(min(MAX_SLEEP, 2.0 ** (attempt - 1)) * self._rng.uniform(0.5, 1.5))
 
     async def _group(
         self,
@@ -338,23 +524,70 @@ class CompletionSampler(Closing):
         largest: int,
         stats: _Stats,
     ) -> list[Completion]:
-        for attempt in range(MAX_RESAMPLES + 1):
+        without_logprobs = mixed = 0
+        while True:
             if split:
                 parts = await asyncio.gather(
-                    *(self._post(prompt, 1, params, salt, largest, stats, seeded=True) for _ in range(n))
+                    *(self._fenced(prompt, 1, params, salt, largest, stats, seeded=True) for _ in range(n))
                 )
                 completions = [replace(c[0], index=i) for i, c in enumerate(parts)]
             else:
-                completions = await self._post(prompt, n, params, salt, largest, stats, seeded=False)
-            if not self.config.require_logprobs or all(c.logprobs is not None for c in completions):
-                return completions
-            if attempt < MAX_RESAMPLES:
+                completions = await self._fenced(prompt, n, params, salt, largest, stats, seeded=False)
+            if self.config.require_logprobs and any(c.logprobs is None for c in completions):
+                without_logprobs += 1
+                if without_logprobs > MAX_RESAMPLES:
+                    raise RolloutError(
+                        f"a group came back without usable log-probs {MAX_RESAMPLES + 1} times and log-probs are "
+                        "required; the endpoint must return logprobs.token_logprobs with one finite value per "
+                        "completion token"
+                    )
                 stats.resampled += 1
-                log.info("a group came back without log-probs; re-sampling it (%d of %d)", attempt + 1, MAX_RESAMPLES)
-        raise RolloutError(
-            f"a group came back without usable log-probs {MAX_RESAMPLES + 1} times and log-probs are required; "
-            "the endpoint must return logprobs.token_logprobs with one finite value per completion token"
-        )
+                log.info(
+                    "a group came back without log-probs; re-sampling it (%d of %d)", without_logprobs, MAX_RESAMPLES
+                )
+                continue
+            identities = {c.identity for c in completions if c.identity is not None}
+            if len(identities) > 1:  # a split group that straddled a swap: never returned mixed
+                mixed += 1
+                stats.mixed += 1
+                if mixed >= self.config.max_attempts:
+                    raise RolloutError(
+                        f"a group came back from {len(identities)} identities ({', '.join(sorted(identities))}) "
+                        f"{mixed} times; the replicas serve different weights: check the deployment's hot-loads "
+                        "(`cwtrain hotload list`)"
+                    )
+                log.info("a group came back from %s; re-sampling it whole", ", ".join(sorted(identities)))
+                await self._backoff(mixed)
+                continue
+            return completions
+
+    async def _fenced(
+        self,
+        prompt: Prompt,
+        n: int,
+        params: SamplingParams,
+        salt: str | None,
+        largest: int,
+        stats: _Stats,
+        *,
+        seeded: bool,
+    ) -> list[Completion]:
+        """One request's completions, re-requested while the identity that served them is stale."""
+        for attempt in range(1, self.config.max_attempts + 1):
+            completions = await self._post(prompt, n, params, salt, largest, stats, seeded=seeded)
+            fence = self._fence()
+            reason = fence.stale(completions[0].identity if completions else None)
+            if reason is None:
+                return [replace(c, version=fence.version(c.identity)) for c in completions]
+            if attempt == self.config.max_attempts:
+                raise RolloutError(
+                    f"completions were {reason}, {attempt} times; the deployment does not serve a recent version: "
+                    "check its hot-loads (`cwtrain hotload list`), or raise CWTRAIN_ROLLOUT_MAX_STALENESS"
+                )
+            stats.stale += len(completions)
+            log.debug("completions were %s; re-requesting them (%d of %d)", reason, attempt, self.config.max_attempts)
+            await self._backoff(attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _body(
         self,
@@ -555,6 +788,11 @@ class CompletionSampler(Closing):
         for c in flat:
             if c.identity is not None:
                 identities.setdefault(c.identity)
+        fence = self._fence()
+        if fence.run_id is not None:  # versions of the run as it is now (a run id learned mid-batch included)
+            groups = [[replace(c, version=fence.version(c.identity)) for c in g] for g in groups]
+            flat = [c for g in groups for c in g]
+        versions = dict(sorted(Counter(c.version for c in flat if c.version is not None).items()))
         lengths = [len(c.response_ids) for c in flat]
         latencies = sorted(stats.latencies)
         tokens = sum(lengths)
@@ -577,4 +815,19 @@ class CompletionSampler(Closing):
             "coreweave/identities_seen": float(len(identities)),
             "coreweave/text_prompts": 1.0 if self._text_prompts else 0.0,
         }
-        return RolloutBatch(groups=groups, metrics=metrics, identities=tuple(identities))
+        metrics.update(
+            served_version_metrics(
+                versions,
+                published=fence.latest,
+                stale=stats.stale,
+                mixed=stats.mixed,
+                unversioned=total - sum(versions.values()) if fence.run_id is not None else None,
+            )
+        )
+        return RolloutBatch(
+            groups=groups,
+            metrics=metrics,
+            identities=tuple(identities),
+            versions=versions,
+            published_version=fence.latest,
+        )

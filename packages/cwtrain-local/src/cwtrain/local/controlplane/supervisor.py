@@ -15,8 +15,11 @@ quarter second), for each
   ERROR and the others are done, or FAILED after ``hot_load_timeout``.
 
 A replica is *routable* (the gateway sends it requests) once it answered ``/health`` and
-serves the deployment's current identity or the active hot-load's; a cold replica
-catching up is not. A catch-up that fails (a stored object of the current chain is
+serves the deployment's current identity or the active hot-load's, or reported the current
+hot-load done; a cold replica catching up is not. There is no rollback: after a hot-load
+that ended FAILED or CANCELED, a replica that had switched to its identity keeps serving it
+(and stays routable) beside the others until a later hot-load reaches every replica, so the
+fleet serves a mix, as a fleet whose replicas switch one by one does. A catch-up that fails (a stored object of the current chain is
 corrupt or gone, the store did not answer) is retried with a growing pause (2 s to 60 s).
 
 A READY deployment that no replica serves any more becomes STATUS_ERROR, and its Ready
@@ -44,10 +47,10 @@ from cwtrain.errors import UsageError
 from cwtrain.local.controlplane.records import DeploymentRecord, HotLoadRecord, ReplicaRecord
 from cwtrain.local.controlplane.resources import now
 from cwtrain.local.controlplane.state import ControlPlaneState
-from cwtrain.local.engine.processes import DEFAULT_REPLICA_COMMAND, TOKEN_VARIABLE, ReplicaProcess
+from cwtrain.local.engine.processes import DEFAULT_REPLICA_COMMAND, FAULT_KINDS, TOKEN_VARIABLE, ReplicaProcess
 from cwtrain.local.harness.objectstore import free_port
 
-__all__ = ["Supervisor"]
+__all__ = ["ReplicaFault", "Supervisor"]
 
 log = logging.getLogger("cwtrain.local.controlplane.supervisor")
 
@@ -73,9 +76,37 @@ class Slot:
         return self.process.health if self.process is not None and self.process.alive() else None
 
 
+@dataclass(eq=False)
+class ReplicaFault:
+    """A fault armed for the next hot-load(s) that reach one replica (see :mod:`cwtrain.local.engine.replica`).
+
+    Attributes:
+        kind: one of :data:`cwtrain.local.engine.processes.FAULT_KINDS`.
+        index: the replica's position in its deployment.
+        deployment_id: the deployment (``None``: any).
+        identity: only a hot-load of this identity (``None``: the next one dispatched).
+        remaining: how many more hot-loads it affects.
+        reason: the failure reason of a ``fail``.
+    """
+
+    kind: str
+    index: int
+    deployment_id: str | None = None
+    identity: str | None = None
+    remaining: int = 1
+    reason: str | None = None
+
+    def matches(self, deployment_id: str, index: int, identity: str) -> bool:
+        """Whether it applies to the hot-load of ``identity`` dispatched to replica ``index``."""
+        return self.index == index and self.deployment_id in (None, deployment_id) and self.identity in (None, identity)
+
+
 @dataclass
 class _Hooks:
     kill_on_dispatch: list[tuple[str | None, int]] = field(default_factory=list)
+    replica_faults: list[ReplicaFault] = field(default_factory=list)
+    #: Every replica fault that fired, as ``(kind, replica name, identity)``.
+    fired: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 class Supervisor:
@@ -241,9 +272,34 @@ class Supervisor:
         return True
 
     def _serving(self, deployment: DeploymentRecord) -> set[str]:
-        """Identities a replica may serve: the current one and the active hot-load's."""
+        """Identities a routable replica may serve: the current one, the active hot-load's, and stranded ones."""
         active = self.state.active_hot_load(deployment.id)
-        return {deployment.current_identity} | ({active.spec["identity"]} if active is not None else set())
+        current = {deployment.current_identity} | ({active.spec["identity"]} if active is not None else set())
+        return current | self._stranded(deployment)
+
+    def _stranded(self, deployment: DeploymentRecord) -> set[str]:
+        """Identities of hot-loads that ended FAILED or CANCELED after the current one (no rollback)."""
+        with self.state.lock:
+            current = self.state.hot_loads.get(deployment.current_hot_load_id or "")
+            after = current.seq if current is not None else -1
+            return {
+                r.spec["identity"]
+                for r in self.state.hot_loads.values()
+                if r.spec["deploymentId"] == deployment.id
+                and r.terminal
+                and r.state != "HOT_LOAD_STATE_COMPLETED"
+                and r.seq > after
+            }
+
+    def _takes_traffic(self, deployment: DeploymentRecord, slot: Slot, serving: set[str]) -> bool:
+        """Whether the replica is routable: up, not catching up, and serving (or said it serves) the weights."""
+        health = slot.health()
+        if slot.process is None or slot.catch_up is not None or health is None:
+            return False
+        if health.get("identity") in serving:
+            return True
+        claimed = health.get("completed_hot_load_id")
+        return claimed is not None and claimed == deployment.current_hot_load_id and health.get("state") == "READY"
 
     def _peer(self, deployment: DeploymentRecord, slots: list[Slot], exclude: Slot) -> str | None:
         serving = self._serving(deployment)
@@ -287,13 +343,17 @@ class Supervisor:
         """Bring a cold replica to the deployment's current identity (no hot-load active)."""
         if self.state.active_hot_load(deployment.id) is not None or deployment.current_hot_load_id is None:
             return
+        stranded = self._stranded(deployment)
         for slot in slots:
             health = slot.health()
             if health is None or slot.process is None:
                 continue
-            if health.get("identity") == deployment.current_identity:
+            claimed = health.get("completed_hot_load_id") == deployment.current_hot_load_id
+            if health.get("identity") == deployment.current_identity or (slot.catch_up is None and claimed):
                 slot.catch_up, slot.catch_up_failures, slot.catch_up_retry_at = None, 0, 0.0  # serving (even in ERROR)
                 continue
+            if slot.catch_up is None and health.get("identity") in stranded:
+                continue  # switched to a hot-load that then failed: no rollback, it keeps serving it
             if slot.catch_up is not None and self._catch_up_failed(slot, health):
                 if time.monotonic() < slot.catch_up_retry_at:
                     continue
@@ -321,9 +381,7 @@ class Supervisor:
 
     def _deployment_status(self, deployment: DeploymentRecord, slots: list[Slot]) -> bool:
         serving = self._serving(deployment)
-        ready = sum(
-            1 for s in slots if (h := s.health()) is not None and h.get("identity") in serving and s.catch_up is None
-        )
+        ready = sum(1 for s in slots if self._takes_traffic(deployment, s, serving))
         failed = [s for s in slots if s.start_failures >= _MAX_START_FAILURES]
         with self.state.lock:
             deployment.ready_replicas = ready
@@ -385,14 +443,11 @@ class Supervisor:
             deployment = self.state.deployments.get(deployment_id)
             if deployment is None:
                 return []
-            serving = self._serving(deployment)
+        serving = self._serving(deployment)
         urls = [
             s.process.url
             for s in list(self.slots.get(deployment_id, []))
-            if s.process is not None
-            and s.catch_up is None
-            and (h := s.health()) is not None
-            and h.get("identity") in serving
+            if s.process is not None and self._takes_traffic(deployment, s, serving)
         ]
         if len(urls) > 1:
             shift = next(self._rr) % len(urls)
@@ -414,8 +469,12 @@ class Supervisor:
                 continue
             if health.get("identity") == target and health.get("state") == "READY":
                 continue
-            if proc.post_hot_load(record.id, target, chain):
+            fault = self._replica_fault(deployment.id, index, target)
+            wire = None if fault is None else {"kind": fault.kind, "reason": fault.reason}
+            if proc.post_hot_load(record.id, target, chain, fault=wire):
                 slot.catch_up = None
+                if fault is not None:
+                    self._consume_replica_fault(fault, slot.name, target)
                 self._fire_kill_hooks(deployment, slot, index)
         with self.state.lock:
             if record.terminal:  # canceled meanwhile
@@ -443,7 +502,9 @@ class Supervisor:
                 state = str(health.get("state") or "PENDING_UPDATE") if mine else "PENDING_UPDATE"
                 if identity == target and health.get("state") == "READY":
                     state = "READY"
-                if state == "READY" and identity != target:
+                # a replica that says it finished this hot-load counts as done, whatever it serves
+                claimed = health.get("completed_hot_load_id") == record.id and health.get("state") == "READY"
+                if state == "READY" and identity != target and not claimed:
                     state = "PENDING_UPDATE"
                 reason = health.get("error_reason") if state == "ERROR" else None
             stamp = now()
@@ -498,6 +559,46 @@ class Supervisor:
     def kill_during_next_hot_load(self, deployment_id: str | None = None, index: int = 0) -> None:
         """Kill replica ``index`` right after the next hot-load was dispatched to it."""
         self._hooks.kill_on_dispatch.append((deployment_id, index))
+
+    def arm_replica_fault(self, fault: ReplicaFault) -> ReplicaFault:
+        """Make the next matching hot-load(s) misbehave on one replica (see :class:`ReplicaFault`)."""
+        if fault.kind not in FAULT_KINDS:
+            raise UsageError(f"unknown replica fault {fault.kind!r}; choose one of {', '.join(FAULT_KINDS)}")
+        if fault.remaining < 1 or fault.index < 0:
+            raise UsageError(
+                f"a replica fault needs n >= 1 and index >= 0 (got n={fault.remaining}, index={fault.index})"
+            )
+        with self.state.lock:
+            self._hooks.replica_faults.append(fault)
+        return fault
+
+    def replica_faults(self) -> list[ReplicaFault]:
+        """Replica faults still armed."""
+        with self.state.lock:
+            return list(self._hooks.replica_faults)
+
+    def replica_faults_fired(self) -> list[tuple[str, str, str]]:
+        """Every replica fault that fired: ``(kind, replica name, identity)``."""
+        with self.state.lock:
+            return list(self._hooks.fired)
+
+    def clear_replica_faults(self) -> None:
+        """Disarm every replica fault and forget those that fired."""
+        with self.state.lock:
+            self._hooks.replica_faults.clear()
+            self._hooks.fired.clear()
+
+    def _replica_fault(self, deployment_id: str, index: int, identity: str) -> ReplicaFault | None:
+        with self.state.lock:
+            return next((f for f in self._hooks.replica_faults if f.matches(deployment_id, index, identity)), None)
+
+    def _consume_replica_fault(self, fault: ReplicaFault, replica: str, identity: str) -> None:
+        with self.state.lock:
+            fault.remaining -= 1
+            if fault.remaining <= 0:
+                self._hooks.replica_faults = [f for f in self._hooks.replica_faults if f is not fault]
+            self._hooks.fired.append((fault.kind, replica, identity))
+        log.info("fault: %s on replica %s for the hot-load of %s", fault.kind, replica, identity)
 
     def _fire_kill_hooks(self, deployment: DeploymentRecord, slot: Slot, index: int) -> None:
         for hook in list(self._hooks.kill_on_dispatch):

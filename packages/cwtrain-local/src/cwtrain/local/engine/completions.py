@@ -19,6 +19,7 @@ mirrored here. Fields accepted (others are ignored, as vLLM ignores unknown fiel
 | ``n``, ``max_tokens`` (16), ``temperature`` (1.0), ``top_p`` (1.0), ``top_k`` (0/-1 = off), ``seed`` | sampling |
 | ``stop`` (≤ 4 strings), ``stop_token_ids``, ``include_stop_str_in_output``, ``ignore_eos`` | stopping |
 | ``logprobs`` (k ≥ 0, or -1 for all) | ``choices[i].logprobs``: ``text_offset``, ``token_logprobs``, ``tokens``, ``top_logprobs`` (the sampled token first, then the k most likely) |
+| ``echo``, ``prompt_logprobs`` (k ≥ 0, or -1) | the prompt in front of the completion, its tokens' log-probs (``max_tokens: 0``: the prompt only); per choice ``prompt_logprobs`` (:mod:`cwtrain.local.engine.prompt_logprobs`) |
 | ``return_token_ids`` | per choice ``token_ids`` and ``prompt_token_ids`` |
 | ``return_tokens_as_token_ids`` | ``logprobs.tokens`` entries are ``token_id:<N>`` |
 | ``add_special_tokens`` (true) | text prompts start with ``<bos>`` |
@@ -49,12 +50,13 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from cwtrain.local.engine.model import GeneratedSequence, TinyLM, TokenEvent
+from cwtrain.local.engine.model import GeneratedSequence, PromptTokenScore, TinyLM, TokenEvent
+from cwtrain.local.engine.prompt_logprobs import Echo, echo_logprobs, prompt_logprobs_body, prompt_text
 
 __all__ = [
     "MAX_N",
@@ -72,6 +74,7 @@ __all__ = [
     "error_body",
     "invalid",
     "models_body",
+    "parse_echo",
     "parse_sampling",
     "sse_event",
     "token_budget",
@@ -355,6 +358,27 @@ def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
     return (top or 0) if body.get("logprobs") else None
 
 
+def parse_echo(body: Mapping[str, Any], lm: TinyLM, sampling: Sampling) -> Echo:
+    """Read ``echo`` and ``prompt_logprobs`` (:mod:`cwtrain.local.engine.prompt_logprobs`).
+
+    Raises:
+        CompletionError: ``prompt_logprobs`` is invalid (400), worded as vLLM words it.
+    """
+    echo = bool(body.get("echo"))
+    value = body.get("prompt_logprobs")
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise invalid("`prompt_logprobs` must be an integer.", "prompt_logprobs", value)
+        if sampling.stream and (value > 0 or value == -1):
+            raise invalid("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        if value < 0 and value != -1:
+            raise invalid("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", value)
+    count = value if value is not None else (sampling.logprobs if echo else None)
+    if count == -1:
+        count = lm.config.vocab_size
+    return Echo(echo=echo, prompt_logprobs=count, only_prompt=echo and sampling.max_tokens == 0)
+
+
 def token_budget(lm: TinyLM, prompt: Sequence[int], sampling: Sampling, *, text: str | None = None) -> int:
     """The output tokens ``prompt`` may have, or vLLM 0.31's 400 when the context cannot hold them.
 
@@ -502,12 +526,13 @@ def complete(body: Any, lm: TinyLM, *, identity: str, model: str, engine: Engine
             before anything is generated.
     """
     body = check_model(body, model)
-    if body.get("echo"):
-        raise CompletionError("echo=true is not supported by cwtrain-local", param="echo")
     engine = engine or DirectEngine()
     add_special = body.get("add_special_tokens", True) is not False
     prompts = _prompts(body, lm, add_special)
     sampling = parse_sampling(body, lm, chat=False)
+    echo = parse_echo(body, lm, sampling)
+    if echo.only_prompt:  # vLLM samples one token it does not return
+        sampling = replace(sampling, max_tokens=1)
     nvext = body.get("nvext") or {}
     if not isinstance(nvext, dict):
         raise CompletionError("nvext must be an object", param="nvext")
@@ -516,12 +541,13 @@ def complete(body: Any, lm: TinyLM, *, identity: str, model: str, engine: Engine
         raise CompletionError("nvext.extra_fields must be a list of strings", param="nvext.extra_fields")
     budgets = [token_budget(lm, ids, sampling, text=text) for ids, text in prompts]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model}
+    echoes = [_Echoed.of(lm, ids, text, sampling, echo) for ids, text in prompts]
     if sampling.stream:
-        return _stream(lm, engine, [ids for ids, _ in prompts], budgets, sampling, head, identity)
+        return _stream(lm, engine, [ids for ids, _ in prompts], budgets, sampling, head, identity, echoes)
 
     choices: list[dict[str, Any]] = []
     prompt_tokens = completion_tokens = 0
-    for p_index, ((prompt, _), budget) in enumerate(zip(prompts, budgets)):
+    for p_index, ((prompt, _), budget, echoed) in enumerate(zip(prompts, budgets, echoes)):
         seqs = _generate(engine, lm, prompt, sampling, budget)
         prompt_tokens += len(prompt)
         for j, seq in enumerate(seqs):
@@ -529,14 +555,15 @@ def complete(body: Any, lm: TinyLM, *, identity: str, model: str, engine: Engine
             logprobs = None
             if sampling.logprobs is not None:
                 logprobs = completion_logprobs(lm, seq.token_ids, seq.logprobs, seq.top_logprobs, sampling.as_ids)
+            text, logprobs = echoed.front(lm, seq.text, logprobs, sampling)
             choice: dict[str, Any] = {
                 "index": p_index * sampling.n + j,
-                "text": seq.text,
+                "text": text,
                 "logprobs": logprobs,
                 "finish_reason": seq.finish_reason,
                 "stop_reason": seq.stop_reason,
                 "token_ids": list(seq.token_ids) if sampling.return_token_ids else None,
-                "prompt_logprobs": None,
+                "prompt_logprobs": echoed.prompt_logprobs,
                 "prompt_token_ids": list(prompt) if sampling.return_token_ids else None,
                 "routed_experts": None,
             }
@@ -562,6 +589,39 @@ def complete(body: Any, lm: TinyLM, *, identity: str, model: str, engine: Engine
     if len(choices) == 1 and "nvext" in choices[0]:
         response["nvext"] = dict(choices[0]["nvext"])
     return response
+
+
+@dataclass(frozen=True)
+class _Echoed:
+    """One prompt's part of an answer that echoes or scores it."""
+
+    echo: Echo
+    prompt: list[int]
+    text: str
+    scores: list[PromptTokenScore | None] | None
+    prompt_logprobs: list[Any] | None
+
+    @classmethod
+    def of(cls, lm: TinyLM, prompt: list[int], text: str | None, sampling: Sampling, echo: Echo) -> _Echoed:
+        scores = None
+        if echo.prompt_logprobs is not None:
+            scores = lm.score_prompt(prompt, top_logprobs=echo.prompt_logprobs)
+        body = prompt_logprobs_body(lm, scores, echo.prompt_logprobs or 0) if scores is not None else None
+        shown = prompt_text(lm, prompt, text, sampling.return_token_ids) if echo.echo else ""
+        return cls(echo, prompt, shown, scores, body)
+
+    def front(
+        self, lm: TinyLM, text: str, logprobs: dict[str, Any] | None, sampling: Sampling
+    ) -> tuple[str, dict[str, Any] | None]:
+        """A choice's (or its first chunk's) text and log-probs with the prompt in front, when echoed."""
+        if not self.echo.echo:
+            return text, logprobs
+        if self.echo.only_prompt:
+            text, logprobs = "", None
+        if sampling.logprobs is not None:
+            assert self.scores is not None
+            logprobs = echo_logprobs(lm, self.prompt, self.scores, sampling.logprobs, sampling.as_ids, logprobs)
+        return self.text + text, logprobs
 
 
 def _generate(
@@ -603,11 +663,12 @@ def _stream(
     sampling: Sampling,
     head: dict[str, Any],
     identity: str,
+    echoes: list[_Echoed],
 ) -> Iterator[bytes]:
     """The completions stream: a chunk per token and choice, then usage and ``[DONE]``."""
     prompt_total = completion_total = 0
     try:
-        for p_index, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        for p_index, (prompt, budget, echoed) in enumerate(zip(prompts, budgets, echoes)):
             prompt_total += len(prompt)
             deltas = [TextDelta(sampling) for _ in range(sampling.n)]
             counts = [0] * sampling.n
@@ -621,6 +682,8 @@ def _stream(
                         lm, [event.token_id], [event.logprob], [event.top], sampling.as_ids, sent_text[j]
                     )
                 first = counts[j] == 0
+                if first:
+                    text, logprobs = echoed.front(lm, text, logprobs, sampling)
                 counts[j] += 1
                 sent_text[j] += len(text)
                 completion_total += 1

@@ -19,6 +19,8 @@ Pieces:
   sampled (:class:`TokenEvent`), which is how replicas stream.
 - :func:`token_logprobs` — the log-probs the model assigns to given completion tokens,
   computed exactly as :meth:`TinyLM.generate` reports them.
+- :meth:`TinyLM.score_prompt` — each prompt token's log-prob, rank and the most likely
+  alternatives at its position (what vLLM's ``prompt_logprobs`` and ``echo`` report).
 
 Log-probs are those of the model's own distribution (``log_softmax`` of the raw logits),
 before temperature, top-k and top-p, as vLLM reports them by default.
@@ -60,6 +62,7 @@ __all__ = [
     "GeneratedSequence",
     "OnToken",
     "ModelConfig",
+    "PromptTokenScore",
     "TinyLM",
     "TokenEvent",
     "Tokenizer",
@@ -303,6 +306,24 @@ class TokenEvent:
     stop_reason: int | str | None = None
 
 
+@dataclass(frozen=True)
+class PromptTokenScore:
+    """How the model scores one prompt token given the tokens before it.
+
+    Attributes:
+        token_id: The prompt token.
+        logprob: Its log-prob under the model (raw logits).
+        rank: 1 + how many other tokens are at least as likely (1 = the most likely), as
+            vLLM counts a prompt token's rank.
+        top: The ``top_logprobs`` most likely ``(token id, log-prob)`` pairs at its position.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
 #: ``on_token(request index, sequence index within the request, event)``.
 OnToken = Callable[[int, int, TokenEvent], None]
 
@@ -377,6 +398,36 @@ class TinyLM:
             top_logprobs=top_logprobs,
             on_token=None if on_token is None else (lambda _request, index, event: on_token(index, event)),
         )[0]
+
+    @torch.inference_mode()
+    def score_prompt(self, prompt_ids: Sequence[int], *, top_logprobs: int = 0) -> list[PromptTokenScore | None]:
+        """Each prompt token's log-prob given the tokens before it (``None`` for the first, which has none).
+
+        Computed with the same forward pass and the same raw ``log_softmax`` as :meth:`generate`.
+
+        Args:
+            prompt_ids: Prompt token ids (at least one).
+            top_logprobs: Also report the k most likely tokens at each position (0 = none).
+        """
+        cfg = self.config
+        if not prompt_ids:
+            raise ValueError("the prompt is empty; send at least one token")
+        if any(not 0 <= t < cfg.vocab_size for t in prompt_ids):
+            raise ValueError(f"prompt token ids must lie in [0, {cfg.vocab_size})")
+        if len(prompt_ids) < 2:
+            return [None]
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        logp = torch.log_softmax(forward(self._params, ids[:, :-1], cfg)[0], dim=-1)
+        target = ids[0, 1:]
+        chosen = logp.gather(1, target[:, None])[:, 0]
+        ranks = (logp >= chosen[:, None]).sum(dim=-1)
+        k = min(max(top_logprobs, 0), cfg.vocab_size)
+        top = torch.topk(logp, k, dim=-1) if k else None
+        scores: list[PromptTokenScore | None] = [None]
+        for i in range(len(prompt_ids) - 1):
+            alternatives = [(int(a), float(v)) for a, v in zip(top.indices[i], top.values[i])] if top else []
+            scores.append(PromptTokenScore(int(target[i]), float(chosen[i]), int(ranks[i]), alternatives))
+        return scores
 
     @torch.inference_mode()
     def generate_many(

@@ -31,12 +31,14 @@ from typing import Any
 from cwtrain.jsondoc import load_json
 from cwtrain.local.children import start_child
 
-__all__ = ["DEFAULT_REPLICA_COMMAND", "TOKEN_VARIABLE", "ReplicaProcess", "kill_all"]
+__all__ = ["DEFAULT_REPLICA_COMMAND", "FAULT_KINDS", "TOKEN_VARIABLE", "ReplicaProcess", "kill_all"]
 
 log = logging.getLogger("cwtrain.local.engine.processes")
 
 #: The environment variable giving a replica the bearer token every request to it must carry.
 TOKEN_VARIABLE = "CWTRAIN_LOCAL_REPLICA_TOKEN"
+#: The faults a hot-load may ask a replica for (``"fault": {"kind"}``; :mod:`cwtrain.local.engine.replica`).
+FAULT_KINDS = ("fail", "stay-behind", "serve-corrupt", "serve-previous")
 #: argv prefix that starts one replica; the protocol's options are appended.
 DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "cwtrain.local.engine.replica")
 
@@ -216,15 +218,27 @@ class ReplicaProcess:
             self.health = None
         return self.health
 
-    def post_hot_load(self, hot_load_id: str, identity: str, chain: Sequence[Mapping[str, Any]]) -> bool:
-        """``POST /admin/hotload``; ``True`` when the replica accepted it (202)."""
-        body = {
+    def post_hot_load(
+        self,
+        hot_load_id: str,
+        identity: str,
+        chain: Sequence[Mapping[str, Any]],
+        fault: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """``POST /admin/hotload``; ``True`` when the replica accepted it (202).
+
+        ``fault`` (tests) asks the replica to misbehave on this load (``{"kind", "reason"}``,
+        see :mod:`cwtrain.local.engine.replica`).
+        """
+        body: dict[str, Any] = {
             "hot_load_id": hot_load_id,
             "identity": identity,
             "chain": [
                 {"identity": link["identity"], "type": link["type"].removeprefix("SNAPSHOT_TYPE_")} for link in chain
             ],
         }
+        if fault is not None:
+            body["fault"] = dict(fault)
         try:
             status, data = self._request("POST", "/admin/hotload", body, timeout=5.0)
         except (OSError, http.client.HTTPException) as exc:

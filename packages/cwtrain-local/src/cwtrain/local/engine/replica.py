@@ -14,7 +14,7 @@ then answers on ``127.0.0.1:<port>``:
 | Route | Answer |
 |---|---|
 | ``GET /health`` | ``{"name", "state", "identity", "error_reason", "hot_load_id", …}``; 503 until weights are loaded |
-| ``POST /admin/hotload`` | body ``{"hot_load_id", "identity", "chain": [{"identity", "type"}, …]}`` → 202; loads in the background |
+| ``POST /admin/hotload`` | body ``{"hot_load_id", "identity", "chain": [{"identity", "type"}, …]}`` (and ``"fault"``, below) → 202; loads in the background |
 | ``GET /admin/weights`` | the served weights as one safetensors file (``__metadata__.identity``) |
 | ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible, as vLLM 0.31 serves them (:mod:`cwtrain.local.engine.completions`) |
 | ``POST /v1/chat/completions`` | the same for chat, with the tokenizer's chat template (:mod:`cwtrain.local.engine.chat`) |
@@ -43,7 +43,22 @@ GRPO group split into seeded ``n = 1`` requests costs about as much as one ``n``
 and gives the same tokens however the requests were batched or routed (streamed or not).
 
 ``--apply-delay S`` sleeps S seconds after verification and before the swap (for tests that
-must catch a replica mid hot-load). SIGTERM or SIGINT stops the server, and so does the exit
+must catch a replica mid hot-load).
+
+**Faults** (:data:`FAULT_KINDS`; the supervisor adds ``"fault": {"kind", "reason"}`` to one
+hot-load when a test armed one, see :mod:`cwtrain.local.harness.faults`). Each loads and
+verifies the chain as usual, then misbehaves as a faulty engine would:
+
+- ``fail``: the load ends in ``ERROR`` with ``reason`` (the previous weights keep serving);
+- ``stay-behind``: the replica reports the hot-load done (``READY``,
+  ``completed_hot_load_id``) but keeps serving the previous weights under the previous identity;
+- ``serve-corrupt``: it serves the new identity with one tensor corrupted (the byte holding
+  each ``lm_head.weight`` element's exponent bit and top mantissa bits inverted, as a
+  corrupted stored FULL read without its checksums would give);
+- ``serve-previous``: it serves the previous weights under the new identity.
+
+Only the completions' content shows the last two: ``/health``, the identity header and
+``system_fingerprint`` all name the new identity. SIGTERM or SIGINT stops the server, and so does the exit
 of the process that started it.
 """
 
@@ -63,6 +78,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from cwtrain.errors import UsageError
 from cwtrain.jsondoc import load_json
 from cwtrain.local.engine.chat import chat_complete
@@ -75,7 +92,7 @@ from cwtrain.local.engine.completions import (
     models_body,
 )
 from cwtrain.local.engine.model import GeneratedSequence, TinyLM, TokenEvent
-from cwtrain.local.engine.processes import TOKEN_VARIABLE
+from cwtrain.local.engine.processes import FAULT_KINDS, TOKEN_VARIABLE
 from cwtrain.local.engine.snapshots import (
     ChainLink,
     ServedWeights,
@@ -90,6 +107,7 @@ from cwtrain.serving import DEFAULT_MAX_BODY_BYTES, BackgroundServer, JSONHandle
 
 __all__ = [
     "ENGINE_ROUTES",
+    "FAULT_KINDS",
     "IDENTITY_HEADER",
     "MAX_BODY_BYTES",
     "TOKEN_VARIABLE",
@@ -104,6 +122,8 @@ IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
 MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 #: The POST routes a replica serves as an inference engine (the gateway relays exactly these).
 ENGINE_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+#: The tensor ``serve-corrupt`` corrupts.
+CORRUPTED_TENSOR = "lm_head.weight"
 log = logging.getLogger("cwtrain.local.engine.replica")
 
 
@@ -248,6 +268,7 @@ class Replica:
         self.state = "PENDING_UPDATE"
         self.error_reason: str | None = None
         self.hot_load_id: str | None = None
+        self.completed_hot_load_id: str | None = None
         self.target: str | None = None
         self.step: str | None = None
         self._lock = threading.Lock()
@@ -272,6 +293,7 @@ class Replica:
                 "identity": served.identity if served else None,
                 "error_reason": self.error_reason,
                 "hot_load_id": self.hot_load_id,
+                "completed_hot_load_id": self.completed_hot_load_id,
                 "target_identity": self.target,
                 "loading": self.step,
                 "model": self.model_name,
@@ -292,6 +314,9 @@ class Replica:
             return 400, {"error": f"the chain must end at identity {identity!r}"}
         if any(link.type not in ("FULL", "INCREMENTAL") for link in chain):
             return 400, {"error": "chain entry type must be FULL or INCREMENTAL"}
+        fault = body.get("fault")
+        if fault is not None and (not isinstance(fault, dict) or fault.get("kind") not in FAULT_KINDS):
+            return 400, {"error": f"fault must be an object whose kind is one of {', '.join(FAULT_KINDS)}"}
         with self._lock:
             busy = self._loader is not None and self._loader.is_alive()
             if busy and self.hot_load_id == hot_load_id:
@@ -304,14 +329,14 @@ class Replica:
                 return 409, {"error": f"replica {self.name} has no object store to hot-load from"}
             self.hot_load_id, self.target, self.error_reason, self.step = hot_load_id, identity, None, None
             self.state = "PENDING_UPDATE"
-            self._loader = threading.Thread(target=self._run_hot_load, args=(hot_load_id, chain), daemon=True)
+            self._loader = threading.Thread(target=self._run_hot_load, args=(hot_load_id, chain, fault), daemon=True)
             self._loader.start()
             return 202, self._accepted_unlocked()
 
     def _accepted_unlocked(self) -> dict[str, Any]:
         return {"name": self.name, "hot_load_id": self.hot_load_id, "identity": self.target, "state": self.state}
 
-    def _run_hot_load(self, hot_load_id: str, chain: list[ChainLink]) -> None:
+    def _run_hot_load(self, hot_load_id: str, chain: list[ChainLink], fault: dict[str, Any] | None = None) -> None:
         started = time.monotonic()
         served, source = self.served, self.source
         assert served is not None and source is not None
@@ -326,6 +351,9 @@ class Replica:
             new = apply_chain(source, served, chain, on_step=on_step)
             if self.apply_delay > 0:
                 time.sleep(self.apply_delay)
+            if fault is not None:
+                log.warning("replica %s: fault %s on hot-load %s", self.name, fault["kind"], hot_load_id)
+                new = _faulty(fault, served, new, self.name)
         except Exception as exc:  # any failure leaves the old weights serving
             reason = f"{type(exc).__name__}: {exc}"
             log.error("replica %s: hot-load %s failed: %s", self.name, hot_load_id, reason)
@@ -337,6 +365,7 @@ class Replica:
             self.served = new
             if self.hot_load_id == hot_load_id:
                 self.state, self.error_reason, self.step = "READY", None, None
+                self.completed_hot_load_id = hot_load_id
         log.info(
             "replica %s: serving %s (hot-load %s, %.0f ms)",
             self.name,
@@ -386,6 +415,29 @@ class Replica:
         served = self.served
         max_len = served.lm.config.max_position_embeddings if served is not None else None
         return models_body(self.model_name, self.created, root=self.model_root, max_model_len=max_len)
+
+
+class InjectedFault(Exception):
+    """A hot-load failed because a test asked for it (fault ``fail``)."""
+
+
+def _faulty(fault: dict[str, Any], previous: ServedWeights, loaded: ServedWeights, name: str) -> ServedWeights:
+    """What a faulty replica serves after loading ``loaded`` over ``previous`` (see the module docs)."""
+    kind = fault["kind"]
+    if kind == "fail":
+        reason = fault.get("reason") or f"replica {name} failed to load {loaded.identity}"
+        raise InjectedFault(f"injected fault: {reason}")
+    if kind == "stay-behind":
+        return previous
+    if kind == "serve-previous":
+        return ServedWeights(loaded.identity, previous.config, previous.tensors, previous.lm)
+    tensors = dict(loaded.tensors)
+    item = tensors[CORRUPTED_TENSOR]
+    raw = np.frombuffer(memoryview(item.data).cast("B"), dtype=np.uint8).copy()  # type: ignore[arg-type]
+    width = raw.size // max(1, int(np.prod(item.shape)))
+    raw.reshape(-1, width)[:, width - 2] ^= 0xFF  # each element's exponent bit and top mantissa bits
+    tensors[CORRUPTED_TENSOR] = item._replace(data=raw)
+    return ServedWeights.build(loaded.identity, loaded.config, tensors)
 
 
 class _Handler(JSONHandler):

@@ -21,6 +21,20 @@ Replicas and stored bytes::
     stack.faults.kill_replica(deployment_id, index=0)             # SIGKILL now; restarted cold
     stack.faults.kill_replica_during_next_hot_load(deployment_id)
     stack.faults.flip_byte(bucket, key, offset=-1)                # corrupt one stored byte
+
+A replica that misbehaves on one hot-load (:class:`ReplicaFaults`, at ``stack.faults.replicas``;
+``identity`` picks the hot-load of one version, else the next one that reaches the replica;
+``n`` how many hot-loads it affects; ``deployment_id`` narrows it to one deployment)::
+
+    stack.faults.replicas.fail_load(index=1)                      # ERROR with a reason: the hot-load FAILED
+    stack.faults.replicas.stay_behind(index=1, identity="run-v000007")  # says done, serves the old identity
+    stack.faults.replicas.serve_wrong_weights(index=1, weights="corrupt")  # new identity, corrupted lm_head
+    stack.faults.replicas.serve_wrong_weights(index=1, weights="previous")  # new identity, the old weights
+
+The replica still reads and verifies the snapshot; only what it does afterwards is wrong (see
+:mod:`cwtrain.local.engine.replica`). After a FAILED hot-load the replicas that switched keep
+serving the new identity beside the one that failed (no rollback,
+:mod:`cwtrain.local.controlplane.supervisor`), so the fleet serves a mix until a later hot-load.
 """
 
 from __future__ import annotations
@@ -33,11 +47,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import UsageError
+from cwtrain.local.controlplane.supervisor import ReplicaFault
 
 if TYPE_CHECKING:
     from cwtrain.local.controlplane.supervisor import Supervisor
 
-__all__ = ["APIFaults", "Fault", "Faults", "S3Proxy"]
+__all__ = ["APIFaults", "Fault", "Faults", "ReplicaFaults", "S3Proxy"]
 
 
 @dataclass
@@ -250,17 +265,104 @@ class S3Proxy:
         return False
 
 
+class ReplicaFaults:
+    """Replicas that misbehave on a hot-load; the supervisor applies each when it dispatches one.
+
+    Every method arms a rule for replica ``index`` (its position in the deployment) and
+    returns it; ``identity`` limits it to the hot-load of that identity (a version of a run:
+    ``version_identity(run_id, 7)``), else it takes the next hot-load dispatched to the
+    replica; ``n`` is how many hot-loads it affects; ``deployment_id`` limits it to one
+    deployment. Catch-ups of a restarted replica are never affected.
+    """
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def _arm(
+        self, kind: str, index: int, deployment_id: str | None, identity: str | None, n: int, **extra: Any
+    ) -> ReplicaFault:
+        return self._supervisor.arm_replica_fault(
+            ReplicaFault(kind, index, deployment_id=deployment_id, identity=identity, remaining=n, **extra)
+        )
+
+    def fail_load(
+        self,
+        index: int = 0,
+        *,
+        deployment_id: str | None = None,
+        identity: str | None = None,
+        n: int = 1,
+        reason: str | None = None,
+    ) -> ReplicaFault:
+        """The replica's load ends in ERROR with ``reason`` (default: it names the replica and the identity).
+
+        It keeps serving its previous weights; the hot-load ends FAILED with the reason once
+        the other replicas are done, and those that switched keep serving the new identity.
+        """
+        return self._arm("fail", index, deployment_id, identity, n, reason=reason)
+
+    def stay_behind(
+        self, index: int = 0, *, deployment_id: str | None = None, identity: str | None = None, n: int = 1
+    ) -> ReplicaFault:
+        """The replica reports the hot-load done but keeps serving its previous weights and identity.
+
+        The hot-load ends COMPLETED; the replica's row names the identity it really serves
+        (so a verification finds it not caught up) and the gateway keeps routing to it.
+        """
+        return self._arm("stay-behind", index, deployment_id, identity, n)
+
+    def serve_wrong_weights(
+        self,
+        index: int = 0,
+        *,
+        weights: str = "corrupt",
+        deployment_id: str | None = None,
+        identity: str | None = None,
+        n: int = 1,
+    ) -> ReplicaFault:
+        """The replica serves other weights than the snapshot's under the snapshot's identity.
+
+        Args:
+            index: the replica.
+            weights: ``"corrupt"`` (the snapshot with ``lm_head.weight`` corrupted, as a stored
+                FULL with flipped bytes read without its checksums) or ``"previous"`` (the
+                weights it served before, as a replica that never applied the snapshot).
+            deployment_id: only this deployment's hot-loads.
+            identity: only the hot-load of this identity.
+            n: how many hot-loads it affects.
+        """
+        kinds = {"corrupt": "serve-corrupt", "previous": "serve-previous"}
+        if weights not in kinds:
+            raise UsageError(f"serve_wrong_weights(weights={weights!r}): choose 'corrupt' or 'previous'")
+        return self._arm(kinds[weights], index, deployment_id, identity, n)
+
+    def pending(self) -> list[ReplicaFault]:
+        """Rules still armed."""
+        return self._supervisor.replica_faults()
+
+    @property
+    def fired(self) -> list[tuple[str, str, str]]:
+        """Every fault that fired: ``(kind, replica name, identity)``."""
+        return self._supervisor.replica_faults_fired()
+
+    def clear(self) -> None:
+        """Disarm every rule and forget those that fired."""
+        self._supervisor.clear_replica_faults()
+
+
 class Faults:
     """The fault hooks of one local stack.
 
     Attributes:
         api: faults of the control plane API.
         s3: the object-store proxy (``None`` when the stack runs without one).
+        replicas: replicas that misbehave on a hot-load.
     """
 
     def __init__(self, api: APIFaults, s3: S3Proxy | None, supervisor: Supervisor, s3_client: Any) -> None:
         self.api = api
         self.s3 = s3
+        self.replicas = ReplicaFaults(supervisor)
         self._supervisor = supervisor
         self._s3_client = s3_client
 

@@ -9,8 +9,9 @@ imports miles.
 Each call takes ``--rollout-batch-size`` groups from the data source and sends one
 ``/v1/completions`` request per group (``n = --n-samples-per-prompt``) through the rollout
 sampler, fills the samples, tags them with the served weight version (only this run's
-identities become numbers, see :func:`cwtrain.integrations.slime.rollout.identity_tag`) and
-scores them with miles' reward hooks. ``--use-session-server`` (miles' session server, which
+identities become numbers, see :func:`cwtrain.integrations.rollout.version_tag`; the sampler
+samples for the run, fences by ``CWTRAIN_ROLLOUT_MAX_STALENESS`` and reports the versions it
+served in ``coreweave/served_version_*``) and scores them with miles' reward hooks. ``--use-session-server`` (miles' session server, which
 slime does not have) is refused, like the other flags that replace the part of the rollout
 cwtrain owns. miles sizes ``GenerateState.generate_fn_semaphore`` from its local
 rollout GPUs, which is zero here (and would hang every generate); the semaphore is replaced
@@ -93,12 +94,11 @@ def make_rollout_fn_cls(base: type[Any] | None = None) -> type[Any]:
 
             args = self.args
             groups = self.data_source.get_samples(int(args.rollout_batch_size))
-            version = await asyncio.to_thread(served_version, args)
-            if version is None:
-                version = input.weight_version
+            served = await asyncio.to_thread(served_version, args)
+            version = served if served is not None else input.weight_version
             run_id = await asyncio.to_thread(rollout_run_id, args)
             metrics = await sample_groups_into(
-                args, groups, rm=rm_hub, version=version, sampler=self.sampler, run_id=run_id
+                args, groups, rm=rm_hub, version=version, sampler=self.sampler, run_id=run_id, published=served
             )
             metrics["coreweave/rollout_id"] = float(input.rollout_id)
             return base_types.RolloutFnTrainOutput(samples=groups, metrics=metrics)
@@ -128,6 +128,8 @@ def generate_rollout(
     groups = data_source.get_samples(int(args.rollout_batch_size))
     version = served_version(args)
     run_id = rollout_run_id(args)
-    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=sampler, run_id=run_id))
+    metrics = run_sync(
+        sample_groups_into(args, groups, rm=rm_hub, version=version, sampler=sampler, run_id=run_id, published=version)
+    )
     metrics["coreweave/rollout_id"] = float(rollout_id)
     return base_types.RolloutFnTrainOutput(samples=groups, metrics=metrics)

@@ -9,6 +9,7 @@ which beats the default. Rollout keys map onto ``CWTRAIN_ROLLOUT_*``, hot-load k
 | `base_url`, `model`, `api_key`, `api_key_file` | `CWTRAIN_ROLLOUT_BASE_URL`, `_MODEL`, `_API_KEY`, `_API_KEY_FILE` | required, required, –, – |
 | `concurrency`, `timeout`, `max_attempts` | `CWTRAIN_ROLLOUT_CONCURRENCY`, `_TIMEOUT`, `_MAX_ATTEMPTS` | 16, 600, 6 |
 | `logprobs`, `token_ids`, `token_id_prompts`, `seeds` | `CWTRAIN_ROLLOUT_…` | true |
+| `max_staleness` | `CWTRAIN_ROLLOUT_MAX_STALENESS` | unset (no limit) |
 | `require_logprobs` | – | true |
 | `importance_sampling` | – | false (true needs temperature 1, top_p 1, no top_k) |
 | `max_model_len` | – | none (prompt + generation cap) |

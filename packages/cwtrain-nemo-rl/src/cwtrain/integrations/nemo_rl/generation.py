@@ -22,11 +22,22 @@ NeMo-RL's Gym rollouts read the engine's context length there.
 Output (``BatchedDataDict``): ``output_ids`` (prompt + generation, right-padded with
 ``_pad_token_id``, else the tokenizer's pad, else EOS), ``logprobs`` (float32, zero
 outside the generation), ``generation_lengths``, ``unpadded_sequence_lengths``,
-``truncated``. ``max_tokens = max(1, min(max_new_tokens, max_model_len - prompt))``;
+``truncated``, and one extra field (``GenerationOutputSpec`` allows model-specific ones):
+``weight_version`` (int64 per row: the version of this run that served the row, -1 when
+the endpoint named none or another run's identity), the per-sample counterpart of the
+``weight_version`` NeMo-RL's async replay buffer keeps per trajectory, for off-policy
+correction.
+
+Samples are fenced by version (:mod:`cwtrain.integrations.rollout.sampler`): the samplers
+sample for ``run_id`` and learn each version the synchronizer publishes
+(:meth:`CoreWeaveGeneration.note_published`); with ``coreweave_cfg.max_staleness`` /
+``CWTRAIN_ROLLOUT_MAX_STALENESS`` stale completions are re-requested. ``max_tokens = max(1, min(max_new_tokens, max_model_len - prompt))``;
 ``greedy`` means temperature 0; stop strings are kept in the output.
 
-``get_logger_metrics()`` returns the last batch's ``coreweave/*`` numbers (and the
-gym_model endpoint's ``coreweave/gym_*`` ones); ``grpo_train`` nests them under
+``get_logger_metrics()`` returns the last batch's ``coreweave/*`` numbers, the versions
+it served (``coreweave/served_version_*``, ``coreweave/stale_rerequested``,
+``coreweave/mixed_groups_resampled``) summed over its requests, and the gym_model
+endpoint's ``coreweave/gym_*`` ones; ``grpo_train`` nests them under
 ``generation_logger_metrics``, which the run logger of the setup wrapper flattens
 (:mod:`cwtrain.integrations.nemo_rl.metrics`).
 """
@@ -35,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +56,7 @@ from cwtrain.errors import RolloutError
 from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
 from cwtrain.integrations.nemo_rl.protocols import Tokenizer, WeightSync
-from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams
+from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams, served_version_metrics
 
 if TYPE_CHECKING:
     from cwtrain.integrations.nemo_rl.gym_model import GymModelServer
@@ -83,7 +95,10 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         self.settings = CoreWeaveConfig.from_generation_config(self.cfg, environ)
         if self.settings.max_model_len is not None:  # where NeMo-RL's Gym rollouts read the context length
             self.cfg["vllm_cfg"] = {**(self.cfg.get("vllm_cfg") or {}), "max_model_len": self.settings.max_model_len}
-        self.sampler = sampler or CompletionSampler(self.settings.rollout, tokenizer=tokenizer)
+        run_id = self.settings.hotload.run_id
+        self.sampler = sampler or CompletionSampler(self.settings.rollout, tokenizer=tokenizer, run_id=run_id)
+        if self.sampler.run_id is None:
+            self.sampler.set_run(run_id)
         self._gym_server: GymModelServer | None = None
         self._gym_lock = threading.Lock()
         #: Set by :class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer`;
@@ -123,8 +138,11 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
                 from cwtrain.integrations.nemo_rl.gym_model import ChatRenderer, GymModel, GymModelServer
 
                 # its own sampler without a tokenizer: a refused token-id prompt must fail, not go as text
+                sampler = CompletionSampler(self.settings.rollout, run_id=self.sampler.run_id)
+                if self.sampler.published_version is not None:
+                    sampler.note_published(self.sampler.published_version)
                 model = GymModel(
-                    CompletionSampler(self.settings.rollout),
+                    sampler,
                     ChatRenderer(self.tokenizer),  # type: ignore[arg-type]
                     max_model_len=self.settings.max_model_len,
                     salt=self._served_salt,
@@ -144,6 +162,13 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
                 "prompt cache with it and samples nothing before)"
             )
         return salt
+
+    def note_published(self, version: int) -> None:
+        """The synchronizer published ``version`` of the run: the samplers fence by it from now on."""
+        self.sampler.note_published(version, run_id=self.settings.hotload.run_id)
+        server = self._gym_server
+        if server is not None:
+            server.model.sampler.note_published(version, run_id=self.settings.hotload.run_id)
 
     def init_collective(
         self, ip: str, port: int, world_size: int, *, train_world_size: int | None = None, **kwargs: Any
@@ -217,6 +242,8 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         results: dict[int, Completion] = {}
         identities: list[str] = []
         metrics: dict[str, float] = {}
+        versions: Counter[int] = Counter()
+        held = {"stale": 0, "mixed": 0, "unversioned": 0}
         for params, items in buckets.items():
             batch = self.sampler.sample_groups_sync([p for p, _ in items], [len(m) for _, m in items], params)
             for (_, members), completions in zip(items, batch.groups):
@@ -224,6 +251,21 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
                     results[row] = completion
             identities.extend(i for i in batch.identities if i not in identities)
             metrics.update(batch.metrics)
+            versions.update(batch.versions)
+            held["stale"] += int(batch.metrics.get("coreweave/stale_rerequested", 0))
+            held["mixed"] += int(batch.metrics.get("coreweave/mixed_groups_resampled", 0))
+            held["unversioned"] += int(batch.metrics.get("coreweave/samples_without_version", 0))
+        # what the whole generate held, not its last bucket's
+        metrics = {k: v for k, v in metrics.items() if not k.startswith("coreweave/served_version_samples/")}
+        metrics.update(
+            served_version_metrics(
+                versions,
+                published=self.sampler.published_version,
+                stale=held["stale"],
+                mixed=held["mixed"],
+                unversioned=held["unversioned"] if self.sampler.run_id is not None else None,
+            )
+        )
         self.served_identities = tuple(identities)
         self._metrics = metrics
         return self._output(input_ids, lengths, results)
@@ -282,5 +324,8 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
                     [lengths[i] + gen_lengths[i] for i in range(rows)], dtype=torch.long
                 ),
                 "truncated": torch.tensor([results[i].truncated for i in range(rows)], dtype=torch.bool),
+                "weight_version": torch.tensor(
+                    [-1 if results[i].version is None else results[i].version for i in range(rows)], dtype=torch.long
+                ),
             }
         )

@@ -30,7 +30,11 @@ call on the deployment:
    sends the checkpoint path and a dummy key, which are ignored here), the prompt cache
    salted with the identity now served (``nvext.cache_salt``); with no served identity
    yet the request is refused (503): it fails closed;
-5. the answer is a ``chat.completion`` whose message carries ``prompt_token_ids``,
+5. the sampler samples for the run (its ``run_id``): completions are fenced by version
+   (``CWTRAIN_ROLLOUT_MAX_STALENESS``), and ``coreweave/served_version`` counts only this
+   run's identities, so a request served by another run's weights never passes for one of
+   its versions;
+6. the answer is a ``chat.completion`` whose message carries ``prompt_token_ids``,
    ``generation_token_ids`` and ``generation_log_probs`` (what Gym's model server copies
    onto its output items and NeMo-RL trains on), plus ``logprobs.content`` with
    ``token_id:<id>`` tokens when ``logprobs`` was asked, ``system_fingerprint`` and the
@@ -53,7 +57,8 @@ itself gives Gym the placeholder ``policy_api_key: dummy_key``, which the server
 
 Standalone (the deployment from ``CWTRAIN_ROLLOUT_BASE_URL``, ``_MODEL``, ``_API_KEY``;
 the served identity from ``<state dir>/served_identity``, which the publisher writes; the
-token from ``CWTRAIN_GYM_MODEL_TOKEN``, else a random one printed as ``api_key``)::
+run from ``--run-id``, else ``CWTRAIN_HOTLOAD_RUN_ID``, else that identity's; the token from
+``CWTRAIN_GYM_MODEL_TOKEN``, else a random one printed as ``api_key``)::
 
     CWTRAIN_GYM_MODEL_TOKEN=$(cat /secrets/gym-token) \\
     python -m cwtrain.integrations.nemo_rl.gym_model --tokenizer /shared/hf/base \\
@@ -81,7 +86,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cwtrain.errors import CWTrainError, RolloutError
-from cwtrain.integrations.rollout import IDENTITY_HEADER, CompletionSampler, Prompt, SamplingParams, served_version
+from cwtrain.hotload import identity_version
+from cwtrain.integrations.rollout import IDENTITY_HEADER, CompletionSampler, Prompt, SamplingParams
 from cwtrain.jsondoc import load_json
 from cwtrain.serving import (
     DEFAULT_MAX_BODY_BYTES,
@@ -484,8 +490,8 @@ class GymModel:
                 "coreweave/gym_request_seconds_max": seconds[-1] if seconds else 0.0,
                 "coreweave/identities_seen": float(len(c.identities)),
             }
-            versions = [served_version(i) for i in c.identities]
-            numeric = [int(v) for v in versions if v is not None and v.isdigit()]
+            run = self.sampler.run_id  # only this run's identities are its versions
+            numeric = [v for v in (identity_version(i, run) for i in c.identities) if v is not None] if run else []
             if numeric:
                 out["coreweave/served_version"] = float(max(numeric))
             return out
@@ -694,6 +700,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, help="the deployment's context length")
     parser.add_argument("--state-dir", help="where the publisher writes served_identity (CWTRAIN_HOTLOAD_STATE_DIR)")
     parser.add_argument(
+        "--run-id",
+        help="the run whose versions count as served versions (CWTRAIN_HOTLOAD_RUN_ID; else the state dir's)",
+    )
+    parser.add_argument(
         "--host",
         help="address to listen on (default: the address --advertise names or resolves to; never every interface "
         "unless given 0.0.0.0)",
@@ -720,8 +730,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         template = Path(args.chat_template)
         tokenizer.chat_template = template.read_text(encoding="utf-8") if template.is_file() else args.chat_template
     state_dir = args.state_dir or env_str("CWTRAIN_HOTLOAD_STATE_DIR")
+    run_id = args.run_id or env_str("CWTRAIN_HOTLOAD_RUN_ID")
+    if run_id is None and state_dir:  # the run of the identity the publisher recorded
+        from cwtrain.hotload import split_version_identity
+        from cwtrain.integrations.nvext import read_served_identity
+
+        recorded = split_version_identity(read_served_identity(state_dir))
+        run_id = recorded[0] if recorded is not None else None
     model = GymModel(
-        CompletionSampler(config),
+        CompletionSampler(config, run_id=run_id),
         ChatRenderer(tokenizer),
         max_model_len=args.max_model_len,
         salt=lambda: require_served_salt(state_dir),

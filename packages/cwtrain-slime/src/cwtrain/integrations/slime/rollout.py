@@ -30,12 +30,18 @@ unpatched slime, see :func:`~cwtrain.integrations.slime.barrier.check_standalone
 is refused at the first rollout, before any training step.
 
 Variables: ``CWTRAIN_ROLLOUT_BASE_URL``, ``CWTRAIN_ROLLOUT_MODEL`` (required) and the other
-``CWTRAIN_ROLLOUT_*`` of the sampler. Each sample's ``weight_versions`` gets the version that
-served it: the endpoint's ``x-cwtrain-snapshot-identity`` when it sends one, else the
-deployment's current identity (``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``), else the hook's state
-directory. Only this run's identities become version numbers (``"7"`` for ``<run>-v000007``);
-another run's identity, or ``initial``, is tagged as it is, so it never counts as one of this
-run's versions. The run id is :func:`rollout_run_id`'s.
+``CWTRAIN_ROLLOUT_*`` of the sampler (``CWTRAIN_ROLLOUT_MAX_STALENESS`` among them). Each
+sample's ``weight_versions`` gets the version that served it, for off-policy correction: the
+endpoint's ``x-cwtrain-snapshot-identity`` when it sends one, else the deployment's current
+identity (``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``), else the hook's state directory. Only this run's
+identities become version numbers (``"7"`` for ``<run>-v000007``,
+:func:`cwtrain.integrations.rollout.version_tag`); another run's identity, or ``initial``, is
+tagged as it is, so it never counts as one of this run's versions. The run id is
+:func:`rollout_run_id`'s; the sampler samples for it, and learns the version the deployment
+serves as the newest one published (the trainer's publish path tells it newer ones), so
+``CWTRAIN_ROLLOUT_MAX_STALENESS`` fences samples from the first rollout on. The batch's
+``coreweave/served_version_*``, ``coreweave/stale_rerequested`` and
+``coreweave/mixed_groups_resampled`` go to slime's rollout metrics, beside ``hotload/*``.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
@@ -52,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cwtrain.config import env_str
 from cwtrain.errors import ConfigError
+from cwtrain.hotload import identity_version, split_version_identity
 from cwtrain.integrations.frameworks import SLIME, require
 from cwtrain.integrations.nvext import read_served_identity
 
@@ -67,7 +73,6 @@ __all__ = [
     "DataSource",
     "RewardHooks",
     "generate_rollout",
-    "identity_tag",
     "prompt_of",
     "rollout_run_id",
     "run_sync",
@@ -76,7 +81,6 @@ __all__ = [
     "served_version",
     "set_tokenizer",
     "trainer_sampler",
-    "version_of_identity",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,8 +96,6 @@ REFUSED_FLAGS: tuple[str, ...] = (
 Every one is a flag of slime's parser (the contract suite checks); ``--over-sampling-batch-size``
 is refused only above ``--rollout-batch-size``.
 """
-
-_IDENTITY_VERSION = re.compile(r"-v(\d{6,})$")
 
 
 class DataSource(Protocol):
@@ -126,27 +128,6 @@ def set_tokenizer(tokenizer: PromptTokenizer | None) -> None:
     SlimeRuntime.current().set_tokenizer(tokenizer)
 
 
-def version_of_identity(identity: str | None, run_id: str | None = None) -> int | None:
-    """The version N of ``<run>-vNNNNNN`` (``None`` for ``initial`` or another run's identity)."""
-    if not identity:
-        return None
-    match = _IDENTITY_VERSION.search(identity)
-    if match is None or (run_id and identity[: match.start()] != run_id):
-        return None
-    return int(match.group(1))
-
-
-def identity_tag(identity: str, run_id: str | None) -> str:
-    """What a sample served by ``identity`` gets in ``weight_versions``.
-
-    ``"7"`` for this run's ``<run_id>-v000007`` (any ``<run>-vNNNNNN`` when ``run_id`` is
-    unknown); anything else (``initial``, another run's identity) as it is, so it never
-    passes for one of this run's versions.
-    """
-    version = version_of_identity(identity, run_id)
-    return str(version) if version is not None else identity
-
-
 def _state_dir(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     return env_str("CWTRAIN_HOTLOAD_STATE_DIR", env) or state_dir_for(
         str(getattr(args, "update_weight_disk_dir", "") or "")
@@ -168,8 +149,8 @@ def rollout_run_id(args: argparse.Namespace, environ: Mapping[str, str] | None =
         recorded = read_served_identity(_state_dir(args, env))
     except OSError:
         return None
-    match = _IDENTITY_VERSION.search(recorded or "")
-    return recorded[: match.start()] if recorded and match else None
+    parts = split_version_identity(recorded)
+    return parts[0] if parts is not None else None
 
 
 def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int | None:
@@ -188,13 +169,13 @@ def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None =
             config = HookConfig.from_env(env, default_run_id=run_id or "unknown")
             loader = build_loader(config)
             try:
-                return version_of_identity(loader.current_identity(), run_id)
+                return identity_version(loader.current_identity(), run_id) if run_id else None
             finally:
                 loader.client.close()
         except Exception as exc:
             log.warning("could not ask the deployment which identity it serves: %s", exc)
     try:
-        return version_of_identity(read_served_identity(_state_dir(args, env)), run_id)
+        return identity_version(read_served_identity(_state_dir(args, env)), run_id) if run_id else None
     except OSError:
         return None
 
@@ -254,6 +235,7 @@ async def sample_groups_into(
     version: int | None,
     sampler: CompletionSampler | None = None,
     run_id: str | None = None,
+    published: int | None = None,
 ) -> dict[str, float]:
     """Sample every group with one request each, fill its samples, then score them.
 
@@ -261,10 +243,13 @@ async def sample_groups_into(
         args: slime's or miles' namespace.
         groups: lists of ``Sample`` sharing one prompt each; filled in place.
         rm: the framework's reward module (``async_rm``, ``batched_async_rm``).
-        version: the served version when the endpoint does not report one.
+        version: the samples' version when the endpoint does not report one.
         sampler: the sampler to use (default: the process's, :func:`trainer_sampler`).
-        run_id: this run's id: an identity the endpoint reports becomes a version number
-            only when it is this run's (:func:`identity_tag`); ``None`` accepts any run's.
+        run_id: this run's id: the sampler samples for it (an identity the endpoint reports
+            becomes a version number only when it is this run's); ``None`` keeps the
+            sampler's run, and without one identities are recorded as they are.
+        published: this run's version the deployment serves now, which was published:
+            the sampler's newest version until the publish path tells it a newer one.
 
     Returns:
         the ``coreweave/*`` metrics of the batch.
@@ -273,6 +258,10 @@ async def sample_groups_into(
 
     if sampler is None:
         sampler = trainer_sampler(args)
+    if run_id is not None:
+        sampler.set_run(run_id)
+    if published is not None and sampler.run_id is not None:
+        sampler.note_published(published)  # the deployment serves it: at least this one was published
     tokenizer: PromptTokenizer | None = sampler.tokenizer
     prompts = [prompt_of(group[0], tokenizer) for group in groups]
     params = sampling_params(args)
@@ -281,10 +270,7 @@ async def sample_groups_into(
     for group, completions in zip(groups, batch.groups, strict=True):
         fill_group(group, completions)  # tokens, response, status, log-probs, routes, served version
         for sample, completion in zip(group, completions, strict=True):
-            if completion.identity is not None:
-                if run_id is not None:  # fill_group reads any run's "-vNNNNNN" as a version
-                    sample.weight_versions[-1] = identity_tag(completion.identity, run_id)
-            elif version is not None:  # the endpoint did not say: what the deployment serves
+            if completion.identity is None and version is not None:  # the endpoint did not say
                 sample.weight_versions.append(str(version))
     await _score(args, groups, rm)
     metrics = dict(batch.metrics)
@@ -360,7 +346,7 @@ def generate_rollout(
     groups = data_source.get_samples(int(args.rollout_batch_size))
     version = served_version(args)
     run_id = rollout_run_id(args)
-    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, run_id=run_id))
+    metrics = run_sync(sample_groups_into(args, groups, rm=rm_hub, version=version, run_id=run_id, published=version))
     metrics["coreweave/rollout_id"] = float(rollout_id)
     if version is not None:
         metrics["coreweave/served_version"] = float(version)

@@ -1,0 +1,226 @@
+"""Samples fenced by version: staleness, other runs' identities, mixed groups, and the batch's counters.
+
+Scripted endpoints (``httpx.MockTransport``) answer with the identity a test chooses per
+request; the end-to-end case (an identity swapped in the middle of a batch on the local
+stack) is ``tests/e2e/test_rollout_swap.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from rollout_fake import FakeEndpoint
+
+from cwtrain.errors import UsageError
+from cwtrain.integrations.rollout import (
+    CompletionSampler,
+    RolloutConfig,
+    RolloutError,
+    SamplingParams,
+    fill_group,
+    note_published,
+    shared_sampler,
+    version_tag,
+)
+
+PARAMS = SamplingParams(max_tokens=3)
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+
+class Serving:
+    """A fake fleet: answers with ``identity()`` (thread-safe), counting requests."""
+
+    def __init__(self, identities: Callable[[dict[str, Any]], str]) -> None:
+        self.fake = FakeEndpoint(length=3)
+        self.identities = identities
+        self.lock = threading.Lock()
+        self.requests = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        with self.lock:
+            self.requests += 1
+            self.fake.identity = self.identities(body)
+            payload = self.fake.answer(body)
+        return httpx.Response(200, json=payload)
+
+
+def make(
+    serving: Serving, sleeps: Sleeps | None = None, run_id: str | None = "run", **fields: Any
+) -> CompletionSampler:
+    config = RolloutConfig("http://fake.test/v1", "tiny", **fields)
+    return CompletionSampler(
+        config, transport=httpx.MockTransport(serving), sleep=sleeps or Sleeps(), seed=3, run_id=run_id
+    )
+
+
+def _fleet(*identities: str) -> Callable[[dict[str, Any]], str]:
+    """Round-robin over the identities (one per replica)."""
+    turn = itertools.cycle(identities)
+    return lambda body: next(turn)
+
+
+def test_versions_are_this_runs_only_and_the_counters_report_what_was_served() -> None:
+    serving = Serving(_fleet("run-v000004", "run-v000005", "other-v000005", "initial"))
+    with make(serving) as sampler:  # no limit: everything returned, as before
+        sampler.note_published(5)
+        batch = sampler.sample_groups_sync([[1, 2], [3, 4], [5, 6], [7, 8]], 2, PARAMS)
+    by_identity = {g[0].identity: g for g in batch}
+    assert [c.version for c in by_identity["run-v000004"]] == [4, 4]
+    assert [c.version for c in by_identity["run-v000005"]] == [5, 5]
+    assert [c.version for c in by_identity["other-v000005"]] == [None, None]  # another run's is no version
+    assert [c.version for c in by_identity["initial"]] == [None, None]
+    assert batch.versions == {4: 2, 5: 2} and batch.published_version == 5
+    m = batch.metrics
+    assert (m["coreweave/served_version_min"], m["coreweave/served_version_max"]) == (4.0, 5.0)
+    assert m["coreweave/served_version_samples/4"] == 2.0 and m["coreweave/served_version_samples/5"] == 2.0
+    assert m["coreweave/served_versions"] == 2.0 and m["coreweave/staleness_max"] == 1.0
+    assert m["coreweave/samples_without_version"] == 4.0
+    assert m["coreweave/stale_rerequested"] == 0.0 and m["coreweave/mixed_groups_resampled"] == 0.0
+    assert serving.requests == 4
+
+
+def test_with_a_limit_stale_and_foreign_completions_are_re_requested() -> None:
+    answers = iter(["run-v000003", "other-v000009", "initial", "run-v000004", "run-v000005"])
+    serving = Serving(lambda body: next(answers, "run-v000005"))
+    sleeps = Sleeps()
+    with make(serving, sleeps, max_staleness=1) as sampler:
+        sampler.note_published(5)
+        batch = sampler.sample_groups_sync([[1, 2]], 4, PARAMS)
+    (group,) = batch.groups
+    assert {c.identity for c in group} == {"run-v000004"}  # 1 behind: within the limit
+    assert batch.metrics["coreweave/stale_rerequested"] == 12.0  # three answers of 4 completions refused
+    assert serving.requests == 4 and len(sleeps.calls) == 3  # backed off between the re-requests
+    assert sleeps.calls[0] < sleeps.calls[-1]
+
+
+def test_a_limit_of_zero_waits_for_the_newest_and_gives_up_within_the_budget() -> None:
+    serving = Serving(lambda body: "run-v000006")
+    with make(serving, max_staleness=0, max_attempts=3) as sampler:
+        sampler.note_published(7)
+        with pytest.raises(RolloutError) as refused:
+            sampler.sample_groups_sync([[1, 2]], 2, PARAMS)
+    assert "'run-v000006', 1 versions behind the newest published 'run-v000007'" in str(refused.value)
+    assert "CWTRAIN_ROLLOUT_MAX_STALENESS=0" in str(refused.value) and "3 times" in str(refused.value)
+    assert serving.requests == 3
+
+
+def test_without_a_run_or_a_published_version_nothing_is_fenced() -> None:
+    serving = Serving(_fleet("a-v000001", "b-v000009"))
+    with make(serving, run_id=None, max_staleness=0) as sampler:
+        batch = sampler.sample_groups_sync([[1], [2]], 2, PARAMS)
+        assert batch.versions == {} and "coreweave/samples_without_version" not in batch.metrics
+        assert all(c.version is None for g in batch for c in g)
+        sampler.set_run("a")  # a run, but nothing published yet: versions, no fence
+        batch = sampler.sample_groups_sync([[1], [2]], 2, PARAMS)
+        assert batch.versions == {1: 2} and batch.metrics["coreweave/stale_rerequested"] == 0.0
+
+
+def test_a_split_group_is_never_returned_mixed_even_without_a_limit() -> None:
+    # two replicas on two identities; the second round answers from one identity only
+    calls = itertools.count()
+    serving = Serving(lambda body: "run-v000002" if next(calls) < 4 and body["seed"] % 2 else "run-v000003")
+    with make(serving) as sampler:
+        batch = sampler.sample_groups_sync([[1, 2]], 4, PARAMS, split=True)
+    (group,) = batch.groups
+    assert len({c.identity for c in group}) == 1 and len(group) == 4
+    assert [c.index for c in group] == [0, 1, 2, 3]
+    assert batch.metrics["coreweave/mixed_groups_resampled"] >= 1.0
+    assert serving.requests >= 8
+
+
+def test_a_fleet_that_stays_mixed_fails_the_batch_naming_the_identities() -> None:
+    serving = Serving(lambda body: "run-v000002" if body["seed"] % 2 else "run-v000003")
+    with make(serving, max_attempts=2) as sampler, pytest.raises(RolloutError) as refused:
+        sampler.sample_groups_sync([[1, 2]], 8, PARAMS, split=True)
+    assert "run-v000002, run-v000003" in str(refused.value) and "2 times" in str(refused.value)
+
+
+def test_groups_that_went_stale_during_the_batch_are_re_sampled_at_its_end() -> None:
+    sampler_box: list[CompletionSampler] = []
+    served = {"identity": "run-v000001"}
+
+    def identities(body: dict[str, Any]) -> str:
+        identity = served["identity"]
+        if body["prompt"] == [9, 9]:  # the last group: the trainer publishes v2 and the fleet swaps
+            sampler_box[0].note_published(2)
+            served["identity"] = "run-v000002"
+        return identity
+
+    serving = Serving(identities)
+    with make(serving, max_staleness=0, concurrency=1) as sampler:
+        sampler_box.append(sampler)
+        sampler.note_published(1)
+        batch = sampler.sample_groups_sync([[1, 2], [3, 4], [9, 9]], 2, PARAMS)
+    assert {c.identity for g in batch for c in g} == {"run-v000002"}
+    assert batch.versions == {2: 6} and batch.published_version == 2
+    assert batch.metrics["coreweave/stale_rerequested"] == 6.0  # all three groups, two completions each
+
+
+def test_note_published_keeps_the_newest_and_a_new_run_starts_over() -> None:
+    with make(Serving(lambda body: "x"), run_id=None) as sampler:
+        with pytest.raises(UsageError, match="run id"):
+            sampler.note_published(1)
+        sampler.note_published(3, run_id="r1")
+        sampler.note_published(2)
+        assert (sampler.run_id, sampler.published_version) == ("r1", 3)
+        sampler.note_published(1, run_id="r2")
+        assert (sampler.run_id, sampler.published_version) == ("r2", 1)
+        with pytest.raises(UsageError, match="integer >= 0"):
+            sampler.note_published(-1)
+
+
+@pytest.fixture
+def _shared() -> Iterator[None]:
+    from cwtrain.integrations import rollout
+
+    saved = dict(rollout._SHARED), dict(rollout._PUBLISHED)
+    rollout._SHARED.clear()
+    rollout._PUBLISHED.clear()
+    try:
+        yield
+    finally:
+        for sampler in rollout._SHARED.values():
+            sampler.close()
+        rollout._SHARED.clear()
+        rollout._SHARED.update(saved[0])
+        rollout._PUBLISHED.clear()
+        rollout._PUBLISHED.update(saved[1])
+
+
+@pytest.mark.usefixtures("_shared")
+def test_the_module_level_note_reaches_every_shared_sampler_and_later_ones() -> None:
+    first = shared_sampler(RolloutConfig("http://a.test/v1", "tiny"))
+    note_published(4, run_id="run")
+    later = shared_sampler(RolloutConfig("http://b.test/v1", "tiny"))
+    assert (first.run_id, first.published_version) == ("run", 4)
+    assert (later.run_id, later.published_version) == ("run", 4)
+
+
+def test_fill_group_tags_this_runs_versions_and_other_identities_as_they_are() -> None:
+    class Sample:
+        def __init__(self) -> None:
+            self.weight_versions: list[str] = []
+
+    serving = Serving(_fleet("run-v000007", "other-v000007"))
+    with make(serving) as sampler:
+        batch = sampler.sample_groups_sync([[1], [2]], 1, PARAMS)
+    samples = [Sample(), Sample()]
+    for sample, group in zip(samples, batch.groups, strict=True):
+        fill_group([sample], group)
+    assert [s.weight_versions for s in samples] == [["7"], ["other-v000007"]]
+    assert version_tag("run-v000012", "run") == "12" and version_tag("run-v000012", None) == "run-v000012"
+    assert version_tag(None, "run") is None and version_tag("initial", "run") == "initial"
