@@ -287,6 +287,22 @@ def test_wait_timeout(loader: HotLoader, fake: FakeAPI) -> None:
         loader.wait(hot.id, timeout=0.05)
 
 
+def test_waits_adapt_below_the_default_interval_to_a_fast_service(fake: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default 5 s poll interval is the cap: an API that answers at once is polled far sooner (issue 27)."""
+    import cwtrain.polling as polling
+
+    sleeps: list[float] = []
+    real_sleep = polling.time.sleep
+    monkeypatch.setattr(polling.time, "sleep", lambda s: (sleeps.append(s), real_sleep(s)))
+    loader = HotLoader(fake.client(), "dep-1", timeout=60)
+    assert loader.poll_interval == 5.0
+    fake.steps_to_complete = 4
+    hot = loader.trigger("fast")
+    assert loader.wait(hot.id).state is HotLoadState.COMPLETED
+    assert len(sleeps) == 3 and all(0 < s < 1.0 for s in sleeps), sleeps  # a fixed 5 s interval: [5.0] * 3
+    assert sum(sleeps) < 1.0
+
+
 def test_wait_tolerates_transient_errors(fake: FakeAPI) -> None:
     loader = HotLoader(fake.client(max_retries=1), "dep-1", timeout=10, poll_interval=0.01)
     hot = loader.trigger("x")

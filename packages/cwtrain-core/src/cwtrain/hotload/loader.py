@@ -99,7 +99,8 @@ class HotLoader:
         s3: the object store, or a boto3 S3 client (wrapped); built with
             :func:`cwtrain.infra.s3.object_store` on first use.
         timeout: default seconds per call (publish: readiness + single-flight + completion).
-        poll_interval: seconds between polls.
+        poll_interval: the longest pause between polls of a hot-load (they adapt below it to how
+            fast the service answers: :func:`cwtrain.polling.adaptive_pause`).
     """
 
     def __init__(
