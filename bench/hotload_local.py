@@ -40,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishes", type=int, default=10, help="deltas to publish (10)")
     parser.add_argument("--replicas", type=int, default=2, help="engine replicas (2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--poll-interval", type=float, default=5.0, help="HotLoader's poll_interval (5, its default)"
-    )
+    parser.add_argument("--poll-interval", type=float, default=5.0, help="HotLoader's poll_interval (5, its default)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -53,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     with LocalStack(replicas=args.replicas) as stack:
         target = stack.deploy(name="bench", replicas=args.replicas, seed=args.seed)
         client = InferenceClient(stack.token, base_url=stack.api_url)
-        loader = HotLoader(client, target.deployment_id, s3=stack.s3_client(), timeout=120, poll_interval=args.poll_interval)
+        loader = HotLoader(
+            client, target.deployment_id, s3=stack.s3_client(), timeout=120, poll_interval=args.poll_interval
+        )
         served = {k: v.to(torch.bfloat16) for k, v in master.items()}
         previous = "bench-v000000"
         loader.publish(served, previous, extra_files={"config.json": config_json})

@@ -287,7 +287,9 @@ def test_wait_timeout(loader: HotLoader, fake: FakeAPI) -> None:
         loader.wait(hot.id, timeout=0.05)
 
 
-def test_waits_adapt_below_the_default_interval_to_a_fast_service(fake: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_waits_adapt_below_the_default_interval_to_a_fast_service(
+    fake: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default 5 s poll interval is the cap: an API that answers at once is polled far sooner (issue 27)."""
     import cwtrain.polling as polling
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -105,7 +106,7 @@ def test_adaptive_polling_is_fast_on_a_fast_service_and_costs_a_bounded_number_o
     starts = _passes(clock, Budget(600.0), 5.0, 0.002, adaptive=True)
     assert starts[1] < 0.15 and starts[3] < 0.5  # a 60 ms hot-load is seen within about 0.2 s
     assert all(0 < s <= 5.0 for s in clock.sleeps)
-    late = [b - a for a, b in zip(starts, starts[1:]) if a >= 4 * 5.0]
+    late = [b - a for a, b in itertools.pairwise(starts) if a >= 4 * 5.0]
     assert late[:-1] and all(gap == pytest.approx(5.002) for gap in late[:-1])  # the fixed pace after 20 s
     bound = math.ceil(math.log(polling.ELAPSED_DIVISOR * 5.0 / polling.MIN_PAUSE) / math.log(1.25))
     assert bound == 35
