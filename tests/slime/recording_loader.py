@@ -64,6 +64,7 @@ class RecordingLoader(PublishingLoader):
         workers: int = 8,
         wait: bool = True,
         timeout: float | None = None,
+        extra_files: Mapping[str, bytes] | None = None,
     ) -> HotLoad:
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
@@ -74,7 +75,7 @@ class RecordingLoader(PublishingLoader):
             index_path = checkpoint / INDEX_NAME
             index: dict[str, Any] = json.loads(index_path.read_text()) if index_path.exists() else {}
         else:  # tensors in memory (a FULL cut from the served copy)
-            files = ["<tensors>"]
+            files = ["<tensors>", *sorted(extra_files or {})]
             index = {"tensors": sorted(checkpoint)}
         self.published.append((identity, kind.name, previous_identity, files, index))
         return _hot_load(f"hl-{len(self.published)}", identity, previous_identity, HotLoadState.IN_PROGRESS)

@@ -282,6 +282,16 @@ def test_chain_is_cut_from_the_served_copy_every_f_versions(
         ("v000007", "INCREMENTAL", "v000006"),
     ]
     assert recording_loader.published[3][4] == {"tensors": sorted(tiny_weights())}  # cut from memory, no staging
+    # the cut carries the baseline's small files: a FULL snapshot needs its config.json (issue 27)
+    assert recording_loader.published[3][3] == [
+        "<tensors>",
+        *[
+            f
+            for f in recording_loader.published[0][3]
+            if f not in ("model.safetensors", "model.safetensors.index.json")
+        ],
+    ]
+    assert "config.json" in recording_loader.published[3][3]
     assert run.results[4]["hotload/skipped_empty"] == 1.0
     assert run.results[3]["hotload/chain_cut"] == 1.0 and run.results[3]["hotload/tensors_verified"] == 1.0
     # every manifest holds the Adler-32 of every tensor of exactly the weights of its version

@@ -27,15 +27,19 @@ _LAZY = {
     "DeltaEncoder": "cwtrain.hotload.codec",
     "WeightMirror": "cwtrain.hotload.mirror",
     "DeltaReport": "cwtrain.hotload.mirror",
+    "TensorData": "cwtrain.hotload.tensors",
+    "DtypeWarning": "cwtrain.hotload.tensors",
 }
 
 __all__ = [
     "DeltaEncoder",
     "DeltaReport",
+    "DtypeWarning",
     "HotLoader",
     "ProgressEvent",
     "SnapshotInfo",
     "SnapshotStore",
+    "TensorData",
     "WeightMirror",
     "check_snapshot_access",
     "delta_index_for_upload",

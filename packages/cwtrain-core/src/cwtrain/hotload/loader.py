@@ -18,7 +18,7 @@ modules (service-api.md section 8, snapshot-format.md)::
 
 ``publish`` is inspect (or encode) → upload → readiness gate → ``trigger`` → ``wait``
 inside one time budget (``timeout``, default 1800 s). In-memory tensors (a mapping of
-name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.TensorData`) are
+name → numpy array, torch tensor or :class:`~cwtrain.hotload.tensors.TensorData`) are
 encoded by :mod:`cwtrain.hotload.codec` and streamed into the deployment's
 :class:`~cwtrain.hotload.store.SnapshotStore` (``loader.store``) without touching disk.
 
@@ -489,7 +489,12 @@ class HotLoader:
         Args:
             checkpoint: a snapshot directory (FULL checkpoint or delta), its
                 ``SnapshotInfo``, or in-memory tensors (name → numpy array / torch tensor /
-                ``TensorData``).
+                :class:`~cwtrain.hotload.tensors.TensorData`; numpy has no bfloat16, so BF16
+                bytes go over as ``TensorData("BF16", shape, raw_bytes)``). Tensors are
+                checked first (:func:`~cwtrain.hotload.tensors.check_published_tensors`): a
+                delta must keep the served dtypes, a FULL snapshot needs ``config.json`` in
+                ``extra_files``, and tensors in another dtype than its ``torch_dtype`` give a
+                :class:`~cwtrain.hotload.tensors.DtypeWarning`.
             identity: the new snapshot identity.
             previous_identity: the predecessor (a delta directory's default comes from
                 its index; for tensors it makes the snapshot a delta against ``base``).
@@ -500,11 +505,12 @@ class HotLoader:
             on_progress: called with :class:`ProgressEvent` s: while a directory uploads
                 (``stage="upload"``, see :meth:`upload`), then on every poll of the wait
                 (``stage="hot_load"``). In-memory tensors report the wait only.
-            base: for tensors with ``previous_identity``: the weights replicas serve now
-                (byte-exact), which the delta is computed against.
+            base: for tensors: the weights replicas serve now (byte-exact); with
+                ``previous_identity`` the delta is computed against them, without it the
+                FULL snapshot is checked against them (names, dtypes, shapes).
             hot_load_id: the hot-load's permanent id (default a new UUID4).
-            extra_files: for tensors: other files of the snapshot (``config.json``, ...),
-                name → bytes, uploaded beside the shards.
+            extra_files: for tensors: other files of the snapshot, name → bytes, uploaded
+                beside the shards; a FULL snapshot needs ``config.json`` (the served model's).
         """
         budget = Budget(self.timeout if timeout is None else timeout)
         validate_identity(identity)

@@ -31,7 +31,7 @@ from cwtrain.errors import SnapshotError
 from cwtrain.hotload import manifest
 from cwtrain.hotload.format import INDEX_NAME, SnapshotFile
 from cwtrain.hotload.identity import snapshot_prefix
-from cwtrain.hotload.tensors import to_tensor_data
+from cwtrain.hotload.tensors import check_published_tensors, to_tensor_data
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
@@ -137,15 +137,23 @@ class SnapshotStore:
             tensors: the new weights.
             identity: the snapshot identity.
             previous_identity: the predecessor (makes this a delta against ``base``).
-            base: the weights replicas serve now, byte-exact (deltas only).
+            base: the weights replicas serve now, byte-exact: a delta is encoded against
+                them; a FULL snapshot is checked against them (names, dtypes, shapes).
             workers: objects uploaded in parallel.
-            extra_files: other files of the snapshot (name → bytes).
+            extra_files: other files of the snapshot (name → bytes); a FULL snapshot needs
+                ``config.json``.
             stats: where to record the ``gather``, ``read``, ``xor``, ``adler``, ``zstd``
                 and ``sha256`` stages (:mod:`cwtrain.hotload.stages`).
 
+        Before anything is encoded, :func:`~cwtrain.hotload.tensors.check_published_tensors`
+        checks the dtypes against the served ones and a FULL snapshot's ``config.json``
+        (an error, or a :class:`~cwtrain.hotload.tensors.DtypeWarning`).
+
         Raises:
             SnapshotError: a delta without ``base``, an empty delta (nothing changed, so
-                nothing to publish), or tensors the codec refuses.
+                nothing to publish), a delta that changes a served dtype, a FULL snapshot
+                without ``config.json`` (or, with ``base``, unlike the served weights), or
+                tensors the codec refuses.
         """
         from cwtrain.hotload.codec import DeltaEncoder
 
@@ -154,6 +162,7 @@ class SnapshotStore:
                 f"publishing {identity!r} as a delta on {previous_identity!r} needs base= (the weights "
                 "replicas serve now); without it, publish FULL (no previous_identity)"
             )
+        check_published_tensors(tensors, base=base, extra_files=extra_files, delta=bool(previous_identity))
         mark = stats.clock() if stats is not None else None
         new = to_tensor_data(tensors)
         served = to_tensor_data(base) if previous_identity and base is not None else None

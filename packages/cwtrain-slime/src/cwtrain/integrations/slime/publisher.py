@@ -88,8 +88,9 @@ class PublishingLoader(Protocol):
         workers: int = 8,
         wait: bool = True,
         timeout: float | None = None,
+        extra_files: Mapping[str, bytes] | None = None,
     ) -> HotLoad:
-        """Upload a snapshot directory (or tensors) as ``identity`` and create its hot-load."""
+        """Upload a snapshot directory (or tensors, with ``extra_files``) as ``identity`` and create its hot-load."""
         ...
 
     def wait(
@@ -348,7 +349,7 @@ class SlimePublisher:
         self, mirror: WeightMirror, identity: str, version: int, metrics: dict[str, float]
     ) -> None:
         """A FULL snapshot (chain cut) straight from the served copy in memory; nothing staged on disk."""
-        self._publish(mirror.tensors, identity, previous=None, metrics=metrics)
+        self._publish(mirror.tensors, identity, previous=None, metrics=metrics, extra_files=mirror.files)
         metrics["chain_cut"] = 1.0
         self.record_served(identity, version)
         self.write_manifest(identity, version, mirror.checksums)
@@ -371,8 +372,9 @@ class SlimePublisher:
         *,
         previous: str | None,
         metrics: dict[str, float],
+        extra_files: Mapping[str, bytes] | None = None,
     ) -> None:
-        """Upload ``source`` (a directory, or tensors for a FULL) as ``identity``; hot-load; wait when configured."""
+        """Upload ``source`` (a directory, or tensors for a FULL with their ``extra_files``) as ``identity``; hot-load; wait when configured."""
         config = self.config
         loader = self.loader
         deadline = time.monotonic() + config.timeout
@@ -386,6 +388,7 @@ class SlimePublisher:
                 wait=False,
                 timeout=config.timeout,
                 workers=config.upload_workers,
+                extra_files=extra_files,
             )
             metrics["upload_seconds"] = time.perf_counter() - started
             metrics["snapshot_bytes"] = float(_source_bytes(source))
