@@ -210,9 +210,11 @@ def check_published_tensors(
         problems += [f"{name!r} is not served" for name in tensors if name not in base]
         for name, value in tensors.items():
             if name in base:
-                mine, theirs = _dtype_and_shape(value), _dtype_and_shape(base[name])
-                if mine[0] is not None and theirs[0] is not None and mine != theirs:
-                    problems.append(f"{name!r} is {mine[0]} {list(mine[1])}, served as {theirs[0]} {list(theirs[1])}")
+                ours, served_as = _dtype_and_shape(value), _dtype_and_shape(base[name])
+                if ours[0] is not None and served_as[0] is not None and ours != served_as:
+                    problems.append(
+                        f"{name!r} is {ours[0]} {list(ours[1])}, served as {served_as[0]} {list(served_as[1])}"
+                    )
         if problems:
             raise SnapshotError(
                 f"a FULL snapshot must match the served weights (base=) in names, dtypes and shapes: "
