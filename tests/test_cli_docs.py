@@ -46,7 +46,19 @@ def test_every_command_and_option_is_in_the_cli_doc(name: str) -> None:
     assert f"`{name}" in text, f"docs/cli.md does not document `cwtrain {name}`"
     actions = [tuple(a.option_strings) for a in COMMANDS[name]._actions if a.option_strings and a.dest != "help"]
     if name == "demo":  # the demo's many tuning options are listed by `cwtrain demo --help`
-        actions = [(o,) for o in ("--steps", "--seed", "--replicas", "--full-every", "--group-size", "--report")]
+        actions = [
+            (o,)
+            for o in (
+                "--steps",
+                "--seed",
+                "--replicas",
+                "--full-every",
+                "--group-size",
+                "--report",
+                "--json",
+                "--json-file",
+            )
+        ]
 
     def mentioned(option: str) -> bool:
         return any(f"{before}{option}{after}" in text for before in "`[ " for after in "` ]")
