@@ -86,7 +86,7 @@ def test_core_alone_names_the_package_of_every_missing_command_group(tmp_path: P
         package = start.rsplit(" ", 1)[1]
         assert (
             line
-            == f"error: {start}, which is not installed: pip install ./packages/{package} (from a cwtrain checkout)"
+            == f"error: {start}, which is not installed; install it from a cwtrain checkout: pip install ./packages/{package}"
         )
     # core's own commands are unaffected
     assert _run(python, "hotload", "--help").returncode == 0

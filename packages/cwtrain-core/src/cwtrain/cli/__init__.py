@@ -7,8 +7,8 @@ through the ``cwtrain.cli`` entry-point group (``cwtrain-local`` adds ``local`` 
 a ``handler(args) -> int``. Registration must stay cheap: heavy imports (torch, the
 local stack) happen inside handlers. A group of :data:`OPTIONAL_GROUPS` whose package is
 not installed (or does not load) is still listed, and running it says what to install
-(``error: cwtrain demo needs cwtrain-local, which is not installed: pip install
-./packages/cwtrain-local``, exit 1); a missing optional dependency (torch, ...) met while a
+(``error: cwtrain demo needs cwtrain-local, which is not installed; install it from a
+cwtrain checkout: pip install ./packages/cwtrain-local``, exit 1); a missing optional dependency (torch, ...) met while a
 command runs is one line with its install line too (:mod:`cwtrain.cli.errors`).
 
 Output rules: stdout carries exactly one JSON document (see
@@ -107,7 +107,7 @@ def _add_missing_group(groups: Any, name: str, package: str, reason: str | None)
 
     fix = install_line(package)
     state = f"is installed but does not load ({reason})" if reason else "is not installed"
-    message = f"cwtrain {name} needs {package}, which {state}: {fix} (from a cwtrain checkout)"
+    message = f"cwtrain {name} needs {package}, which {state}; install it from a cwtrain checkout: {fix}"
     stand_in = groups.add_parser(
         name, help=f"(needs {package}: {fix})", description=message, add_help=False, prefix_chars="\0"
     )
