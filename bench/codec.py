@@ -5,7 +5,7 @@ A BF16 checkpoint of about ``--size`` bytes (default 0.5 GiB; hidden 1024, vocab
 with a realistic optimizer step: ``--changed`` (1 %) of the values move by one or two
 units in the last place. Then, in one run, on the same bytes:
 
-- **(a) diff**: ``cwtrain.hotload.delta.write_delta`` of the two directories (page cache warm);
+- **(a) diff**: ``cwtrain.hotload.files.write.write_delta`` of the two directories (page cache warm);
 - **(b) memory**: ``DeltaEncoder.encode`` of the in-memory arrays;
 - **(c) naive**: read both tensors of each pair from the files into fresh arrays, numpy
   XOR, single-threaded zstd level 1 of changed ones, ``zlib.adler32`` of the new bytes;
@@ -62,12 +62,14 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from cwtrain.hotload.codec import DeltaEncoder, memory_budget_from_env
-from cwtrain.hotload.decode import default_workers
-from cwtrain.hotload.delta import open_checkpoint, write_delta
-from cwtrain.hotload.format import INDEX_NAME, adler32
-from cwtrain.hotload.safetensors import TensorEntry, encode_header
-from cwtrain.hotload.tensors import FileRegion, TensorData
+from cwtrain.hotload.codec.common import default_workers, memory_budget_from_env
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.files.checkpoint import open_checkpoint
+from cwtrain.hotload.files.write import write_delta
+from cwtrain.hotload.format.checksum import adler32
+from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload.format.safetensors import TensorEntry, encode_header
+from cwtrain.hotload.format.tensors import FileRegion, TensorData
 
 CHUNK = 1 << 20
 
@@ -228,7 +230,7 @@ def _peak_rss(code: str, *args: str) -> int:
 def child_peak_rss(base: Path, new: Path, out: Path, workers: int) -> int:
     """Peak RSS (bytes) of a child process that only runs write_delta (its VmHWM, read at exit)."""
     code = (
-        "import sys; from cwtrain.hotload.delta import write_delta; "
+        "import sys; from cwtrain.hotload.files.write import write_delta; "
         "write_delta(sys.argv[1], sys.argv[2], sys.argv[3], version='2', base_version='1', workers=int(sys.argv[4]))"
     )
     return _peak_rss(code, str(base), str(new), str(out), str(workers))
@@ -237,7 +239,7 @@ def child_peak_rss(base: Path, new: Path, out: Path, workers: int) -> int:
 def child_peak_rss_apply(base: Path, delta: Path, out: Path, workers: int) -> int:
     """Peak RSS (bytes) of a child that applies ``delta`` to ``base`` into ``out`` (``snapshot apply``)."""
     code = (
-        "import sys; from cwtrain.hotload.delta import write_applied_snapshot; "
+        "import sys; from cwtrain.hotload.files.write import write_applied_snapshot; "
         "write_applied_snapshot(sys.argv[1], sys.argv[2], sys.argv[3], workers=int(sys.argv[4]))"
     )
     return _peak_rss(code, str(base), str(delta), str(out), str(workers))
@@ -246,7 +248,7 @@ def child_peak_rss_apply(base: Path, delta: Path, out: Path, workers: int) -> in
 def child_peak_rss_verify(base: Path, delta: Path, workers: int) -> int:
     """Peak RSS (bytes) of a child that verifies ``delta`` against ``base`` (``snapshot verify --base``)."""
     code = (
-        "import sys; from cwtrain.hotload.decode import verify_snapshot_dir; "
+        "import sys; from cwtrain.hotload.codec.decode import verify_snapshot_dir; "
         "r = verify_snapshot_dir(sys.argv[2], base=sys.argv[1], workers=int(sys.argv[3])); assert r.verified == r.tensors"
     )
     return _peak_rss(code, str(base), str(delta), str(workers))

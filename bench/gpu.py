@@ -2,13 +2,13 @@
 
 Measures, on one flat ``uint8`` tensor pair of ``--size`` bytes on the device (CUDA when
 there is one, else CPU tensors; ``--device`` forces one), the functions
-:class:`cwtrain.hotload.torch.TorchDeltaEncoder` runs, each against a baseline timed in
+:class:`cwtrain.hotload.codec.device.TorchDeltaEncoder` runs, each against a baseline timed in
 the same run:
 
-- **xor+detect**: :func:`~cwtrain.hotload.torch.xor_changed` (int64 views, one XOR, one
+- **xor+detect**: :func:`~cwtrain.hotload.codec.device.xor_changed` (int64 views, one XOR, one
   reduction) and reading its flag; baselines: the same on ``uint8`` elements (the code
   before issue 20) and numpy's XOR + ``any`` on host arrays;
-- **adler32**: :func:`~cwtrain.hotload.torch.device_adler32` (int8 matrix product, each
+- **adler32**: :func:`~cwtrain.hotload.codec.device.device_adler32` (int8 matrix product, each
   byte read once); baselines: the block loop that widened 8 MiB blocks to int32 (before
   issue 20) and zlib's (or python-isal's) ``adler32`` on the host bytes;
 - **host copy**: the XOR into a reused host buffer (pinned on CUDA) as the encoder does.
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import cwtrain.hotload.torch as device_codec
-from cwtrain.hotload.format import adler32 as host_adler32
+import cwtrain.hotload.codec.device as device_codec
+from cwtrain.hotload.format.checksum import adler32 as host_adler32
 
 MIB = 1 << 20
 GB = 1e9

@@ -4,11 +4,11 @@ For each ``--sizes`` entry, a child process builds a BF16 model of that size fro
 tensors (the shapes of ``bench/codec.py``: hidden 1024, vocabulary 50,000, 2-6 MB layer
 matrices) and a realistic optimizer step (``--changed``, 1 %, of the values move by one or
 two units in the last place), then publishes the delta with
-:meth:`cwtrain.hotload.store.SnapshotStore.upload_tensors` (what ``HotLoader.publish`` runs
+:meth:`cwtrain.hotload.publish.store.SnapshotStore.upload_tensors` (what ``HotLoader.publish`` runs
 for tensors) to moto's S3 server on loopback, through :func:`cwtrain.infra.s3_client`: the
 real encoder, the real upload path; ``--repeat`` times (2), keeping the fastest, since on a
 shared machine one publish may meet other work. Stages are timed where they run, inside
-each publish (:class:`cwtrain.hotload.stages.StageStats`; each S3 request is timed from
+each publish (:class:`cwtrain.hotload.codec.stages.StageStats`; each S3 request is timed from
 botocore's ``before-call``/``after-call`` events): ``gather``, ``read``, ``xor`` (XOR +
 change detection), ``adler``, ``zstd``, ``sha256``, ``upload`` (PutObject/UploadPart) and
 ``requests`` (every other S3 call).
@@ -269,7 +269,7 @@ def publish_once(size: int, args: argparse.Namespace) -> dict[str, Any]:
     """The child's work: build the model, publish it ``--repeat`` times as a delta, keep the fastest (JSON)."""
     import torch
 
-    from cwtrain.hotload.store import SnapshotStore
+    from cwtrain.hotload.publish.store import SnapshotStore
     from cwtrain.infra.s3 import s3_client
 
     torch.set_num_threads(1)
@@ -308,7 +308,7 @@ def measure_publish(
     store: Any, new: dict[str, Any], served: dict[str, Any], identity: str, args: Any
 ) -> dict[str, Any]:
     """One publish of ``new`` as a delta on ``served``, every stage timed where it runs."""
-    from cwtrain.hotload.stages import StageStats
+    from cwtrain.hotload.codec.stages import StageStats
 
     stats = StageStats()
     model_bytes = sum(t.numel() * t.element_size() for t in new.values())

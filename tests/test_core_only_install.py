@@ -92,9 +92,9 @@ def test_core_alone_names_the_package_of_every_missing_command_group(tmp_path: P
     assert _run(python, "hotload", "--help").returncode == 0
 
     # the torch codec, imported without torch: the install line, not a bare module name
-    done = subprocess.run([str(python), "-c", "import cwtrain.hotload.torch"], capture_output=True, text=True)
+    done = subprocess.run([str(python), "-c", "import cwtrain.hotload.codec.device"], capture_output=True, text=True)
     assert done.returncode == 1
-    assert "ModuleNotFoundError: cwtrain.hotload.torch needs torch" in done.stderr
+    assert "ModuleNotFoundError: cwtrain.hotload.codec.device needs torch" in done.stderr
     assert 'pip install "./packages/cwtrain-core[torch]"' in done.stderr
 
 

@@ -145,6 +145,6 @@ def test_top_level_names_pinned() -> None:
     assert InferenceClient.__module__ == "cwtrain.infra.client"
     from cwtrain import TensorData
     from cwtrain.hotload import TensorData as HotLoadTensorData
-    from cwtrain.hotload.tensors import TensorData as Original
+    from cwtrain.hotload.format.tensors import TensorData as Original
 
     assert TensorData is HotLoadTensorData is Original

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from cwtrain.hotload.safetensors import DTYPE_BITS
-from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.format.safetensors import DTYPE_BITS
+from cwtrain.hotload.format.tensors import TensorData
 
 
 def save_checkpoint(

@@ -4,7 +4,8 @@ It keeps gateways, deployments and hot-loads in memory and follows the contract'
 rules that the client and ``HotLoader`` rely on: client-chosen ids, ``already_exists``,
 single-flight (``failed_precondition`` "already in progress"), hot-loads that advance
 one state per GET (PENDING → IN_PROGRESS → COMPLETED, or FAILED for identities listed
-in ``fail_identities``), replicas that catch up on completion, and pagination. Tests
+in ``fail_identities``), replicas that catch up on completion, hot-loads refused while the
+deployment is neither READY nor ERROR, and pagination. Tests
 queue raw responses with :meth:`FakeAPI.inject` to simulate faults.
 """
 
@@ -196,6 +197,9 @@ class FakeAPI:
         if hid in self.hot_loads:
             return _error(409, "already_exists", f"hot-load {hid} exists")
         dep = body["deploymentId"]
+        status = self.deployments.get(dep, {}).get("status", {}).get("status", "STATUS_READY")
+        if status not in ("STATUS_READY", "STATUS_ERROR"):  # as the local stack (and the contract) refuse
+            return _error(400, "failed_precondition", f"deployment {dep} is {status}, not STATUS_READY")
         if any(
             h["spec"]["deploymentId"] == dep and h["status"]["state"].endswith(("PENDING", "IN_PROGRESS"))
             for h in self.hot_loads.values()

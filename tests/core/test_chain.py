@@ -7,7 +7,9 @@ import logging
 import pytest
 
 from cwtrain.errors import ConfigError
-from cwtrain.hotload.chain import MAX_CHAIN_DELTAS, ChainCadence, full_every_from_env
+from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
+from cwtrain.hotload.publish.cadence import ChainCadence
+from cwtrain.hotload.settings import HotLoadSettings
 
 
 def _kinds(cadence: ChainCadence, versions: range) -> list[bool]:
@@ -54,13 +56,15 @@ def test_cut_at_64_with_the_largest_cadence() -> None:
 
 
 def test_full_every_from_env_and_range() -> None:
-    assert full_every_from_env({}) == 20
-    assert full_every_from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": "0"}) == 0
-    assert full_every_from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": "64"}) == 64
+    def full_every(env: dict[str, str]) -> int:
+        return HotLoadSettings.from_env({"CWTRAIN_HOTLOAD_DEPLOYMENT_ID": "d", **env}, default_run_id="r").full_every
+
+    assert full_every({}) == 20
+    assert full_every({"CWTRAIN_HOTLOAD_FULL_EVERY": "0"}) == 0
+    assert full_every({"CWTRAIN_HOTLOAD_FULL_EVERY": "64"}) == 64
     for bad in ("65", "-1", "x"):
         with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
-            full_every_from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": bad})
-    assert ChainCadence.from_env({"CWTRAIN_HOTLOAD_FULL_EVERY": "5"}).full_every == 5
+            full_every({"CWTRAIN_HOTLOAD_FULL_EVERY": bad})
     for value in (-1, 65, True):
         with pytest.raises(ConfigError):
             ChainCadence(full_every=value)

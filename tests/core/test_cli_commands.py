@@ -397,8 +397,8 @@ def test_unreachable_api_exits_1_without_the_token(
 def test_inspect_needs_no_token(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from cwtrain.hotload.codec import DeltaEncoder
-    from cwtrain.hotload.tensors import TensorData
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+    from cwtrain.hotload.format.tensors import TensorData
 
     for name in ("COREWEAVE_API_TOKEN", "CW_API_TOKEN"):
         monkeypatch.delenv(name, raising=False)
@@ -448,8 +448,8 @@ def test_check_with_bucket_and_prefix(
 
 
 def _checkpoint(root: Path) -> Path:
-    from cwtrain.hotload.codec import DeltaEncoder
-    from cwtrain.hotload.tensors import TensorData
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+    from cwtrain.hotload.format.tensors import TensorData
 
     root.mkdir()
     with DeltaEncoder(workers=1) as encoder:
@@ -464,19 +464,23 @@ def _checkpoint(root: Path) -> Path:
 def publishing(
     fake: FakeAPI, s3_bucket: tuple[Any, str], s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> list[dict[str, Any]]:
-    """A hot-load deployment on the test bucket; records every ``HotLoader.publish`` call."""
-    from cwtrain.hotload.loader import HotLoader
+    """A hot-load deployment on the test bucket; records every publish of the library's one cycle.
+
+    ``HotLoader.publish`` and ``HotLoader.publish_diff`` both end in
+    :func:`cwtrain.hotload.publish.cycle.publish_snapshot`.
+    """
+    from cwtrain.hotload.publish import cycle
 
     fake.add_deployment()
     fake.deployments["dep-1"]["spec"]["hotLoad"]["bucket"] = s3_bucket[1]
     calls: list[dict[str, Any]] = []
-    original = HotLoader.publish
+    original = cycle.publish_snapshot
 
-    def publish(self: HotLoader, *args: Any, **kwargs: Any) -> Any:
+    def publish(*args: Any, **kwargs: Any) -> Any:
         calls.append(kwargs)
-        return original(self, *args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(HotLoader, "publish", publish)
+    monkeypatch.setattr(cycle, "publish_snapshot", publish)
     return calls
 
 
@@ -494,7 +498,7 @@ def test_publish_is_the_library_publish_with_upload_progress(
     assert code == 0, err
     assert hot["status"]["state"] == "COMPLETED" and hot["spec"]["identity"] == "cli-v000000"
     assert len(publishing) == 1
-    assert publishing[0]["timeout"] == 60.0 and publishing[0]["wait"] is True
+    assert publishing[0]["budget"].total == 60.0 and publishing[0]["wait"] is True
     assert publishing[0]["prompt_cache_policy"] is PromptCachePolicy.RESET_ALL
     body = next(c[2] for c in fake.calls if c[:2] == ("POST", "/hotLoads"))
     assert body["type"] == "SNAPSHOT_TYPE_FULL" and body["promptCachePolicy"] == "PROMPT_CACHE_POLICY_RESET_ALL"
@@ -536,7 +540,7 @@ def test_publish_with_base_is_diff_plus_publish_in_one_pass(
     import numpy as np
     from codec_helpers import save_checkpoint
 
-    import cwtrain.hotload.delta
+    import cwtrain.hotload.files.write
 
     s3, bucket = s3_bucket
     rng = np.random.default_rng(7)
@@ -556,7 +560,7 @@ def test_publish_with_base_is_diff_plus_publish_in_one_pass(
         raise AssertionError("publish --base without --keep wrote a directory")
 
     with monkeypatch.context() as patch:
-        patch.setattr(cwtrain.hotload.delta, "staged_directory", no_disk)
+        patch.setattr(cwtrain.hotload.files.write, "staged_directory", no_disk)
         code, hot, err = run(
             capsys, "hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(new), "--base", str(base),
             *identity,

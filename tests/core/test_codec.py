@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.codec import BIG_TENSOR_BYTES, DeltaEncoder
-from cwtrain.hotload.decode import apply_delta, load_full, replay_chain, verify_delta, zstd_frame_size
-from cwtrain.hotload.format import parse_index
-from cwtrain.hotload.safetensors import header_of_bytes
-from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.codec.decode import apply_delta, load_full, replay_chain, verify_delta, zstd_frame_size
+from cwtrain.hotload.codec.encode import BIG_TENSOR_BYTES, DeltaEncoder
+from cwtrain.hotload.format.index import parse_index
+from cwtrain.hotload.format.safetensors import header_of_bytes
+from cwtrain.hotload.format.tensors import TensorData
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -133,7 +133,7 @@ def test_empty_delta_has_no_shards(encoder: DeltaEncoder) -> None:
 
 
 def test_big_tensor_is_one_frame_that_plain_zstandard_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cwtrain.hotload.codec as codec_module
+    import cwtrain.hotload.codec.encode as codec_module
 
     assert BIG_TENSOR_BYTES == 256 << 20  # part of the output definition
     monkeypatch.setattr(codec_module, "BIG_TENSOR_BYTES", 4 << 20)  # the same path, on a cheap tensor

@@ -6,10 +6,10 @@ import hashlib
 
 import zstandard
 
-from cwtrain.hotload.codec import DeltaEncoder
-from cwtrain.hotload.decode import apply_delta
-from cwtrain.hotload.format import parse_index
-from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.codec.decode import apply_delta
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.format.index import parse_index
+from cwtrain.hotload.format.tensors import TensorData
 
 SHARD_HEX = """
 d8 00 00 00 00 00 00 00 7b 22 5f 5f 6d 65 74 61 64 61 74 61 5f 5f 22 3a 7b 22 6c 6d 5f 68 65 61

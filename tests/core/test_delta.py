@@ -12,9 +12,9 @@ from codec_helpers import save_checkpoint
 from safetensors.numpy import load_file, save_file
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.decode import apply_delta_dir, load_full_dir
-from cwtrain.hotload.delta import checkpoint_checksums, write_delta, write_full_snapshot
-from cwtrain.hotload.safetensors import read_header
+from cwtrain.hotload.files.checkpoint import apply_delta_dir, load_full_dir
+from cwtrain.hotload.files.write import checkpoint_checksums, write_delta, write_full_snapshot
+from cwtrain.hotload.format.safetensors import read_header
 
 
 def _weights(seed: int = 0) -> dict[str, np.ndarray]:

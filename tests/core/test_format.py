@@ -14,11 +14,16 @@ from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload import format as fmt
-from cwtrain.hotload.format import (
+from cwtrain.hotload.format import index as fmt
+from cwtrain.hotload.format.checksum import adler32, adler32_hex
+from cwtrain.hotload.format.identity import (
+    identity_for_base_version,
+    snapshot_prefix,
+    validate_identity,
+    version_identity,
+)
+from cwtrain.hotload.format.index import (
     SnapshotFile,
-    adler32,
-    adler32_hex,
     check_delta_metadata,
     full_shard_name,
     generated_index_bytes,
@@ -27,8 +32,7 @@ from cwtrain.hotload.format import (
     shard_name,
     upload_index_bytes,
 )
-from cwtrain.hotload.identity import identity_for_base_version, snapshot_prefix, validate_identity, version_identity
-from cwtrain.hotload.safetensors import TensorEntry, dtype_nbytes, encode_header, header_of_bytes, read_header
+from cwtrain.hotload.format.safetensors import TensorEntry, dtype_nbytes, encode_header, header_of_bytes, read_header
 
 
 def _file(header: dict[str, object], data: bytes = b"") -> bytes:
@@ -304,7 +308,7 @@ def test_snapshot_file_concatenates_buffers(tmp_path: Path) -> None:
 def test_identity_version_inverts_version_identity_for_one_run(
     identity: str | None, run_id: str, expected: int | None
 ) -> None:
-    from cwtrain.hotload.identity import identity_version, split_version_identity
+    from cwtrain.hotload.format.identity import identity_version, split_version_identity
 
     assert identity_version(identity, run_id) == expected
     if expected is not None:
@@ -313,7 +317,7 @@ def test_identity_version_inverts_version_identity_for_one_run(
 
 
 def test_split_version_identity_needs_a_run() -> None:
-    from cwtrain.hotload.identity import split_version_identity
+    from cwtrain.hotload.format.identity import split_version_identity
 
     assert split_version_identity("-v000001") is None
     assert split_version_identity("a-b-v000010") == ("a-b", 10)

@@ -1,4 +1,4 @@
-"""The bounded frame decoder (``cwtrain.hotload.frames``) and the streaming apply of directories."""
+"""The bounded frame decoder (``cwtrain.hotload.codec.frames``) and the streaming apply of directories."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import zstandard
 from codec_helpers import save_checkpoint
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
-from cwtrain.hotload import codec, frames
-from cwtrain.hotload.delta import write_applied_snapshot, write_delta, write_full_snapshot
-from cwtrain.hotload.frames import MemoryBudget, run_parallel, stream_payload, zstd_frame_size
-from cwtrain.hotload.tensors import FileRegion
+from cwtrain.hotload.codec.common import MemoryBudget, run_parallel
+from cwtrain.hotload.codec.frames import stream_payload, zstd_frame_size
+from cwtrain.hotload.files.write import write_applied_snapshot, write_delta, write_full_snapshot
+from cwtrain.hotload.format.tensors import FileRegion
 
 MiB = 1 << 20
 
@@ -26,8 +26,16 @@ def _frame(data: bytes, **options: object) -> bytes:
     return stream.compress(data) + stream.flush()
 
 
-def test_the_default_budget_is_the_encoders() -> None:
-    assert frames._DEFAULT_BUDGET == codec.DEFAULT_MEMORY_BUDGET
+def test_the_decoders_the_encoder_and_the_upload_share_one_budget_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cwtrain.hotload.codec.common import MemoryBudget
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+    from cwtrain.hotload.publish.upload import SnapshotUpload
+
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_MEMORY_BUDGET", str(3 * MiB))
+    with DeltaEncoder() as encoder:
+        assert encoder.memory_budget == 3 * MiB
+    assert MemoryBudget().limit == 3 * MiB
+    assert SnapshotUpload(object(), bucket="b", identity="r-v000001")._budget.limit == 3 * MiB
 
 
 @pytest.mark.parametrize("size", [0, 1, 1000, 3 * MiB + 7])

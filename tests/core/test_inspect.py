@@ -10,8 +10,8 @@ import pytest
 from codec_helpers import save_checkpoint
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.delta import write_delta
-from cwtrain.hotload.inspect import SnapshotInfo, delta_index_for_upload, inspect_snapshot
+from cwtrain.hotload.files.validate import SnapshotInfo, delta_index_for_upload, inspect_snapshot
+from cwtrain.hotload.files.write import write_delta
 
 
 def _weights(shift: float = 0.0) -> dict[str, np.ndarray]:

@@ -24,9 +24,9 @@ from cwtrain.errors import (
     SnapshotError,
     UsageError,
 )
-from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.format.tensors import TensorData
 from cwtrain.hotload.loader import HotLoader, ProgressEvent
-from cwtrain.hotload.tensors import TensorData
 from cwtrain.infra.enums import HotLoadState, SnapshotType
 
 
@@ -513,7 +513,7 @@ def test_wait_lets_replicas_catch_up_after_completed(
 
 
 def test_publish_accepts_a_snapshot_info(s3_loader: tuple[HotLoader, Any, str], tmp_path: Path) -> None:
-    from cwtrain.hotload.inspect import inspect_snapshot
+    from cwtrain.hotload.files.validate import inspect_snapshot
 
     loader, s3, bucket = s3_loader
     info = inspect_snapshot(_full_dir(tmp_path / "f", _weights(2)))

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.chain import deltas_after, resolve_type
-from cwtrain.hotload.tensors import DtypeWarning, TensorData, as_tensor_data, check_published_tensors, to_tensor_data
+from cwtrain.hotload.format.chain import deltas_after, resolve_type
+from cwtrain.hotload.format.tensors import TensorData, as_tensor_data, to_tensor_data
+from cwtrain.hotload.publish.tensor_checks import DtypeWarning, check_published_tensors
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.models import HotLoad
 

@@ -11,12 +11,12 @@ import pytest
 from codec_helpers import save_checkpoint
 
 from cwtrain.errors import MirrorError, SnapshotChecksumError, SnapshotError
-from cwtrain.hotload import mirror as mirror_module
-from cwtrain.hotload.codec import DeltaEncoder
-from cwtrain.hotload.decode import load_full_dir
-from cwtrain.hotload.delta import write_delta, write_full_snapshot
-from cwtrain.hotload.mirror import DeltaReport, WeightMirror
-from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.files import mirror as mirror_module
+from cwtrain.hotload.files.checkpoint import load_full_dir
+from cwtrain.hotload.files.mirror import DeltaReport, WeightMirror
+from cwtrain.hotload.files.write import write_delta, write_full_snapshot
+from cwtrain.hotload.format.tensors import TensorData
 
 
 def _weights(version: int) -> dict[str, np.ndarray]:
@@ -49,7 +49,7 @@ def chain(tmp_path: Path) -> dict[str, Path]:
 
 
 def _raw(tensors: object) -> dict[str, bytes]:
-    from cwtrain.hotload.decode import as_uint8
+    from cwtrain.hotload.format.tensors import as_uint8
 
     return {n: as_uint8(t.data).tobytes() for n, t in tensors.items()}  # type: ignore[attr-defined]
 

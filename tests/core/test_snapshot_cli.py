@@ -10,7 +10,7 @@ import pytest
 from codec_helpers import save_checkpoint
 
 from cwtrain.cli import main
-from cwtrain.hotload.delta import write_full_snapshot
+from cwtrain.hotload.files.write import write_full_snapshot
 
 
 def _weights(shift: float) -> dict[str, np.ndarray]:

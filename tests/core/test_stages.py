@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-import cwtrain.hotload.codec as codec_module
+import cwtrain.hotload.codec.encode as codec_module
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.codec import DeltaEncoder
-from cwtrain.hotload.format import INDEX_NAME
-from cwtrain.hotload.stages import StageStats
-from cwtrain.hotload.store import SnapshotStore
-from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.codec.stages import StageStats
+from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload.format.tensors import TensorData
+from cwtrain.hotload.publish.store import SnapshotStore
 
 MIB = 1 << 20
 
@@ -189,7 +189,7 @@ def test_store_full_uploads_shard_k_while_shard_k_plus_1_is_built(
 ) -> None:
     """Building shard k+1 waits until shard k's upload has begun: a store that builds every
     shard before uploading any would time out here."""
-    from cwtrain.hotload.sources import ObjectSource
+    from cwtrain.hotload.publish.sources import ObjectSource
 
     client, bucket = s3_bucket
     real_layout = codec_module._default_layout

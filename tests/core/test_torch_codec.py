@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from cwtrain.errors import SnapshotError  # noqa: E402
-from cwtrain.hotload.codec import DeltaEncoder  # noqa: E402
-from cwtrain.hotload.decode import apply_delta  # noqa: E402
-from cwtrain.hotload.torch import (  # noqa: E402
+from cwtrain.hotload.codec.decode import apply_delta  # noqa: E402
+from cwtrain.hotload.codec.device import (  # noqa: E402
     TorchDeltaEncoder,
     device_adler32,
     safetensors_dtype,
     tensor_data,
     xor_changed,
 )
+from cwtrain.hotload.codec.encode import DeltaEncoder  # noqa: E402
 
 DTYPES = [
     torch.bool,
@@ -100,7 +100,7 @@ def test_base_as_host_tensor_data() -> None:
 
 
 def test_big_tensor_matches_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cwtrain.hotload.codec as codec_module
+    import cwtrain.hotload.codec.encode as codec_module
 
     monkeypatch.setattr(codec_module, "BIG_TENSOR_BYTES", 4 << 20)  # zstd's threaded path, cheaply
     base, new = _state("cpu", big=True)
@@ -109,7 +109,7 @@ def test_big_tensor_matches_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_device_adler32_matches_zlib(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cwtrain.hotload.torch as torch_codec
+    import cwtrain.hotload.codec.device as torch_codec
 
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, 256, ((1 << 25) + 4099,), generator=g, dtype=torch.uint8)
@@ -126,7 +126,7 @@ def test_device_adler32_matches_zlib(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_device_adler32_without_the_int8_product(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device whose BLAS lacks ``_int_mm`` still gets exact checksums (bytes widened instead)."""
-    import cwtrain.hotload.torch as torch_codec
+    import cwtrain.hotload.codec.device as torch_codec
 
     assert torch_codec._int8_product_works(torch.device("cpu"))
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from _upload_util import MIB, open_uploads, sha256, stored, write_full_snapshot
 
-from cwtrain.hotload import objects
-from cwtrain.hotload.format import INDEX_NAME
-from cwtrain.hotload.upload import UploadedFile, upload_snapshot
+from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload.publish import object_writer as objects
+from cwtrain.hotload.publish.upload import UploadedFile, upload_snapshot
 from cwtrain.infra.s3 import s3_client
 
 PART = 5 * MIB
@@ -28,8 +28,8 @@ PUBLISHER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from cwtrain.errors import SnapshotConflictError
-    from cwtrain.hotload import objects
-    from cwtrain.hotload.upload import upload_snapshot
+    from cwtrain.hotload.publish import object_writer as objects
+    from cwtrain.hotload.publish.upload import upload_snapshot
     from cwtrain.infra.s3 import s3_client
 
     objects.MIN_PART_SIZE = 5 << 20

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload import buffers as pool_module
-from cwtrain.hotload import sources
-from cwtrain.hotload.buffers import BufferPool, release_read_buffers
-from cwtrain.hotload.sources import ObjectSource
+from cwtrain.hotload.publish import buffers as pool_module
+from cwtrain.hotload.publish import sources
+from cwtrain.hotload.publish.buffers import BufferPool, release_read_buffers
+from cwtrain.hotload.publish.sources import ObjectSource
 
 MIB = 1 << 20
 

@@ -12,11 +12,11 @@ from fakeapi import FakeAPI
 
 from cwtrain.cli import main
 from cwtrain.errors import SnapshotChecksumError
-from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.format.tensors import TensorData
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.store import SnapshotStore
-from cwtrain.hotload.tensors import TensorData
-from cwtrain.hotload.verify_stored import verify_stored_snapshot
+from cwtrain.hotload.publish.store import SnapshotStore
+from cwtrain.hotload.publish.verify import verify_stored_snapshot
 
 PREFIX = "hotload"
 

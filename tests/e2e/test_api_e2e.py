@@ -19,10 +19,10 @@ import pytest
 
 from cwtrain.cli import main
 from cwtrain.errors import AlreadyExistsError, NotFoundError
-from cwtrain.hotload.decode import load_full_dir
-from cwtrain.hotload.delta import write_delta
+from cwtrain.hotload.files.checkpoint import load_full_dir
+from cwtrain.hotload.files.write import write_delta
+from cwtrain.hotload.format.tensors import TensorData
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.tensors import TensorData
 from cwtrain.infra import InferenceClient, lifecycle
 from cwtrain.infra.enums import HotLoadState, ReplicaState, ResourceStatus, SnapshotType
 from cwtrain.local import LocalStack

@@ -16,8 +16,8 @@ import openai
 import pytest
 import torch
 
-from cwtrain.hotload.codec import DeltaEncoder
-from cwtrain.hotload.objects import SHA256_METADATA
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.publish.object_writer import SHA256_METADATA
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState, SnapshotType
 from cwtrain.infra.models import IncrementalSnapshotMetadata

@@ -34,11 +34,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.format import INDEX_NAME, SINGLE_FILE_NAME
-from cwtrain.hotload.identity import RESERVED_IDENTITIES, validate_identity
-from cwtrain.hotload.inspect import inspect_snapshot
+from cwtrain.hotload.files.validate import inspect_snapshot
+from cwtrain.hotload.format.identity import RESERVED_IDENTITIES, validate_identity
+from cwtrain.hotload.format.index import INDEX_NAME, SINGLE_FILE_NAME
+from cwtrain.hotload.format.safetensors import MAX_HEADER_BYTES, TensorEntry, encode_header
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.safetensors import MAX_HEADER_BYTES, TensorEntry, encode_header
 from cwtrain.infra import InferenceClient
 
 pytestmark = [pytest.mark.faults, pytest.mark.fault_row("bad-input")]

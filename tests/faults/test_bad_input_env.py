@@ -100,11 +100,15 @@ HOOK_VARS: dict[str, tuple[str, Any]] = {
 }
 CORE_READERS: dict[str, tuple[Any, Any]] = {
     "CWTRAIN_HOTLOAD_FULL_EVERY": (
-        lambda env: __import__("cwtrain.hotload.chain", fromlist=["x"]).full_every_from_env(env),
+        lambda env: (
+            __import__("cwtrain.hotload.settings", fromlist=["x"])
+            .HotLoadSettings.from_env(env, default_run_id="r", require_deployment=False)
+            .full_every
+        ),
         lambda v: _expect_int(v, 20, 0, 64),
     ),
     "CWTRAIN_HOTLOAD_MEMORY_BUDGET": (
-        lambda env: __import__("cwtrain.hotload.codec", fromlist=["x"]).memory_budget_from_env(env),
+        lambda env: __import__("cwtrain.hotload.codec.common", fromlist=["x"]).memory_budget_from_env(env),
         lambda v: _expect_int(v, 1 << 30, 1 << 20, None),
     ),
     "CWTRAIN_HOTLOAD_TIMEOUT": (
@@ -126,7 +130,7 @@ def _upload_setting(variable: str, attribute: str) -> Any:
     """A reader that builds a ``SnapshotUpload`` (which reads the variable from ``os.environ``)."""
 
     def read(env: dict[str, str]) -> Any:
-        from cwtrain.hotload.upload import SnapshotUpload
+        from cwtrain.hotload.publish.upload import SnapshotUpload
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(variable, env[variable])
@@ -139,13 +143,15 @@ CORE_READERS["CWTRAIN_HOTLOAD_PART_SIZE"] = (
     _upload_setting("CWTRAIN_HOTLOAD_PART_SIZE", "part_size"),
     lambda v: _expect_int(v, 64 << 20, 50_000_000, 5 << 30),
 )
-CORE_READERS["CWTRAIN_HOTLOAD_MEMORY_BUDGET (upload)"] = (
+CORE_READERS[
+    "CWTRAIN_HOTLOAD_MEMORY_BUDGET (upload)"
+] = (  # one budget rule: the encoder's, the decoders', the upload's
     lambda env: (
         _upload_setting("CWTRAIN_HOTLOAD_MEMORY_BUDGET", "_budget")(
             {"CWTRAIN_HOTLOAD_MEMORY_BUDGET": env["CWTRAIN_HOTLOAD_MEMORY_BUDGET (upload)"]}
         ).limit
     ),
-    lambda v: _expect_int(v, 1 << 30, 1, None),
+    lambda v: _expect_int(v, 1 << 30, 1 << 20, None),
 )
 ROLLOUT_BASE = {"CWTRAIN_ROLLOUT_BASE_URL": "http://127.0.0.1:9/v1", "CWTRAIN_ROLLOUT_MODEL": "tiny"}
 HOOK_BASE = {"CWTRAIN_HOTLOAD_DEPLOYMENT_ID": DEPLOYMENT, "CWTRAIN_HOTLOAD_RUN_ID": "fuzz"}

@@ -30,11 +30,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.decode import apply_payload, stream_payload, verify_delta, verify_snapshot_dir
-from cwtrain.hotload.delta import write_delta
-from cwtrain.hotload.format import parse_index
-from cwtrain.hotload.safetensors import DTYPE_BITS, TensorEntry, encode_header, header_of_bytes, read_header_at
-from cwtrain.hotload.tensors import FileRegion, TensorData
+from cwtrain.hotload.codec.decode import apply_payload, stream_payload, verify_delta
+from cwtrain.hotload.files.checkpoint import verify_snapshot_dir
+from cwtrain.hotload.files.write import write_delta
+from cwtrain.hotload.format.index import parse_index
+from cwtrain.hotload.format.safetensors import DTYPE_BITS, TensorEntry, encode_header, header_of_bytes, read_header_at
+from cwtrain.hotload.format.tensors import FileRegion, TensorData
 
 pytestmark = [pytest.mark.faults, pytest.mark.fault_row("decode-fuzz")]
 
@@ -181,7 +182,7 @@ def mutated_frames(draw: st.DrawFn) -> tuple[bytes, bytes, bytes]:
 @given(case=mutated_frames())
 @example(case=(b"\x00" * 8, b"\x01" + b"\x00" * 7, b"\x28\xb5\x2f\xfd"))
 def test_damaged_frames(case: tuple[bytes, bytes, bytes]) -> None:
-    from cwtrain.hotload.format import adler32
+    from cwtrain.hotload.format.checksum import adler32
 
     old, new, payload = case
     expected = adler32(new)
@@ -214,7 +215,7 @@ def _delta_shard() -> tuple[dict[str, TensorData], bytes]:
     base = {"w": TensorData("U8", (16,), bytes(16))}
     frame = _frame(bytes(range(16)), 1, True, False, True)
     entry = TensorEntry("w", "U8", (len(frame),), 0, len(frame))
-    from cwtrain.hotload.format import adler32
+    from cwtrain.hotload.format.checksum import adler32
 
     shard = encode_header([entry], {"w": f"{adler32(bytes(range(16))):08x}"}) + frame
     return base, shard

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cwtrain.hotload.delta import write_delta, write_full_snapshot
-from cwtrain.hotload.format import INDEX_NAME
-from cwtrain.hotload.safetensors import TensorEntry, encode_header
+from cwtrain.hotload.files.write import write_delta, write_full_snapshot
+from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload.format.safetensors import TensorEntry, encode_header
 
 pytestmark = [pytest.mark.faults, pytest.mark.fault_row("decode-memory")]
 
@@ -159,8 +159,9 @@ def test_verify_with_base_stays_within_the_budget(big: tuple[Path, Path, Path]) 
 _SHRINK = """
 import os, sys
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.decode import load_full, read_snapshot_dir
-snap = read_snapshot_dir(sys.argv[1])
+from cwtrain.hotload.codec.decode import load_full
+from cwtrain.hotload.files.checkpoint import open_snapshot_dir
+snap = open_snapshot_dir(sys.argv[1])
 os.truncate(os.path.join(sys.argv[1], "model.safetensors"), 4096)
 try:
     load_full(snap.index, snap.shards, workers=1)

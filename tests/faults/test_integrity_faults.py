@@ -26,7 +26,7 @@ from _faults_trainer import Trainer
 
 from cwtrain.cli import main
 from cwtrain.errors import HotLoadFailedError
-from cwtrain.hotload.identity import snapshot_prefix
+from cwtrain.hotload.format.identity import snapshot_prefix
 from cwtrain.hotload.loader import HotLoader
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState

@@ -167,7 +167,7 @@ def test_cli_unauthenticated_with_the_token_in_the_environment_only(
 def test_library_publish_and_failing_hot_load(
     stack: LocalStack, target: Any, debug_logs: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    from cwtrain.hotload.delta import write_full_snapshot
+    from cwtrain.hotload.files.write import write_full_snapshot
     from cwtrain.local.engine.model import init_weights, write_base_checkpoint
 
     texts: list[str] = []

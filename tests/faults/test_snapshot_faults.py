@@ -21,8 +21,8 @@ import torch
 from _faults_trainer import Trainer
 
 from cwtrain.errors import HotLoadFailedError
-from cwtrain.hotload.delta import write_delta, write_full_snapshot
-from cwtrain.hotload.identity import snapshot_prefix
+from cwtrain.hotload.files.write import write_delta, write_full_snapshot
+from cwtrain.hotload.format.identity import snapshot_prefix
 from cwtrain.hotload.loader import HotLoader
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState

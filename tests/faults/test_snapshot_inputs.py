@@ -30,13 +30,13 @@ from _recording import run_cli
 from safetensors.numpy import save_file
 
 from cwtrain.errors import SnapshotError, UsageError
-from cwtrain.hotload.codec import DeltaEncoder
-from cwtrain.hotload.delta import write_delta, write_full_snapshot
-from cwtrain.hotload.identity import validate_identity
+from cwtrain.hotload.codec.encode import DeltaEncoder
+from cwtrain.hotload.files.mirror import WeightMirror
+from cwtrain.hotload.files.write import write_delta, write_full_snapshot
+from cwtrain.hotload.format.identity import validate_identity
+from cwtrain.hotload.format.safetensors import TensorEntry, encode_header
+from cwtrain.hotload.format.tensors import TensorData
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.mirror import WeightMirror
-from cwtrain.hotload.safetensors import TensorEntry, encode_header
-from cwtrain.hotload.tensors import TensorData
 from cwtrain.infra import InferenceClient
 
 pytestmark = [pytest.mark.faults]
@@ -123,7 +123,7 @@ _CPU_PROBE = """
 import sys, time
 from pathlib import Path
 from cwtrain.cli import main
-from cwtrain.hotload.delta import write_delta
+from cwtrain.hotload.files.write import write_delta
 old, new, out = (Path(p) for p in sys.argv[1:4])
 best = float("inf")
 for attempt in range(2):
@@ -233,7 +233,7 @@ def test_a_tensor_named_format_is_refused_by_every_checksum_writer(tmp_path: Pat
     tensors = {n: TensorData("F32", a.shape, a) for n, a in weights.items()}
     with DeltaEncoder(workers=1) as encoder, pytest.raises(SnapshotError, match="'format'"):
         encoder.encode_full(tensors)  # the default __metadata__ is {"format": "pt"}
-    from cwtrain.hotload.delta import write_applied_snapshot  # what `cwtrain snapshot apply` runs
+    from cwtrain.hotload.files.write import write_applied_snapshot  # what `cwtrain snapshot apply` runs
 
     new = _checkpoint(tmp_path / "new", {**weights, "w": np.zeros(4, np.float32)})
     write_delta(src, new, tmp_path / "delta", version="2", base_version="1")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from _replica_util import MODEL, ReplicaProcess, put_object, put_snapshot, upload_base
 
-from cwtrain.hotload.codec import DeltaEncoder
+from cwtrain.hotload.codec.encode import DeltaEncoder
 from cwtrain.local.engine.model import Tokenizer, init_weights, to_tensor_data, token_logprobs
 
 pytestmark = pytest.mark.e2e

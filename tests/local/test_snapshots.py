@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
+from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
 from cwtrain.local.engine.snapshots import ChainLink, plan_chain
 
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cwtrain.hotload.format import INDEX_NAME
+from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload.format.tensors import TensorData
 from cwtrain.hotload.loader import ProgressEvent
-from cwtrain.hotload.tensors import TensorData
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, SnapshotType
 from cwtrain.infra.models import HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
 from cwtrain.integrations.slime.publisher import PublishingLoader

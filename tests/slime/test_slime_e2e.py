@@ -109,7 +109,7 @@ class SimulatedSlime:
         return self.call(self.root, range(1))
 
     def write_next(self) -> Path:
-        from cwtrain.hotload.delta import write_delta
+        from cwtrain.hotload.files.write import write_delta
 
         self.version += 1
         self.weights = _trained(self.weights, self.version)
@@ -468,7 +468,7 @@ def test_every_rank_encodes_its_tensors_and_rank_zero_commits(
     assert sorted(full_index["weight_map"]) == names
     assert loader.completed_hot_load("ranks-v000003").previous_identity is None
     assert loader.read_manifest("ranks-v000003")["tensors"].keys() == set(names)
-    from cwtrain.hotload.format import adler32_hex
+    from cwtrain.hotload.format.checksum import adler32_hex
     from cwtrain.local.engine.model import to_tensor_data
 
     expected = {n: adler32_hex(t.data) for n, t in to_tensor_data(steps[2]).items()}

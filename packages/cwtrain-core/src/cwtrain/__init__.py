@@ -30,10 +30,10 @@ from cwtrain.lazy import lazy_exports
 __path__ = pkgutil.extend_path(__path__, __name__)
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.inspect import inspect_snapshot
+    from cwtrain.hotload.files.validate import inspect_snapshot
+    from cwtrain.hotload.format.tensors import TensorData
     from cwtrain.hotload.loader import HotLoader
-    from cwtrain.hotload.tensors import TensorData
-    from cwtrain.hotload.upload import upload_snapshot
+    from cwtrain.hotload.publish.upload import upload_snapshot
     from cwtrain.infra.client import InferenceClient
 
 __all__ = ["HotLoader", "InferenceClient", "TensorData", "__version__", "inspect_snapshot", "upload_snapshot"]
@@ -41,9 +41,9 @@ __all__ = ["HotLoader", "InferenceClient", "TensorData", "__version__", "inspect
 _LAZY = {
     "HotLoader": "cwtrain.hotload.loader",
     "InferenceClient": "cwtrain.infra.client",
-    "TensorData": "cwtrain.hotload.tensors",
-    "inspect_snapshot": "cwtrain.hotload.inspect",
-    "upload_snapshot": "cwtrain.hotload.upload",
+    "TensorData": "cwtrain.hotload.format.tensors",
+    "inspect_snapshot": "cwtrain.hotload.files.validate",
+    "upload_snapshot": "cwtrain.hotload.publish.upload",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

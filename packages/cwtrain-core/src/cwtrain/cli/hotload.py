@@ -209,7 +209,7 @@ def _print_outcome(run: Callable[[], HotLoad]) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from cwtrain.hotload.inspect import inspect_snapshot
+    from cwtrain.hotload.files.validate import inspect_snapshot
 
     info = inspect_snapshot(args.dir, previous_identity=args.previous_identity)
     emit(info.to_json())
@@ -289,7 +289,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from cwtrain.hotload.upload import check_snapshot_access
+    from cwtrain.hotload.publish.upload import check_snapshot_access
     from cwtrain.infra.s3 import s3_client
 
     if not args.bucket and resolve_deployment(args):

@@ -91,8 +91,8 @@ def register(subparsers: Any) -> None:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from cwtrain.hotload.delta import write_delta
-    from cwtrain.hotload.identity import validate_identity
+    from cwtrain.hotload.files.write import write_delta
+    from cwtrain.hotload.format.identity import validate_identity
 
     version = args.version if args.version is not None else args.identity
     base_version = args.base_version if args.base_version is not None else args.previous_identity
@@ -130,7 +130,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from cwtrain.hotload.delta import write_applied_snapshot
+    from cwtrain.hotload.files.write import write_applied_snapshot
 
     start = time.perf_counter()
     applied = write_applied_snapshot(
@@ -154,9 +154,9 @@ def _apply(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from cwtrain.hotload.decode import verify_snapshot_dir
-    from cwtrain.hotload.format import INDEX_NAME, is_delta_index, read_index_file
-    from cwtrain.hotload.inspect import inspect_snapshot
+    from cwtrain.hotload.files.checkpoint import verify_snapshot_dir
+    from cwtrain.hotload.files.validate import inspect_snapshot
+    from cwtrain.hotload.format.index import INDEX_NAME, is_delta_index, read_index_file
 
     index = Path(args.dir) / INDEX_NAME
     if index.is_file() and is_delta_index(read_index_file(index)):  # its structure, as `hotload inspect` checks it

@@ -1,10 +1,10 @@
 """Checkpoint hot-load: the snapshot format and codec, uploads, and :class:`HotLoader`.
 
-Layers, bottom up: :mod:`~cwtrain.hotload.format` (wire format, no I/O beyond
-files), :mod:`~cwtrain.hotload.codec` (XOR + zstd + Adler-32 on numpy buffers),
-:mod:`~cwtrain.hotload.torch` (the same on torch tensors where they live),
-:mod:`~cwtrain.hotload.mirror` (the trainer's copy of what replicas serve),
-:mod:`~cwtrain.hotload.upload` (immutable, resumable uploads), and
+Layers, bottom up: :mod:`~cwtrain.hotload.format.index` (wire format, no I/O beyond
+files), :mod:`~cwtrain.hotload.codec.encode` (XOR + zstd + Adler-32 on numpy buffers),
+:mod:`~cwtrain.hotload.codec.device` (the same on torch tensors where they live),
+:mod:`~cwtrain.hotload.files.mirror` (the trainer's copy of what replicas serve),
+:mod:`~cwtrain.hotload.publish.upload` (immutable, resumable uploads), and
 :mod:`~cwtrain.hotload.loader` (publish, trigger, wait, rollback). Names are
 resolved on first use so that importing this package stays cheap.
 """
@@ -17,18 +17,18 @@ from cwtrain.lazy import lazy_exports
 _LAZY = {
     "HotLoader": "cwtrain.hotload.loader",
     "ProgressEvent": "cwtrain.hotload.follow",
-    "SnapshotInfo": "cwtrain.hotload.inspect",
-    "inspect_snapshot": "cwtrain.hotload.inspect",
-    "delta_index_for_upload": "cwtrain.hotload.inspect",
-    "snapshot_prefix": "cwtrain.hotload.identity",
-    "SnapshotStore": "cwtrain.hotload.store",
-    "upload_snapshot": "cwtrain.hotload.upload",
-    "check_snapshot_access": "cwtrain.hotload.upload",
-    "DeltaEncoder": "cwtrain.hotload.codec",
-    "WeightMirror": "cwtrain.hotload.mirror",
-    "DeltaReport": "cwtrain.hotload.mirror",
-    "TensorData": "cwtrain.hotload.tensors",
-    "DtypeWarning": "cwtrain.hotload.tensors",
+    "SnapshotInfo": "cwtrain.hotload.files.validate",
+    "inspect_snapshot": "cwtrain.hotload.files.validate",
+    "delta_index_for_upload": "cwtrain.hotload.files.validate",
+    "snapshot_prefix": "cwtrain.hotload.format.identity",
+    "SnapshotStore": "cwtrain.hotload.publish.store",
+    "upload_snapshot": "cwtrain.hotload.publish.upload",
+    "check_snapshot_access": "cwtrain.hotload.publish.upload",
+    "DeltaEncoder": "cwtrain.hotload.codec.encode",
+    "WeightMirror": "cwtrain.hotload.files.mirror",
+    "DeltaReport": "cwtrain.hotload.files.mirror",
+    "TensorData": "cwtrain.hotload.format.tensors",
+    "DtypeWarning": "cwtrain.hotload.publish.tensor_checks",
 }
 
 __all__ = [

@@ -16,11 +16,13 @@ modules (service-api.md section 8, snapshot-format.md)::
                         previous_identity="run1-v000003")                  # delta of two checkpoints
     loader.rollback("run1-v000000")
 
-``publish`` is inspect (or encode) → upload → readiness gate → ``trigger`` → ``wait``
-inside one time budget (``timeout``, default 1800 s). In-memory tensors (a mapping of
-name → numpy array, torch tensor or :class:`~cwtrain.hotload.tensors.TensorData`) are
-encoded by :mod:`cwtrain.hotload.codec` and streamed into the deployment's
-:class:`~cwtrain.hotload.store.SnapshotStore` (``loader.store``) without touching disk.
+``publish`` is inspect (or encode) → upload → ``trigger`` (readiness and single-flight
+handled there) → ``wait`` inside one time budget (``timeout``, default 1800 s); the
+cycle itself lives in :mod:`cwtrain.hotload.publish.cycle`, which every method here calls
+once, so a call never comes back into this module midway. In-memory tensors (a mapping of
+name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.tensors.TensorData`) are
+encoded by :mod:`cwtrain.hotload.codec.encode` and streamed into the deployment's
+:class:`~cwtrain.hotload.publish.store.SnapshotStore` (``loader.store``) without touching disk.
 
 Progress: ``on_progress`` (of ``publish``, ``upload`` and ``wait``) receives
 :class:`~cwtrain.hotload.follow.ProgressEvent` objects, one type throughout: upload
@@ -50,40 +52,25 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cwtrain.errors import (
-    APIError,
-    ConfigError,
-    FailedPreconditionError,
-    HotLoadInProgressError,
-    HotLoadVerificationError,
-    SnapshotError,
-    TransportError,
-    UsageError,
-)
-from cwtrain.hotload import chain
-from cwtrain.hotload.follow import (
-    HotLoadStatus,
-    ProgressEvent,
-    UploadProgress,
-    wait_for_hot_load,
-    wait_until_terminal,
-)
-from cwtrain.hotload.identity import validate_identity
-from cwtrain.hotload.store import SnapshotStore
+from cwtrain.errors import ConfigError, SnapshotError
+from cwtrain.hotload.follow import HotLoadStatus, ProgressEvent, wait_for_hot_load
+from cwtrain.hotload.format import chain
+from cwtrain.hotload.format.identity import validate_identity
+from cwtrain.hotload.publish import cycle
+from cwtrain.hotload.publish.store import SnapshotStore
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
-from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
-from cwtrain.infra.models import Deployment, HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
+from cwtrain.infra.enums import PromptCachePolicy, SnapshotType
+from cwtrain.infra.models import Deployment, HotLoad, HotLoadReplica
 from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 from cwtrain.polling import Budget
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.inspect import SnapshotInfo
+    from cwtrain.hotload.files.validate import SnapshotInfo
 
 __all__ = ["HotLoadStatus", "HotLoader", "ProgressEvent"]
 
@@ -98,7 +85,7 @@ class HotLoader:
         deployment_id: the target deployment (must have ``spec.hotLoad``).
         s3: the object store, or a boto3 S3 client (wrapped); built with
             :func:`cwtrain.infra.s3.object_store` on first use.
-        timeout: default seconds per call (publish: readiness + single-flight + completion).
+        timeout: default seconds per call (publish: upload, readiness, single-flight, completion).
         poll_interval: the longest pause between polls of a hot-load (they adapt below it to how
             fast the service answers: :func:`cwtrain.polling.adaptive_pause`).
     """
@@ -162,6 +149,14 @@ class HotLoader:
         assert hot_load is not None  # refresh_deployment refuses a deployment without one
         return SnapshotStore(self.s3, hot_load.bucket, hot_load.path_prefix)
 
+    @property
+    def target(self) -> cycle.Target:
+        """What the cycle functions of :mod:`cwtrain.hotload.publish.cycle` run against."""
+        return cycle.Target(self.client, self.deployment_id, lambda: self.store, self.poll_interval)
+
+    def _budget(self, timeout: float | None) -> Budget:
+        return Budget(self.timeout if timeout is None else timeout)
+
     def snapshot_uri(self, identity: str) -> str:
         """``s3://<bucket>/<prefix>/<identity>/``."""
         return self.store.uri(identity)
@@ -196,46 +191,33 @@ class HotLoader:
                 break
         return found
 
-    def _all_newest_first(self) -> builtins.list[HotLoad]:
-        items = builtins.list(self.client.list_hot_loads(self.deployment_id))
-        # The service lists newest first; sort by createdAt to be sure (stable for ties).
-        return sorted(items, key=lambda h: h.created_at.timestamp() if h.created_at else 0.0, reverse=True)
-
     def status(self, hot_load_id: str) -> HotLoadStatus:
         """The hot-load and all its replicas."""
         return HotLoadStatus(self.client.get_hot_load(hot_load_id), self.client.list_hot_load_replicas(hot_load_id))
 
     def active_hot_load(self) -> HotLoad | None:
         """The newest unfinished hot-load of the deployment, if any."""
-        return next((h for h in self._all_newest_first() if not h.terminal), None)
+        return next((h for h in cycle.hot_loads_newest_first(self.target) if not h.terminal), None)
 
     def latest_completed(self) -> HotLoad | None:
         """The newest COMPLETED hot-load of the deployment, if any."""
-        return next((h for h in self._all_newest_first() if h.state is HotLoadState.COMPLETED), None)
+        return cycle.completed_hot_load(self.target)
 
     def completed_hot_load(self, identity: str) -> HotLoad | None:
         """The newest COMPLETED hot-load of ``identity``, if any."""
-        return next(
-            (h for h in self._all_newest_first() if h.state is HotLoadState.COMPLETED and h.identity == identity),
-            None,
-        )
+        return cycle.completed_hot_load(self.target, identity)
 
     def current_identity(self) -> str:
         """The identity of the newest COMPLETED hot-load, else ``"initial"``."""
-        latest = self.latest_completed()
+        latest = cycle.completed_hot_load(self.target)
         return latest.identity if latest is not None else "initial"
-
-    # ------------------------------------------------------------ chain accounting
 
     def chain_deltas(self, previous_identity: str) -> int | None:
         """How many deltas a new delta on ``previous_identity`` would make the chain hold.
 
         ``None`` when the predecessor's chain cannot be resolved from the listing.
         """
-        return chain.deltas_after(self._all_newest_first(), previous_identity)
-
-    def _check_chain(self, identity: str, previous_identity: str) -> None:
-        chain.check_delta_allowed(identity, previous_identity, self.chain_deltas(previous_identity))
+        return chain.deltas_after(cycle.hot_loads_newest_first(self.target), previous_identity)
 
     # --------------------------------------------------------------------- trigger
 
@@ -255,11 +237,13 @@ class HotLoader:
         """Create the hot-load of an uploaded snapshot, with single-flight handling.
 
         The type comes from ``info``, else ``snapshot_type``, else INCREMENTAL iff
-        ``previous_identity``. Does not wait for completion. With ``verify``, the stored
-        objects of ``identity`` are first read back and checked against the SHA-256 each
-        was uploaded with, and a FULL snapshot's tensors against their Adler-32s
-        (:func:`cwtrain.hotload.verify_stored.verify_stored_snapshot`; skipped when no
-        index is stored). ``cwtrain hotload trigger`` verifies unless ``--no-verify``.
+        ``previous_identity``. Does not wait for completion. A deployment that refuses the
+        hot-load because it is not READY is waited for (within ``timeout``) and asked again.
+        With ``verify``, the stored objects of ``identity`` are first read back and checked
+        against the SHA-256 each was uploaded with, and a FULL snapshot's tensors against
+        their Adler-32s (:func:`cwtrain.hotload.publish.verify.verify_stored_snapshot`;
+        skipped when no index is stored). ``cwtrain hotload trigger`` verifies unless
+        ``--no-verify``.
 
         Raises:
             SnapshotError: misuse (``previous_identity`` with ``info`` or with FULL,
@@ -267,68 +251,18 @@ class HotLoader:
             SnapshotChecksumError: with ``verify``, a stored object is not what was uploaded.
             HotLoadInProgressError: another hot-load was still running when the budget ran out.
         """
-        validate_identity(identity)
-        kind, previous = chain.resolve_type(info, previous_identity, snapshot_type)
-        incremental = None
-        if kind is SnapshotType.INCREMENTAL:
-            assert previous is not None
-            validate_identity(previous, what="previous identity", allow_reserved=previous == "initial")
-            self._check_chain(identity, previous)
-            incremental = IncrementalSnapshotMetadata(previous)
-        policy = PromptCachePolicy.parse(prompt_cache_policy)
-        if verify:
-            from cwtrain.hotload.verify_stored import verify_stored_snapshot
-
-            checked = verify_stored_snapshot(self.store, identity)
-            if checked is not None:
-                log.info("verified %s: %d objects, %d tensors", checked.uri, checked.objects, checked.tensors)
-        hot_load_id = hot_load_id or str(uuid.uuid4())
-        budget = Budget(self.timeout if timeout is None else timeout)
-        while True:
-            try:
-                return self.client.create_hot_load(
-                    self.deployment_id,
-                    identity,
-                    snapshot_type=kind,
-                    incremental=incremental,
-                    prompt_cache_policy=policy,
-                    hot_load_id=hot_load_id,
-                )
-            except FailedPreconditionError as error:
-                active = self._active_or_none()
-                if not isinstance(error, HotLoadInProgressError) and active is None:
-                    raise
-                if active is not None and active.id == hot_load_id:
-                    log.info("hot-load %s is this request's earlier attempt; adopting it", hot_load_id)
-                    return active
-                if not wait_for_active or budget.spent:
-                    raise HotLoadInProgressError(
-                        "failed_precondition",
-                        f"another hot-load ({active.id if active else 'unknown'}) of deployment "
-                        f"{self.deployment_id} is already in progress"
-                        + (f" after waiting {budget.elapsed:.0f}s" if wait_for_active else "")
-                        + "; wait for it or retry later",
-                        http_status=error.http_status,
-                    ) from None
-                if active is not None:
-                    log.info(
-                        "hot-load %s (%r) is in progress; waiting for it before creating %s",
-                        active.id,
-                        active.identity,
-                        hot_load_id,
-                    )
-                    wait_until_terminal(self.client, active.id, budget, interval=self.poll_interval)
-                else:
-                    budget.sleep(self.poll_interval)
-
-    def _active_or_none(self) -> HotLoad | None:
-        try:
-            return self.active_hot_load()
-        except (APIError, TransportError) as error:
-            if not error.transient:
-                raise
-            log.warning("cannot list hot-loads (%s)", error)
-            return None
+        return cycle.create_hot_load(
+            self.target,
+            identity,
+            info,
+            previous_identity=previous_identity,
+            snapshot_type=snapshot_type,
+            prompt_cache_policy=prompt_cache_policy,
+            hot_load_id=hot_load_id,
+            wait_for_active=wait_for_active,
+            verify=verify,
+            budget=self._budget(timeout),
+        )
 
     # ------------------------------------------------------------------------ wait
 
@@ -356,7 +290,7 @@ class HotLoader:
         return wait_for_hot_load(
             self.client,
             hot_load_id,
-            Budget(self.timeout if timeout is None else timeout),
+            self._budget(timeout),
             interval=self.poll_interval if poll_interval is None else poll_interval,
             raise_on_failure=raise_on_failure,
             on_progress=on_progress,
@@ -364,19 +298,7 @@ class HotLoader:
 
     def verify_served(self, hot_load_id: str, identity: str) -> builtins.list[HotLoadReplica]:
         """Every replica READY on ``identity``, else :class:`HotLoadVerificationError`."""
-        replicas = self.client.list_hot_load_replicas(hot_load_id)
-        problems = [
-            f"{r.name}: {r.state.name} on {r.current_snapshot_identity or '?'!r}"
-            + (f" ({r.error_reason})" if r.error_reason else "")
-            for r in replicas
-            if not r.caught_up(identity)
-        ]
-        if not replicas:
-            problems = ["no replicas listed"]
-        if problems:
-            hot_load = self.client.get_hot_load(hot_load_id)
-            raise HotLoadVerificationError(hot_load, replicas, problems)
-        return replicas
+        return cycle.verify_served(self.target, hot_load_id, identity)
 
     # ----------------------------------------------------------------- rollback
 
@@ -400,32 +322,14 @@ class HotLoader:
             UsageError: (a ``CWTrainError``) no COMPLETED hot-load of ``identity`` on this deployment.
             SnapshotError: its objects (or its chain's) are gone from the bucket.
         """
-        validate_identity(identity)
-        prior = self.completed_hot_load(identity)
-        if prior is None:
-            raise UsageError(
-                f"no COMPLETED hot-load of {identity!r} on deployment {self.deployment_id}; "
-                "only identities that were served can be rolled back to (see `cwtrain hotload list`)"
-            )
-        chain = [ref.identity for ref in prior.snapshot_chain] or [identity]
-        store = self.store
-        missing = [ident for ident in chain if not store.index_exists(ident)]
-        if missing:
-            raise SnapshotError(
-                f"cannot roll back to {identity!r}: the snapshot objects of {', '.join(map(repr, missing))} are gone "
-                f"from s3://{store.bucket}/{store.path_prefix}; publish the weights again under a new identity"
-            )
-        budget = Budget(self.timeout if timeout is None else timeout)
-        policy = prompt_cache_policy if prompt_cache_policy is not None else prior.prompt_cache_policy
-        hot_load = self.trigger(
+        return cycle.rollback(
+            self.target,
             identity,
-            snapshot_type=prior.type,
-            previous_identity=prior.previous_identity,
-            prompt_cache_policy=policy,
+            prompt_cache_policy=prompt_cache_policy,
             hot_load_id=hot_load_id,
-            timeout=budget.remaining,
+            wait=wait,
+            budget=self._budget(timeout),
         )
-        return self.wait(hot_load.id, timeout=budget.remaining) if wait else hot_load
 
     # ------------------------------------------------------------------ publish
 
@@ -451,23 +355,16 @@ class HotLoader:
                 snapshot's total) a few times a second, and once when every byte is stored
                 (a :class:`cwtrain.progress.ByteProgress` renders them).
         """
-        from cwtrain.hotload.inspect import SnapshotInfo, inspect_snapshot
-
-        validate_identity(identity)
-        if isinstance(checkpoint, SnapshotInfo):
-            if previous_identity is not None:
-                raise SnapshotError("pass previous_identity to inspect_snapshot, not together with its SnapshotInfo")
-            info = checkpoint
-        else:
-            info = inspect_snapshot(os.fspath(checkpoint), previous_identity=previous_identity)
-        kind, previous = chain.resolve_type(info, None, None)
-        if kind is SnapshotType.INCREMENTAL and previous:
-            self._check_chain(identity, previous)
-        events = UploadProgress(identity, info.total_bytes, on_progress) if on_progress is not None else None
-        self.store.upload(info, identity, workers=workers, on_progress=events)
-        if events is not None:
-            events.finish()
-        return info
+        stored = cycle.upload_directory(
+            self.target,
+            checkpoint,
+            identity,
+            previous_identity=previous_identity,
+            workers=workers,
+            on_progress=on_progress,
+        )
+        assert stored.info is not None  # a directory upload is inspected first
+        return stored.info
 
     def publish(
         self,
@@ -489,12 +386,12 @@ class HotLoader:
         Args:
             checkpoint: a snapshot directory (FULL checkpoint or delta), its
                 ``SnapshotInfo``, or in-memory tensors (name → numpy array / torch tensor /
-                :class:`~cwtrain.hotload.tensors.TensorData`; numpy has no bfloat16, so BF16
+                :class:`~cwtrain.hotload.format.tensors.TensorData`; numpy has no bfloat16, so BF16
                 bytes go over as ``TensorData("BF16", shape, raw_bytes)``). Tensors are
-                checked first (:func:`~cwtrain.hotload.tensors.check_published_tensors`): a
+                checked first (:func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`): a
                 delta must keep the served dtypes, a FULL snapshot needs ``config.json`` in
                 ``extra_files``, and tensors in another dtype than its ``torch_dtype`` give a
-                :class:`~cwtrain.hotload.tensors.DtypeWarning`.
+                :class:`~cwtrain.hotload.publish.tensor_checks.DtypeWarning`.
             identity: the new snapshot identity.
             previous_identity: the predecessor (a delta directory's default comes from
                 its index; for tensors it makes the snapshot a delta against ``base``).
@@ -512,43 +409,20 @@ class HotLoader:
             extra_files: for tensors: other files of the snapshot, name → bytes, uploaded
                 beside the shards; a FULL snapshot needs ``config.json`` (the served model's).
         """
-        budget = Budget(self.timeout if timeout is None else timeout)
-        validate_identity(identity)
-        if previous_identity:  # before anything is listed, encoded or uploaded
-            validate_identity(
-                previous_identity, what="previous identity", allow_reserved=previous_identity == "initial"
-            )
-        info: SnapshotInfo | None = None
-        if isinstance(checkpoint, Mapping):
-            if previous_identity:
-                self._check_chain(identity, previous_identity)
-            kind = self.store.upload_tensors(
-                checkpoint,
-                identity,
-                previous_identity=previous_identity,
-                base=base,
-                workers=workers,
-                extra_files=extra_files,
-            )
-        else:
-            info = self.upload(
-                checkpoint, identity, previous_identity=previous_identity, workers=workers, on_progress=on_progress
-            )
-            previous_identity = None
-            kind = None
-        self.wait_for_deployment_ready(timeout=max(budget.remaining, 1e-3))
-        hot_load = self.trigger(
+        return cycle.publish_snapshot(
+            self.target,
+            checkpoint,
             identity,
-            info,
             previous_identity=previous_identity,
-            snapshot_type=kind,
             prompt_cache_policy=prompt_cache_policy,
+            wait=wait,
+            budget=self._budget(timeout),
+            workers=workers,
+            on_progress=on_progress,
+            base=base,
             hot_load_id=hot_load_id,
-            timeout=budget.remaining,
+            extra_files=extra_files,
         )
-        if not wait:
-            return hot_load
-        return self.wait(hot_load.id, timeout=max(budget.remaining, 1e-3), on_progress=on_progress)
 
     def publish_diff(
         self,
@@ -589,21 +463,22 @@ class HotLoader:
                 shapes (publish FULL instead), or nothing changed (an empty delta is never
                 published).
         """
-        from cwtrain.hotload.delta import open_checkpoint, write_delta
+        from cwtrain.hotload.files.checkpoint import open_checkpoint
+        from cwtrain.hotload.files.write import write_delta
 
         validate_identity(identity)
         validate_identity(previous_identity, what="previous identity", allow_reserved=previous_identity == "initial")
+        target, budget = self.target, self._budget(timeout)
         options: dict[str, Any] = {
-            "previous_identity": previous_identity,
             "prompt_cache_policy": prompt_cache_policy,
             "wait": wait,
-            "timeout": timeout,
+            "budget": budget,
             "workers": workers,
             "on_progress": on_progress,
             "hot_load_id": hot_load_id,
         }
         if keep is not None:
-            self._check_chain(identity, previous_identity)  # before the delta is written
+            cycle.check_chain(target, identity, previous_identity)  # before the delta is written
             stats = write_delta(
                 os.fspath(base),
                 os.fspath(checkpoint),
@@ -616,10 +491,12 @@ class HotLoader:
                     f"no tensor changed between {base} and {checkpoint}: an empty delta is never published "
                     f"(its index is in {keep}); keep serving {previous_identity!r}"
                 )
-            return self.publish(keep, identity, **options)
+            return cycle.publish_snapshot(target, keep, identity, previous_identity=previous_identity, **options)
         with open_checkpoint(os.fspath(base)) as old, open_checkpoint(os.fspath(checkpoint)) as new:
             log.info("encoding the delta %s -> %s as %r on %r", old.path, new.path, identity, previous_identity)
-            return self.publish(new.tensors, identity, base=old.tensors, **options)
+            return cycle.publish_snapshot(
+                target, new.tensors, identity, previous_identity=previous_identity, base=old.tensors, **options
+            )
 
     # ---------------------------------------------------------------- manifests
 

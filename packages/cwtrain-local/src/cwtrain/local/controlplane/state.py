@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cwtrain.hotload.format import INDEX_NAME
-from cwtrain.hotload.identity import snapshot_prefix
+from cwtrain.hotload.format.identity import snapshot_prefix
+from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.local.controlplane.pages import Paginator, page_size
 from cwtrain.local.controlplane.records import DeploymentRecord, GatewayRecord, HotLoadRecord, ReplicaRecord
 from cwtrain.local.controlplane.resources import (

@@ -53,8 +53,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from cwtrain.hotload.chain import MAX_FULL_EVERY, ChainCadence
-from cwtrain.hotload.identity import version_identity
+from cwtrain.hotload.format.identity import version_identity
+from cwtrain.hotload.publish.cadence import MAX_FULL_EVERY, ChainCadence
 from cwtrain.local.demo.report import PASS_RULE, TASK, LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     import torch
 
     from cwtrain.hotload import HotLoader
-    from cwtrain.hotload.identity import snapshot_prefix
+    from cwtrain.hotload.format.identity import snapshot_prefix
     from cwtrain.infra import InferenceClient, lifecycle
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack

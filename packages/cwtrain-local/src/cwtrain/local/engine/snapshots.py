@@ -10,11 +10,11 @@ built from them). This module builds new ones without touching the served copy:
 - :func:`plan_chain` — which snapshots of a resolved chain (oldest first, starting at a
   FULL) must be applied: only the deltas after the served identity when it is in the chain,
   else the last FULL and every delta after it (at most
-  :data:`cwtrain.hotload.chain.MAX_CHAIN_DELTAS`).
+  :data:`cwtrain.hotload.format.chain.MAX_CHAIN_DELTAS`).
 - :func:`apply_chain` — reads every index first and checks ``xor``/``zstd``/``adler32`` and
   the ``version``/``base_version`` links before anything is decoded, then applies FULL and
-  deltas with the codec (:func:`cwtrain.hotload.codec.load_full` and
-  :func:`cwtrain.hotload.codec.apply_delta`, which verify every Adler-32). Any error leaves
+  deltas with the codec (:func:`cwtrain.hotload.codec.encode.load_full` and
+  :func:`cwtrain.hotload.codec.encode.apply_delta`, which verify every Adler-32). Any error leaves
   the served weights untouched.
 
 Every snapshot object (index and shards) is checked as it is read, as a strict engine
@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
-from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
-from cwtrain.hotload.decode import apply_delta, load_full
-from cwtrain.hotload.format import (
+from cwtrain.hotload.codec.decode import apply_delta, load_full
+from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
+from cwtrain.hotload.format.identity import snapshot_prefix
+from cwtrain.hotload.format.index import (
     INDEX_NAME,
     SINGLE_FILE_NAME,
     check_delta_metadata,
@@ -45,9 +46,8 @@ from cwtrain.hotload.format import (
     is_delta_index,
     parse_index,
 )
-from cwtrain.hotload.identity import snapshot_prefix
-from cwtrain.hotload.objects import SHA256_METADATA
-from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.format.tensors import TensorData
+from cwtrain.hotload.publish.object_writer import SHA256_METADATA
 from cwtrain.local.engine.model import (
     CONFIG_FILE,
     ModelConfig,
@@ -144,7 +144,7 @@ class SnapshotSource:
         return index, self.read_shards(identity, index)
 
     def read_index(self, identity: str) -> dict[str, Any]:
-        """The parsed index (:data:`~cwtrain.hotload.format.INDEX_NAME`) of snapshot ``identity``."""
+        """The parsed index (:data:`~cwtrain.hotload.format.index.INDEX_NAME`) of snapshot ``identity``."""
         raw = self._get(self.bucket, self._key(identity, INDEX_NAME), require_sha256=True)
         return parse_index(raw, source=f"index of snapshot {identity!r}")
 
@@ -180,7 +180,7 @@ def plan_chain(current: str | None, chain: Sequence[ChainLink]) -> tuple[ChainLi
 
     Raises:
         SnapshotError: The chain is empty, does not start at a FULL, or a cold replay would
-            apply more than :data:`cwtrain.hotload.chain.MAX_CHAIN_DELTAS` deltas.
+            apply more than :data:`cwtrain.hotload.format.chain.MAX_CHAIN_DELTAS` deltas.
     """
     if not chain:
         raise SnapshotError("the hot-load chain is empty")

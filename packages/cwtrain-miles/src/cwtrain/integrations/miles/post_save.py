@@ -101,7 +101,7 @@ class PostSavePublisher:
             one ``hotload/*`` record per version handled: the baseline's (first call only),
             then this export's.
         """
-        from cwtrain.hotload.delta import write_delta
+        from cwtrain.hotload.files.write import write_delta
 
         records: list[dict[str, float]] = []
         if self._previous is None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
 from cwtrain.errors import ConfigError
-from cwtrain.hotload.chain import full_every_from_env
+from cwtrain.hotload.publish.cadence import full_every_from_env
 from cwtrain.integrations.rollout import RolloutConfig
 from cwtrain.integrations.rollout.config import FIELD_VARIABLES
 

@@ -11,9 +11,9 @@ share did not change writes nothing.
 
 On each rank, :class:`RankPublisher` keeps the served copy of its share where the
 tensors live (on the GPU when they are there): deltas XOR against it on the device
-(:class:`cwtrain.hotload.torch.TorchDeltaEncoder`), only the XOR of changed tensors is
+(:class:`cwtrain.hotload.codec.device.TorchDeltaEncoder`), only the XOR of changed tensors is
 copied to the host, compressed and uploaded with
-:meth:`cwtrain.hotload.upload.SnapshotUpload.finish_share` (no index, nothing on disk).
+:meth:`cwtrain.hotload.publish.upload.SnapshotUpload.finish_share` (no index, nothing on disk).
 The served copy advances only on :meth:`RankPublisher.commit`, after the hot-load
 completed. The driver merges the ranks' :class:`ShareResult` objects and commits the
 index last with :func:`commit_index`. :func:`hf_side_files` picks the small files of an HF
@@ -32,11 +32,11 @@ from typing import Any
 import torch
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.codec import ShardSink, delta_shard_header
-from cwtrain.hotload.distributed import commit_shared_index, merge_weight_maps
-from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, SnapshotFile, full_shard_name, shard_name
-from cwtrain.hotload.torch import TorchDeltaEncoder, tensor_data
-from cwtrain.hotload.upload import SnapshotUpload
+from cwtrain.hotload.codec.device import TorchDeltaEncoder, tensor_data
+from cwtrain.hotload.codec.encode import ShardSink, delta_shard_header
+from cwtrain.hotload.format.index import DEFAULT_SHARD_BYTES, SnapshotFile, full_shard_name, shard_name
+from cwtrain.hotload.publish.distributed import commit_shared_index, merge_weight_maps
+from cwtrain.hotload.publish.upload import SnapshotUpload
 from cwtrain.infra.s3 import ObjectStoreLike
 
 __all__ = ["PublishPlan", "RankPublisher", "ShareResult", "commit_index", "hf_side_files", "owned_layout"]

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import ConfigError, SnapshotError
-from cwtrain.hotload.chain import ChainCadence
-from cwtrain.hotload.identity import version_identity
+from cwtrain.hotload.format.identity import version_identity
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.manifest import snapshot_manifest
+from cwtrain.hotload.publish.cadence import ChainCadence
+from cwtrain.hotload.publish.manifest import snapshot_manifest
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, SnapshotType
 from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.config import HotLoadSettings
@@ -139,7 +139,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         return self._served
 
     def identity_for(self, version: int) -> str:
-        """``<run_id>-v{N:06d}`` (:func:`cwtrain.hotload.identity.version_identity`)."""
+        """``<run_id>-v{N:06d}`` (:func:`cwtrain.hotload.format.identity.version_identity`)."""
         return version_identity(self.settings.run_id, version)
 
     def sync_weights(self, *, timer: object | None = None, kv_scales: Mapping[str, float] | None = None) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from cwtrain.hotload.torch import tensor_data
+from cwtrain.hotload.codec.device import tensor_data
 from cwtrain.integrations.nemo_rl.publish import PublishPlan, RankPublisher, ShareResult, hf_side_files
 
 __all__ = ["HotLoadWorkerMixin"]
@@ -115,7 +115,7 @@ class HotLoadWorkerMixin:
         Returns:
             ``path`` on rank 0, ``None`` elsewhere.
         """
-        from cwtrain.hotload.codec import DeltaEncoder
+        from cwtrain.hotload.codec.encode import DeltaEncoder
 
         rank, _ = self.cwtrain_rank()
         tensors = {}

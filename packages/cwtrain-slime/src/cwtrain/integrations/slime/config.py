@@ -40,7 +40,7 @@ from typing import Any
 
 from cwtrain.config import env_bool, env_float, env_int, env_str
 from cwtrain.errors import ConfigError
-from cwtrain.hotload.chain import check_full_every, full_every_from_env
+from cwtrain.hotload.publish.cadence import check_full_every, full_every_from_env
 from cwtrain.infra.enums import PromptCachePolicy
 
 __all__ = [

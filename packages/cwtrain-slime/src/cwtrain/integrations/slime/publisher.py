@@ -37,19 +37,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.errors import CWTrainError, SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.chain import ChainCadence
-from cwtrain.hotload.format import INDEX_NAME, read_index_file
-from cwtrain.hotload.identity import version_identity
-from cwtrain.hotload.manifest import snapshot_manifest
+from cwtrain.hotload.format.identity import version_identity
+from cwtrain.hotload.format.index import INDEX_NAME, read_index_file
+from cwtrain.hotload.publish.cadence import ChainCadence
+from cwtrain.hotload.publish.manifest import snapshot_manifest
 from cwtrain.infra.enums import HotLoadState
 from cwtrain.integrations.nvext import write_served_identity
 
 from .config import HookConfig, check_delta_args
 
 if TYPE_CHECKING:
+    from cwtrain.hotload.files.mirror import DeltaReport, WeightMirror
+    from cwtrain.hotload.format.tensors import TensorData
     from cwtrain.hotload.loader import HotLoader, ProgressEvent
-    from cwtrain.hotload.mirror import DeltaReport, WeightMirror
-    from cwtrain.hotload.tensors import TensorData
     from cwtrain.infra.enums import PromptCachePolicy
     from cwtrain.infra.models import HotLoad, HotLoadReplica
 
@@ -234,7 +234,7 @@ class SlimePublisher:
         metrics: dict[str, float] = {"baseline_skipped": 0.0, "chain_cut": 1.0, "incremental": 0.0}
 
         started = time.perf_counter()
-        from cwtrain.hotload.delta import checkpoint_checksums
+        from cwtrain.hotload.files.write import checkpoint_checksums
 
         checksums = dict(checkpoint_checksums(hf_dir))
         metrics["stage_seconds"] = time.perf_counter() - started
@@ -262,7 +262,7 @@ class SlimePublisher:
 
         if self.config.use_mirror:
             started = time.perf_counter()
-            from cwtrain.hotload.mirror import WeightMirror
+            from cwtrain.hotload.files.mirror import WeightMirror
 
             # in host memory: one copy of the served weights, never a second model on disk
             self._mirror = WeightMirror.create(hf_dir, None, version="000000", checksums=checksums)

@@ -8,7 +8,7 @@ hands the HF-named tensors each rank gathers, chunk by chunk, to a :class:`Tenso
 * each chunk (at most ``--update-weight-buffer-size`` bytes, as slime's own updaters gather
   them) is XORed against the rank's served copy and encoded, then let go before the next
   one is gathered, so the device never holds more than one chunk of gathered tensors
-  (:mod:`cwtrain.hotload.torch` on the device where available, else the numpy codec after
+  (:mod:`cwtrain.hotload.codec.device` on the device where available, else the numpy codec after
   one copy to host memory);
 * shard numbers are agreed over ``torch.distributed`` (slime's gloo group), every rank
   uploads its own shards, and rank 0 commits the index and runs the hot-load;
@@ -38,20 +38,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.errors import CWTrainError, SnapshotError, UsageError
-from cwtrain.hotload.chain import ChainCadence
-from cwtrain.hotload.codec import ShardSink
-from cwtrain.hotload.identity import version_identity
+from cwtrain.hotload.codec.encode import ShardSink
+from cwtrain.hotload.format.identity import version_identity
+from cwtrain.hotload.publish.cadence import ChainCadence
 from cwtrain.infra.enums import HotLoadState
 
 from .config import HookConfig
 from .publisher import SlimePublisher, build_loader
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.codec import DeltaEncoder
-    from cwtrain.hotload.format import SnapshotFile
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+    from cwtrain.hotload.format.index import SnapshotFile
+    from cwtrain.hotload.format.tensors import TensorData
     from cwtrain.hotload.loader import HotLoader, ProgressEvent
-    from cwtrain.hotload.store import SnapshotStore
-    from cwtrain.hotload.tensors import TensorData
+    from cwtrain.hotload.publish.store import SnapshotStore
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -147,17 +147,17 @@ def _is_torch(tensor: Any) -> bool:
 
 
 def _host_copy(name: str, tensor: Any) -> TensorData:
-    """A host-memory :class:`~cwtrain.hotload.tensors.TensorData` *copy* of ``tensor``.
+    """A host-memory :class:`~cwtrain.hotload.format.tensors.TensorData` *copy* of ``tensor``.
 
     A copy, never a view: the trainer updates its parameters in place, and the served copy
     must keep the bytes the replicas hold.
     """
     import numpy as np
 
-    from cwtrain.hotload.tensors import FileRegion, TensorData, as_tensor_data
+    from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
 
     if _is_torch(tensor):
-        from cwtrain.hotload.torch import safetensors_dtype
+        from cwtrain.hotload.codec.device import safetensors_dtype
 
         host = tensor.detach().contiguous().to("cpu", copy=True)
         return TensorData(
@@ -183,7 +183,7 @@ def _nbytes(tensor: Any) -> int:
 
 def _checkpoint_names(hf_checkpoint: str) -> set[str]:
     """The tensor names of ``--hf-checkpoint`` (headers only)."""
-    from cwtrain.hotload.delta import open_checkpoint
+    from cwtrain.hotload.files.checkpoint import open_checkpoint
 
     with open_checkpoint(hf_checkpoint) as checkpoint:
         return set(checkpoint.tensors)
@@ -193,8 +193,8 @@ def _read_base(hf_checkpoint: str, names: Iterable[str]) -> dict[str, TensorData
     """This rank's tensors as served at the baseline: read from ``--hf-checkpoint`` into host memory."""
     import numpy as np
 
-    from cwtrain.hotload.delta import open_checkpoint
-    from cwtrain.hotload.tensors import FileRegion, TensorData
+    from cwtrain.hotload.files.checkpoint import open_checkpoint
+    from cwtrain.hotload.format.tensors import FileRegion, TensorData
 
     wanted = set(names)
     out: dict[str, TensorData] = {}
@@ -394,7 +394,7 @@ class TensorPublisher:
     def _encode_chunk(self, snap: _RankSnapshot, chunk: Chunk, encoder: DeltaEncoder, torch_encoder: Any) -> None:
         """Encode one chunk into ``snap``; the served copy takes the chunk's changed tensors.
 
-        Torch tensors are XORed where they live (:class:`~cwtrain.hotload.torch.TorchDeltaEncoder`,
+        Torch tensors are XORed where they live (:class:`~cwtrain.hotload.codec.device.TorchDeltaEncoder`,
         byte-identical to the numpy codec); anything else goes through the numpy codec. A
         FULL keeps host copies (they become the served copy).
         """
@@ -421,7 +421,7 @@ class TensorPublisher:
         self, chunks: Iterable[Chunk], *, full: bool
     ) -> tuple[_RankSnapshot, list[SnapshotFile], dict[str, str]]:
         """This rank's snapshot, chunk by chunk: its files and weight map (unnumbered names)."""
-        from cwtrain.hotload.codec import DeltaEncoder
+        from cwtrain.hotload.codec.encode import DeltaEncoder
 
         snap = _RankSnapshot(full)
         with DeltaEncoder() as encoder:
@@ -440,7 +440,7 @@ class TensorPublisher:
         return snap, files, weight_map
 
     def _publish(self, identity: str, chunks: Iterable[Chunk], *, full: bool) -> dict[str, float] | None:
-        from cwtrain.hotload.format import SnapshotFile, full_shard_name, shard_name
+        from cwtrain.hotload.format.index import SnapshotFile, full_shard_name, shard_name
 
         metrics: dict[str, float] = {"hotload/chain_cut": float(full), "hotload/incremental": 0.0}
         started = time.perf_counter()
@@ -514,7 +514,7 @@ class TensorPublisher:
 
     def _shared_store(self) -> SnapshotStore:
         """The deployment's snapshot store: resolved on rank 0, its bucket and prefix shared with every rank."""
-        from cwtrain.hotload.store import SnapshotStore
+        from cwtrain.hotload.publish.store import SnapshotStore
 
         target: tuple[str, str] | str | None = None
         store: SnapshotStore | None = None
@@ -545,7 +545,7 @@ class TensorPublisher:
         self, identity: str, results: list[_RankResult], *, full: bool, metrics: dict[str, float], upload_started: float
     ) -> None:
         """Rank 0: write the index over every rank's shards, then hot-load."""
-        from cwtrain.hotload.distributed import commit_shared_index, merge_weight_maps
+        from cwtrain.hotload.publish.distributed import commit_shared_index, merge_weight_maps
         from cwtrain.infra.enums import SnapshotType
 
         weight_map = merge_weight_maps(r.weight_map for r in results)
@@ -593,9 +593,9 @@ class TensorPublisher:
 
 
 def _torch_encoder(encoder: DeltaEncoder) -> Any:
-    """A :class:`~cwtrain.hotload.torch.TorchDeltaEncoder` on ``encoder``'s pool, or ``None`` without torch."""
+    """A :class:`~cwtrain.hotload.codec.device.TorchDeltaEncoder` on ``encoder``'s pool, or ``None`` without torch."""
     if "torch" not in sys.modules:  # nothing gathered torch tensors in this process
         return None
-    from cwtrain.hotload.torch import TorchDeltaEncoder
+    from cwtrain.hotload.codec.device import TorchDeltaEncoder
 
     return TorchDeltaEncoder(encoder)

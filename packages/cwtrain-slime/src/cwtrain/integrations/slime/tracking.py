@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from cwtrain.hotload.identity import version_identity
+from cwtrain.hotload.format.identity import version_identity
 
 __all__ = ["IDENTITY_KEY", "STEP_KEY", "log_metrics"]
 

@@ -25,13 +25,12 @@ whatever ``workers`` or ``memory_budget``.
 ``encode_full(tensors)`` writes a FULL snapshot with every tensor's Adler-32 in the
 shard ``__metadata__`` (spec 3.3).
 
-Decoding (apply, verify, replay) lives in :mod:`cwtrain.hotload.decode`.
+Decoding (apply, verify, replay) lives in :mod:`cwtrain.hotload.codec.decode`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections import deque
@@ -44,14 +43,12 @@ import numpy as np
 import zstandard
 
 from cwtrain.closing import Closing
-from cwtrain.config import env_int
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.decode import (
-    U8Array,
-    as_uint8,
-    default_workers,
-)
-from cwtrain.hotload.format import (
+from cwtrain.hotload.codec.common import default_workers, memory_budget_from_env
+from cwtrain.hotload.codec.stages import Mark, StageStats
+from cwtrain.hotload.format.checksum import adler32, checksum_metadata, tensor_adler32
+from cwtrain.hotload.format.fileio import pread_into
+from cwtrain.hotload.format.index import (
     CHECKSUM_FORMAT,
     COMPRESSION_FORMAT,
     DEFAULT_SHARD_BYTES,
@@ -59,21 +56,17 @@ from cwtrain.hotload.format import (
     INDEX_NAME,
     SINGLE_FILE_NAME,
     SnapshotFile,
-    adler32,
-    checksum_metadata,
     full_shard_name,
     local_index_bytes,
     serialize_index,
     shard_name,
     upload_index_bytes,
 )
-from cwtrain.hotload.safetensors import TensorEntry, dtype_nbytes, encode_header
-from cwtrain.hotload.stages import Mark, StageStats
-from cwtrain.hotload.tensors import FileRegion, TensorData
+from cwtrain.hotload.format.safetensors import TensorEntry, dtype_nbytes, encode_header
+from cwtrain.hotload.format.tensors import FileRegion, TensorData, U8Array, as_uint8
 
 __all__ = [
     "BIG_TENSOR_BYTES",
-    "DEFAULT_MEMORY_BUDGET",
     "DeltaEncoder",
     "EncodeStats",
     "EncodedSnapshot",
@@ -83,11 +76,8 @@ __all__ = [
     "TensorResult",
     "check_compatible",
     "delta_shard_header",
-    "memory_budget_from_env",
-    "tensor_adler32",
 ]
 
-DEFAULT_MEMORY_BUDGET = 1 << 30
 #: Tensors above this size compress with zstd's worker threads (one frame still).
 #: Part of the output definition: changing it changes the bytes of big frames.
 BIG_TENSOR_BYTES = 256 << 20
@@ -100,18 +90,7 @@ _GROUP_BYTES = 1 << 20
 _MAX_PENDING = 1024
 
 
-def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """``CWTRAIN_HOTLOAD_MEMORY_BUDGET`` in bytes (default 1 GiB, at least 1 MiB)."""
-    return env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET, environ, minimum=1 << 20)
-
-
 TensorSource = Buffer | FileRegion
-
-
-def _nbytes(source: TensorSource) -> int:
-    if isinstance(source, FileRegion):
-        return source.nbytes
-    return memoryview(source).nbytes
 
 
 # ------------------------------------------------------------------------------ encode
@@ -190,7 +169,7 @@ class ShardSink:
     """Receives changed tensors in ascending name order and packs them into shards.
 
     The default keeps frames in memory and builds :class:`SnapshotFile` objects;
-    :mod:`cwtrain.hotload.delta` subclasses it to stream shards to disk.
+    :mod:`cwtrain.hotload.files.write` subclasses it to stream shards to disk.
     """
 
     def __init__(self, shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
@@ -265,12 +244,7 @@ class _ThreadState(threading.local):
 def _read(source: TensorSource, offset: int, length: int, scratch: U8Array) -> U8Array:
     if isinstance(source, FileRegion):
         view = scratch[:length]
-        done = 0
-        while done < length:
-            got = os.preadv(source.fd, [memoryview(view)[done:]], source.offset + offset + done)
-            if got <= 0:
-                raise SnapshotError(f"file ended early while reading {length} bytes at {source.offset + offset}")
-            done += got
+        pread_into(source.fd, view, source.offset + offset, source=source.source)
         return view
     return as_uint8(source)[offset : offset + length]
 
@@ -368,7 +342,7 @@ class DeltaEncoder(Closing):
             sink: where shards go (default: memory).
             on_progress: called with raw bytes done as tensors finish.
             stats: where to record the ``read``, ``xor``, ``adler`` and ``zstd`` stages
-                (:mod:`cwtrain.hotload.stages`); nothing is measured without it.
+                (:mod:`cwtrain.hotload.codec.stages`); nothing is measured without it.
 
         Raises:
             SnapshotError: tensor sets, dtypes, shapes or sizes differ (publish FULL).
@@ -396,7 +370,7 @@ class DeltaEncoder(Closing):
     ) -> EncodedSnapshot:
         """Pack per-tensor results (ascending names) into shards and the index.
 
-        Shared by the numpy path and :mod:`cwtrain.hotload.torch`, so both give the same bytes.
+        Shared by the numpy path and :mod:`cwtrain.hotload.codec.device`, so both give the same bytes.
         """
         sink = sink if sink is not None else ShardSink(self.shard_bytes)
         checksums: dict[str, int] = {}
@@ -492,7 +466,7 @@ class DeltaEncoder(Closing):
         def task(name: str) -> TensorResult:
             tensor = tensors[name]
             mark = stats.clock() if stats is not None else (0.0, 0.0)
-            value = _adler_of(tensor.data, self._state)
+            value = tensor_adler32(tensor.data, self._state.new_chunk)
             if stats is not None:
                 stats.lap("adler", tensor.nbytes, mark)
             return TensorResult(name, tensor.nbytes, value, None)
@@ -769,22 +743,6 @@ def _groups(names: Sequence[str], cost: Callable[[str], int]) -> Iterator[tuple[
 def _append(pieces: list[Buffer], chunk: bytes) -> None:
     if chunk:
         pieces.append(chunk)
-
-
-def tensor_adler32(data: TensorSource) -> int:
-    """Adler-32 of a tensor's bytes (a :class:`FileRegion` is streamed in chunks)."""
-    return _adler_of(data, _ThreadState())
-
-
-def _adler_of(data: TensorSource, state: _ThreadState) -> int:
-    n = _nbytes(data)
-    if not isinstance(data, FileRegion):
-        return adler32(as_uint8(data))
-    value = 1
-    for offset in range(0, n, _CHUNK):
-        length = min(_CHUNK, n - offset)
-        value = adler32(_read(data, offset, length, state.new_chunk), value)
-    return value
 
 
 def _checked_size(tensor: TensorData, where: str) -> int:

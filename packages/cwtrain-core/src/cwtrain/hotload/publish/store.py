@@ -24,24 +24,62 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload import manifest
-from cwtrain.hotload.format import INDEX_NAME, SnapshotFile
-from cwtrain.hotload.identity import snapshot_prefix
-from cwtrain.hotload.tensors import check_published_tensors, to_tensor_data
+from cwtrain.hotload.format.identity import snapshot_prefix
+from cwtrain.hotload.format.index import INDEX_NAME, SnapshotFile
+from cwtrain.hotload.format.tensors import to_tensor_data
+from cwtrain.hotload.publish import manifest
+from cwtrain.hotload.publish.tensor_checks import check_published_tensors
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.inspect import SnapshotInfo
-    from cwtrain.hotload.stages import StageStats
-    from cwtrain.hotload.upload import SnapshotUpload
+    from cwtrain.hotload.codec.stages import StageStats
+    from cwtrain.hotload.files.validate import SnapshotInfo
+    from cwtrain.hotload.publish.upload import SnapshotUpload, UploadedFile
 
-__all__ = ["SnapshotStore"]
+__all__ = ["SnapshotStore", "StoredSnapshot"]
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """What an upload stored.
+
+    Attributes:
+        uri: ``s3://<bucket>/<P>/<identity>/``; ``None`` when nothing was stored (an empty delta).
+        snapshot_type: FULL or INCREMENTAL.
+        snapshot_bytes: bytes of every object of the snapshot (shards, side files, index).
+        wire_bytes: bytes this upload sent (less when a retry found objects already stored).
+        tensors_changed: tensors the snapshot holds (a delta's changed ones); ``None`` unknown.
+        bytes_changed: raw bytes of those tensors.
+        checksums: the Adler-32 (8 hex) of every tensor of the full weights at this
+            snapshot, when the encoder computed them.
+        info: the inspected directory, for a directory upload.
+    """
+
+    uri: str | None
+    snapshot_type: SnapshotType
+    snapshot_bytes: int = 0
+    wire_bytes: int = 0
+    tensors_changed: int | None = None
+    bytes_changed: int = 0
+    checksums: Mapping[str, str] | None = field(default=None, repr=False)
+    info: SnapshotInfo | None = field(default=None, repr=False)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing was stored (an empty delta is never published)."""
+        return self.uri is None
+
+    @staticmethod
+    def sizes(files: Iterable[UploadedFile]) -> tuple[int, int]:
+        """``(snapshot bytes, wire bytes)`` of uploaded files."""
+        items = list(files)
+        return sum(f.size for f in items), sum(f.size for f in items if f.outcome == "uploaded")
 
 
 @dataclass(frozen=True, init=False)
@@ -85,26 +123,41 @@ class SnapshotStore:
         *,
         workers: int = 8,
         on_progress: Callable[[int], None] | None = None,
-    ) -> str:
-        """Upload a snapshot directory (or its ``SnapshotInfo``) under ``identity``; returns the URI."""
-        from cwtrain.hotload.upload import upload_snapshot
+    ) -> StoredSnapshot:
+        """Upload a snapshot directory (or its ``SnapshotInfo``) under ``identity``."""
+        from cwtrain.hotload.files.validate import SnapshotInfo, inspect_snapshot
+        from cwtrain.hotload.publish.upload import upload_snapshot
 
-        return upload_snapshot(
-            snapshot,
+        info = snapshot if isinstance(snapshot, SnapshotInfo) else inspect_snapshot(snapshot)
+        files: list[UploadedFile] = []
+        uri = upload_snapshot(
+            info,
             bucket=self.bucket,
             identity=identity,
             path_prefix=self.path_prefix,
             s3=self.s3,
             workers=workers,
             on_progress=on_progress,
+            on_file=files.append,
         )
+        total, sent = StoredSnapshot.sizes(files)
+        return StoredSnapshot(uri, SnapshotType.parse(info.type), total, sent, info=info)
 
-    def open_upload(self, identity: str, *, workers: int = 8) -> SnapshotUpload:
-        """A streaming upload of ``identity`` (a context manager: ``add`` files, then ``commit`` the index)."""
-        from cwtrain.hotload.upload import SnapshotUpload
+    def open_upload(self, identity: str, *, workers: int = 8, shared_files: Iterable[str] = ()) -> SnapshotUpload:
+        """A streaming upload of ``identity`` (a context manager: ``add`` files, then ``commit`` the index).
+
+        ``shared_files`` names files other writers store (a distributed publish's shards),
+        which the commit requires before it writes the index.
+        """
+        from cwtrain.hotload.publish.upload import SnapshotUpload
 
         return SnapshotUpload(
-            self.s3, bucket=self.bucket, identity=identity, path_prefix=self.path_prefix, workers=workers
+            self.s3,
+            bucket=self.bucket,
+            identity=identity,
+            path_prefix=self.path_prefix,
+            workers=workers,
+            shared_files=list(shared_files),
         )
 
     def upload_tensors(
@@ -117,8 +170,9 @@ class SnapshotStore:
         workers: int = 8,
         extra_files: Mapping[str, bytes] | None = None,
         stats: StageStats | None = None,
-    ) -> SnapshotType:
-        """Encode in-memory tensors and upload them under ``identity``; returns the snapshot type.
+        allow_empty: bool = False,
+    ) -> StoredSnapshot:
+        """Encode in-memory tensors and upload them under ``identity``; returns what was stored.
 
         FULL (with checksums) when ``previous_identity`` is ``None``; else an XOR delta
         against ``base``. Tensors may be numpy arrays, torch tensors or ``TensorData``;
@@ -143,19 +197,21 @@ class SnapshotStore:
             extra_files: other files of the snapshot (name → bytes); a FULL snapshot needs
                 ``config.json``.
             stats: where to record the ``gather``, ``read``, ``xor``, ``adler``, ``zstd``
-                and ``sha256`` stages (:mod:`cwtrain.hotload.stages`).
+                and ``sha256`` stages (:mod:`cwtrain.hotload.codec.stages`).
+            allow_empty: an empty delta stores nothing and returns an empty result
+                instead of raising.
 
-        Before anything is encoded, :func:`~cwtrain.hotload.tensors.check_published_tensors`
+        Before anything is encoded, :func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`
         checks the dtypes against the served ones and a FULL snapshot's ``config.json``
-        (an error, or a :class:`~cwtrain.hotload.tensors.DtypeWarning`).
+        (an error, or a :class:`~cwtrain.hotload.publish.tensor_checks.DtypeWarning`).
 
         Raises:
             SnapshotError: a delta without ``base``, an empty delta (nothing changed, so
-                nothing to publish), a delta that changes a served dtype, a FULL snapshot
-                without ``config.json`` (or, with ``base``, unlike the served weights), or
-                tensors the codec refuses.
+                nothing to publish) unless ``allow_empty``, a delta that changes a served
+                dtype, a FULL snapshot without ``config.json`` (or, with ``base``, unlike the
+                served weights), or tensors the codec refuses.
         """
-        from cwtrain.hotload.codec import DeltaEncoder
+        from cwtrain.hotload.codec.encode import DeltaEncoder
 
         if previous_identity and base is None:
             raise SnapshotError(
@@ -168,27 +224,43 @@ class SnapshotStore:
         served = to_tensor_data(base) if previous_identity and base is not None else None
         if stats is not None and mark is not None:
             stats.lap("gather", sum(t.nbytes for t in new.values()), mark)
+        kind = SnapshotType.INCREMENTAL if previous_identity else SnapshotType.FULL
         with DeltaEncoder() as encoder, _entered_meanwhile(self.open_upload(identity, workers=workers)) as opened:
             if previous_identity and served is not None:
                 snap = encoder.encode(new, served, version=identity, base_version=previous_identity, stats=stats)
                 if snap.empty:
+                    if allow_empty:
+                        return StoredSnapshot(None, kind, tensors_changed=0, checksums=snap.checksums)
                     raise SnapshotError(
                         f"no tensor changed between {previous_identity!r} and {identity!r}: an empty delta is never "
                         "published; keep serving the previous identity"
                     )
                 shards: Iterable[SnapshotFile] = snap.files
                 index = snap.index
+                changed = snap.changed
+                checksums: Mapping[str, str] = snap.checksums
             else:
                 plan = encoder.plan_full(new, stats=stats)
                 shards = (plan.build(shard) for shard in plan.shards)  # built one by one, as the upload takes them
                 index = plan.index
+                changed = list(new)
+                checksums = plan.checksums
             upload = opened()
             for name, data in (extra_files or {}).items():
                 upload.add(_source(SnapshotFile.from_bytes(name, data), stats))
             for file in shards:
                 upload.add(_source(file, stats))
-            upload.commit(_source(index, stats))
-        return SnapshotType.INCREMENTAL if previous_identity else SnapshotType.FULL
+            uri = upload.commit(_source(index, stats))
+            total, sent = StoredSnapshot.sizes(upload.results.values())
+        return StoredSnapshot(
+            uri,
+            kind,
+            total,
+            sent,
+            tensors_changed=len(changed),
+            bytes_changed=sum(new[name].nbytes for name in changed),
+            checksums=dict(checksums),
+        )
 
     # ------------------------------------------------------------------ reads
 
@@ -198,7 +270,7 @@ class SnapshotStore:
 
     def check_access(self) -> str:
         """The four-call permission check on the prefix (snapshot-format.md section 9); returns the URI."""
-        from cwtrain.hotload.access import check_snapshot_access
+        from cwtrain.hotload.publish.access import check_snapshot_access
 
         return check_snapshot_access(self.s3, self.bucket, self.path_prefix)
 
@@ -241,7 +313,7 @@ def _source(file: SnapshotFile, stats: StageStats | None) -> Any:
     """What ``SnapshotUpload.add`` takes: the file itself, or with ``stats`` a source whose SHA-256 pass is timed."""
     if stats is None:
         return file
-    from cwtrain.hotload.sources import ObjectSource
+    from cwtrain.hotload.publish.sources import ObjectSource
 
     timed: StageStats = stats
     lock = threading.Lock()

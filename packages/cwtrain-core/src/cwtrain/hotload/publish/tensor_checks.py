@@ -1,18 +1,15 @@
-"""Tensor bytes as the snapshot modules see them: :class:`TensorData` and :class:`FileRegion`.
+"""What publishing in-memory tensors checks before anything is encoded (issue 27).
 
-A checkpoint in memory is a ``Mapping[str, TensorData]``: each tensor's safetensors
-dtype name, shape and raw little-endian bytes, either in any bytes-like (``bytes``,
-``memoryview``, a C-contiguous numpy array) or as a :class:`FileRegion` of a file that
-is read on demand with ``pread`` (never memory-mapped). :func:`to_tensor_data` turns a
-mapping of numpy arrays, torch tensors or ``TensorData`` into that form (torch tensors
-are copied to host memory once; torch is never imported here unless one is given)::
+:func:`check_published_tensors` runs first in ``SnapshotStore.upload_tensors`` (so in
+``HotLoader.publish`` of a mapping too): the dtypes against the served ones (an error for a
+delta, which cannot change a dtype; a :class:`DtypeWarning` for a FULL snapshot whose
+tensors differ from ``config.json``'s ``torch_dtype``), and a FULL snapshot's
+``config.json``. numpy has no bfloat16: BF16 weights go over as
+``TensorData("BF16", shape, raw_bytes)`` (:class:`~cwtrain.hotload.format.tensors.TensorData`)
+or as ``torch.bfloat16`` tensors::
 
-    tensors = to_tensor_data({"lm_head.weight": np.zeros((2, 2), np.float32)})
-    tensors["lm_head.weight"].dtype, tensors["lm_head.weight"].nbytes   # "F32", 16
-
-numpy has no bfloat16: BF16 weights go over as ``TensorData("BF16", shape, raw_bytes)``
-(or as ``torch.bfloat16`` tensors). :func:`check_published_tensors` is what publishing
-arrays checks before anything is encoded (dtypes against the served ones, ``config.json``).
+    check_published_tensors(new, base=served, extra_files=None, delta=True)
+    # SnapshotError: the delta's tensors must keep the served dtypes: 'lm_head.weight' is F32, served as BF16; ...
 """
 
 from __future__ import annotations
@@ -20,104 +17,16 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Buffer, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.safetensors import safetensors_dtype
+from cwtrain.hotload.format.safetensors import safetensors_dtype
+from cwtrain.hotload.format.tensors import TensorData
 
-__all__ = ["DtypeWarning", "FileRegion", "TensorData", "as_tensor_data", "check_published_tensors", "to_tensor_data"]
-
-
-@dataclass(frozen=True)
-class FileRegion:
-    """Tensor bytes that live in a file, read on demand (never memory-mapped).
-
-    The encoder streams a region with ``pread`` into reused buffers; :meth:`read`
-    returns the whole region.
-    """
-
-    fd: int
-    offset: int
-    nbytes: int
-
-    def read(self) -> bytearray:
-        """The region's bytes."""
-        data = bytearray(self.nbytes)
-        view = memoryview(data)
-        done = 0
-        while done < self.nbytes:
-            got = os.preadv(self.fd, [view[done:]], self.offset + done)
-            if got <= 0:
-                raise SnapshotError(f"file ended early while reading {self.nbytes} bytes at offset {self.offset}")
-            done += got
-        return data
-
-
-class TensorData(NamedTuple):
-    """One tensor: safetensors dtype name, shape and raw little-endian bytes.
-
-    ``data`` is any bytes-like (``bytes``, ``memoryview``, a C-contiguous numpy array)
-    or a :class:`FileRegion` (checkpoint directories and the on-disk mirror).
-    """
-
-    dtype: str
-    shape: tuple[int, ...]
-    data: Buffer | FileRegion
-
-    @property
-    def nbytes(self) -> int:
-        """Length of ``data`` in bytes."""
-        data = self.data
-        if isinstance(data, FileRegion):
-            return data.nbytes
-        size = getattr(data, "nbytes", None)
-        if isinstance(size, int):
-            return size
-        return memoryview(data).nbytes
-
-
-def as_tensor_data(name: str, value: Any) -> TensorData:
-    """One tensor as :class:`TensorData` (raw little-endian bytes and safetensors dtype).
-
-    Raises:
-        SnapshotError: not a numpy array, torch tensor or ``TensorData``, or a dtype
-            safetensors cannot store.
-    """
-    if isinstance(value, TensorData):
-        return value
-    if hasattr(value, "detach") and hasattr(value, "dtype"):  # a torch tensor
-        code = safetensors_dtype(str(value.dtype))
-        if code is None:
-            raise SnapshotError(f"tensor {name!r}: dtype {value.dtype} has no safetensors name")
-        shape = tuple(int(d) for d in value.shape)
-        import torch
-
-        flat = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        return TensorData(code, shape, flat.numpy())
-    if isinstance(value, np.ndarray):
-        code = safetensors_dtype(value.dtype.name)
-        if code is None:
-            raise SnapshotError(f"tensor {name!r}: numpy dtype {value.dtype} has no safetensors name")
-        array = np.ascontiguousarray(value)
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        return TensorData(code, tuple(int(d) for d in value.shape), array.reshape(-1).view(np.uint8))
-    raise SnapshotError(f"tensor {name!r}: {type(value).__name__} is not a numpy array, torch tensor or TensorData")
-
-
-def to_tensor_data(tensors: Mapping[str, Any]) -> dict[str, TensorData]:
-    """Every tensor of a checkpoint as :class:`TensorData`, in the mapping's order.
-
-    Raises:
-        SnapshotError: the mapping is empty, or a tensor :func:`as_tensor_data` refuses.
-    """
-    if not tensors:
-        raise SnapshotError("no tensors to publish")
-    return {str(name): as_tensor_data(str(name), value) for name, value in tensors.items()}
+__all__ = ["DtypeWarning", "check_published_tensors"]
 
 
 class DtypeWarning(UserWarning):
@@ -131,7 +40,8 @@ class DtypeWarning(UserWarning):
 #: The floating-point dtypes compared with ``config.json``'s ``torch_dtype`` (8-bit and
 #: narrower ones are quantized weights, which keep their own dtype by design).
 _WIDE_FLOATS = frozenset({"F16", "BF16", "F32", "F64"})
-_HOTLOAD_DIR = os.path.dirname(os.path.abspath(__file__))
+#: Warnings point at the first caller outside ``cwtrain.hotload``.
+_HOTLOAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _dtype_and_shape(value: Any) -> tuple[str | None, tuple[int, ...]]:

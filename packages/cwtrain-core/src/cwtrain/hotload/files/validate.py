@@ -34,18 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.format import (
+from cwtrain.hotload.format.checksum import is_checksum
+from cwtrain.hotload.format.identity import identity_for_base_version, validate_identity
+from cwtrain.hotload.format.index import (
     INDEX_NAME,
     SINGLE_FILE_NAME,
     check_delta_metadata,
+    generated_index_bytes,
     index_metadata,
-    is_checksum,
     is_delta_index,
     read_directory_index,
     upload_index_bytes,
 )
-from cwtrain.hotload.identity import identity_for_base_version, validate_identity
-from cwtrain.hotload.safetensors import check_weight_map, read_header
+from cwtrain.hotload.format.safetensors import check_weight_map, read_header
 
 __all__ = ["SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"]
 
@@ -152,7 +153,8 @@ def inspect_snapshot(
     names = {f.name for f in files}
     if "adapter_config.json" in names and SINGLE_FILE_NAME not in names:
         raise SnapshotError(f"{root}: is a LoRA adapter (adapter_config.json); merge it into the base model first")
-    index, generated, lone_header = read_directory_index(root)
+    index, lone_header = read_directory_index(root)
+    generated = generated_index_bytes(lone_header) if lone_header is not None else None
     known = {SINGLE_FILE_NAME: lone_header} if lone_header is not None else {}
     index_path = root / INDEX_NAME
     weight_map: dict[str, str] = index["weight_map"]

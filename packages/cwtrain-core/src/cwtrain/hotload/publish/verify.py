@@ -3,7 +3,7 @@
 ``HotLoader.trigger(..., verify=True)`` and ``cwtrain hotload trigger`` (unless
 ``--no-verify``) call :func:`verify_stored_snapshot` on the deployment's store::
 
-    from cwtrain.hotload.verify_stored import verify_stored_snapshot
+    from cwtrain.hotload.publish.verify import verify_stored_snapshot
 
     checked = verify_stored_snapshot(loader.store, "run1-v000007")
     if checked is None:
@@ -28,18 +28,19 @@ and are left to the engine. Any mismatch raises one
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
-from cwtrain.hotload.format import CHECKSUM_FORMAT, INDEX_NAME, adler32, index_metadata, is_delta_index, parse_index
-from cwtrain.hotload.objects import SHA256_METADATA
-from cwtrain.hotload.safetensors import SafetensorsHeader, read_header_from
+from cwtrain.hotload.codec.common import run_parallel
+from cwtrain.hotload.format.checksum import adler32
+from cwtrain.hotload.format.index import CHECKSUM_FORMAT, INDEX_NAME, index_metadata, is_delta_index, parse_index
+from cwtrain.hotload.format.safetensors import SafetensorsHeader, read_header_from
+from cwtrain.hotload.publish.object_writer import SHA256_METADATA
 from cwtrain.infra.objectstore import ObjectStream
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.store import SnapshotStore
+    from cwtrain.hotload.publish.store import SnapshotStore
 
 __all__ = ["StoredSnapshotCheck", "verify_stored_snapshot"]
 
@@ -192,7 +193,9 @@ def verify_stored_snapshot(store: SnapshotStore, identity: str, *, workers: int 
     jobs: dict[str, bool | None] = {
         key: (required if full and key.rsplit("/", 1)[-1] in shards else None) for key in listed if key != index_key
     }
-    results = _map(lambda item: _check_object(store, item[0], item[1]), list(jobs.items()), workers)
+    results = run_parallel(
+        lambda item: _check_object(store, item[0], item[1]), list(jobs.items()), workers, name="cwtrain-verify"
+    )
     for found, nbytes, _, _ in results:
         problems.extend(found)
         size += nbytes
@@ -201,13 +204,6 @@ def verify_stored_snapshot(store: SnapshotStore, identity: str, *, workers: int 
     return StoredSnapshotCheck(
         uri=store.uri(identity), objects=len(results) + 1, bytes=size, tensors=sum(r[2] for r in results)
     )
-
-
-def _map(fn: Any, jobs: list[Any], workers: int) -> list[Any]:
-    if workers <= 1 or len(jobs) <= 1:
-        return [fn(job) for job in jobs]
-    with ThreadPoolExecutor(min(workers, len(jobs)), thread_name_prefix="cwtrain-verify") as pool:
-        return list(pool.map(fn, jobs))
 
 
 def _failed(store: SnapshotStore, identity: str, problems: list[str]) -> SnapshotChecksumError:

@@ -4,7 +4,7 @@ A snapshot goes to ``s3://<bucket>/<P>/<identity>/`` (spec ``snapshot-format.md`
 sections 1 and 7). Two entry points:
 
 * :func:`upload_snapshot` publishes a directory (or a
-  :class:`~cwtrain.hotload.inspect.SnapshotInfo`)::
+  :class:`~cwtrain.hotload.files.validate.SnapshotInfo`)::
 
       from cwtrain.hotload import upload_snapshot
       from cwtrain.infra import s3_client
@@ -24,7 +24,7 @@ sections 1 and 7). Two entry points:
   aborts their unfinished multipart uploads and never writes the index.
 
 **Guarantees.** Every object carries ``x-amz-meta-cwtrain-sha256`` (one SHA-256 pass per
-file, see :mod:`cwtrain.hotload.objects`) and is written create-only
+file, see :mod:`cwtrain.hotload.publish.object_writer`) and is written create-only
 (``If-None-Match: *``). Before writing, the keys directly under the snapshot prefix are
 listed: objects with the local SHA-256 are skipped, so a second run of the same snapshot
 uploads nothing and a re-run after a crash sends only what is missing (unfinished multipart
@@ -38,7 +38,7 @@ every other object is confirmed, so a reader that sees it can rely on the shards
 **The bytes hashed are the bytes sent.** Files on disk are read with ``pread`` (never
 memory-mapped) into buffers, hashed as they are read and sent from the same buffers; a file
 larger than ``memory_budget`` is hashed, then re-read and hashed again in order, and its
-object is completed only when both digests agree (see :mod:`cwtrain.hotload.sources`).
+object is completed only when both digests agree (see :mod:`cwtrain.hotload.publish.sources`).
 A file that shrinks, changes or is replaced between the moment it is opened and the end
 of the upload raises :class:`~cwtrain.errors.SnapshotError` naming it: its multipart
 upload is aborted and the index is never written (every file is checked again before
@@ -49,7 +49,7 @@ are in flight across them (``CWTRAIN_HOTLOAD_UPLOAD_WORKERS`` in the integration
 on disk are read into at most ``memory_budget`` bytes of buffers
 (``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, 1 GiB), which stay allocated for the next publish of
 the process (fresh memory costs as much CPU as hashing it;
-:func:`cwtrain.hotload.buffers.release_read_buffers` frees them); in the streaming form
+:func:`cwtrain.hotload.publish.buffers.release_read_buffers` frees them); in the streaming form
 :meth:`SnapshotUpload.add` also blocks while the encoded bytes in flight exceed that budget. Part size:
 ``part_size`` or ``CWTRAIN_HOTLOAD_PART_SIZE`` (64 MiB, at least 50 MB).
 
@@ -57,7 +57,7 @@ the process (fresh memory costs as much CPU as hashing it;
 part or object (skipped objects count as done), the signature of
 :class:`cwtrain.progress.ByteProgress`; ``on_file(UploadedFile)`` once per object.
 
-The permission check :func:`~cwtrain.hotload.access.check_snapshot_access` (spec section
+The permission check :func:`~cwtrain.hotload.publish.access.check_snapshot_access` (spec section
 9) is re-exported here.
 """
 
@@ -74,11 +74,12 @@ from typing import Any
 
 from cwtrain.config import env_int
 from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, UsageError
-from cwtrain.hotload.access import check_snapshot_access
-from cwtrain.hotload.buffers import BufferPool
-from cwtrain.hotload.format import INDEX_NAME
-from cwtrain.hotload.identity import snapshot_prefix, validate_identity
-from cwtrain.hotload.objects import (
+from cwtrain.hotload.codec.common import MemoryBudget
+from cwtrain.hotload.format.identity import snapshot_prefix, validate_identity
+from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload.publish.access import check_snapshot_access
+from cwtrain.hotload.publish.buffers import BufferPool
+from cwtrain.hotload.publish.object_writer import (
     DEFAULT_PART_SIZE,
     ObjectSource,
     ObjectWriter,
@@ -92,8 +93,6 @@ from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 __all__ = ["SnapshotUpload", "UploadedFile", "check_snapshot_access", "snapshot_uri", "upload_snapshot"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MEMORY_BUDGET = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -118,28 +117,6 @@ class UploadedFile:
 def snapshot_uri(bucket: str, path_prefix: str, identity: str) -> str:
     """``s3://<bucket>/<snapshot prefix>/``."""
     return f"s3://{bucket}/{snapshot_prefix(path_prefix, identity)}/"
-
-
-class _Budget:
-    """Bytes in flight; a request larger than the limit waits until nothing else is in flight."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = max(1, limit)
-        self.used = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, nbytes: int, cancelled: threading.Event) -> None:
-        with self._cond:
-            while self.used and self.used + nbytes > self.limit:
-                if cancelled.is_set():
-                    raise SnapshotError("upload cancelled")
-                self._cond.wait(0.5)
-            self.used += nbytes
-
-    def release(self, nbytes: int) -> None:
-        with self._cond:
-            self.used -= nbytes
-            self._cond.notify_all()
 
 
 def _list_existing(s3: ObjectStore, bucket: str, prefix: str) -> dict[str, RemoteObject]:
@@ -221,13 +198,8 @@ class SnapshotUpload:
             except ConfigError as exc:
                 raise ConfigError(f"CWTRAIN_HOTLOAD_PART_SIZE={configured}: {exc}") from None
         self.part_size = check_part_size(part_size)
-        budget = (
-            memory_budget
-            if memory_budget is not None
-            else env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET, minimum=1)
-        )
-        self._budget = _Budget(budget)
-        self._buffers = BufferPool(budget)
+        self._budget = MemoryBudget(memory_budget)
+        self._buffers = BufferPool(self._budget.limit)
         self._sources: list[ObjectSource] = []
         self._on_file = on_file
         self._on_progress = on_progress
@@ -303,8 +275,8 @@ class SnapshotUpload:
         """Upload one file in the background (blocks while the memory budget is used up).
 
         Args:
-            file: a :class:`~cwtrain.hotload.format.SnapshotFile` (``name``, ``buffers``)
-                or an :class:`~cwtrain.hotload.objects.ObjectSource`.
+            file: a :class:`~cwtrain.hotload.format.index.SnapshotFile` (``name``, ``buffers``)
+                or an :class:`~cwtrain.hotload.publish.object_writer.ObjectSource`.
 
         Raises:
             SnapshotConflictError: an earlier file found a conflict.
@@ -321,7 +293,8 @@ class SnapshotUpload:
                 raise UsageError(f"{name} was already added to snapshot {self.identity!r}")
         self._raise_failures(done_only=True)
         held = min(source.size, self._budget.limit) if source.in_memory else 0  # files use the read buffers
-        self._budget.acquire(held, self._cancelled)
+        if not self._budget.acquire(held, self._cancelled):
+            raise SnapshotError("upload cancelled")
         claim = self._claim
         future = self._objects.submit(self._upload_one, source, claim, held)
         with self._lock:
@@ -468,7 +441,7 @@ def _conflict_line(source: ObjectSource, remote: RemoteObject) -> str:
 
 def _snapshot_sources(snapshot: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource]:
     """The files (opened now) and the index bytes as uploaded, of a directory or a ``SnapshotInfo``."""
-    from cwtrain.hotload.inspect import SnapshotInfo, delta_index_for_upload, inspect_snapshot
+    from cwtrain.hotload.files.validate import SnapshotInfo, delta_index_for_upload, inspect_snapshot
 
     info = snapshot if isinstance(snapshot, SnapshotInfo) else inspect_snapshot(snapshot)
     if info.empty_delta:

@@ -8,18 +8,17 @@ from object storage), by the trainer's mirror and by ``cwtrain snapshot apply|ve
     new = apply_delta(base, index, shards, base_version="run-v000001")
     full = load_full(index, shards)                     # views into the shard bytes
     weights = replay_chain(full, [(index1, shards1), (index2, shards2)], root_version="run-v000000")
-    with read_snapshot_dir("deltas/weight_v000002") as snap:   # index + shards read with pread
-        verify_delta(base, snap.index, snap.shards)
-    report = verify_snapshot_dir("deltas/weight_v000002", base="ckpt/v1")   # what `snapshot verify` does
-    new = apply_delta_dir("ckpt/v1", "deltas/weight_v000002")               # in memory
+
+Directories are read by :mod:`cwtrain.hotload.files.checkpoint` (``open_snapshot_dir``,
+``load_full_dir``, ``apply_delta_dir``, ``verify_snapshot_dir``).
 
 ``index`` is the parsed index dict, ``shards`` maps shard names to their bytes: any
-bytes-like, or a :class:`~cwtrain.hotload.tensors.FileRegion` of an open file (read with
+bytes-like, or a :class:`~cwtrain.hotload.format.tensors.FileRegion` of an open file (read with
 ``pread``, never memory-mapped, so a file that shrinks is a ``SnapshotError``, not a
 ``SIGBUS``). Tensors given as ``base`` are bytes-likes or file regions too.
 
 Every payload must be exactly one zstd frame whose content size equals the base
-tensor's size; :mod:`cwtrain.hotload.frames` (whose names are re-exported here) checks
+tensor's size; :mod:`cwtrain.hotload.codec.frames` checks
 each frame's block headers before decompressing anything and then decodes it 1 MiB at
 a time through reused buffers (XOR with the base, Adler-32 of the result), so memory
 stays at the decoder's window plus a few chunks per thread, whatever a frame declares;
@@ -36,72 +35,52 @@ tensor; nothing else escapes, whatever the bytes (a fuzz test holds this).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Buffer, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple, TypedDict, Unpack
 
-from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotChecksumError, SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.chain import MAX_CHAIN_DELTAS
-from cwtrain.hotload.format import (
+from cwtrain.hotload.codec.common import MemoryBudget, run_parallel
+from cwtrain.hotload.codec.frames import (
+    MAX_WINDOW_BYTES,
+    apply_payload,
+    decode_frame,
+    stream_payload,
+    zstd_frame_size,
+)
+from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
+from cwtrain.hotload.format.checksum import is_checksum, tensor_adler32
+from cwtrain.hotload.format.index import (
     CHECKSUM_FORMAT,
     check_delta_metadata,
     index_metadata,
-    is_checksum,
     is_delta_index,
-    read_directory_index,
 )
-from cwtrain.hotload.frames import (
-    MAX_WINDOW_BYTES,
-    MemoryBudget,
-    U8Array,
-    apply_payload,
-    as_uint8,
-    decode_frame,
-    default_workers,
-    run_parallel,
-    stream_payload,
-    tensor_checksum,
-    zstd_frame_size,
-)
-from cwtrain.hotload.safetensors import (
+from cwtrain.hotload.format.safetensors import (
     SafetensorsHeader,
     TensorEntry,
     check_weight_map,
     header_of_bytes,
     read_header_at,
 )
-from cwtrain.hotload.tensors import FileRegion, TensorData
+from cwtrain.hotload.format.tensors import FileRegion, TensorData, U8Array, as_uint8
 
 __all__ = [
     "DeltaOptions",
     "DeltaTensor",
     "MAX_WINDOW_BYTES",
-    "MemoryBudget",
     "ShardData",
-    "SnapshotDir",
-    "U8Array",
-    "VerifyReport",
     "apply_delta",
-    "apply_delta_dir",
     "apply_payload",
-    "as_uint8",
     "decode_frame",
-    "default_workers",
     "delta_tensors",
     "load_full",
-    "load_full_dir",
-    "read_snapshot_dir",
+    "load_full_checked",
     "replay_chain",
-    "run_parallel",
     "shard_header",
     "stream_payload",
     "tensor_data",
     "verify_delta",
     "verify_frames",
-    "verify_snapshot_dir",
     "zstd_frame_size",
 ]
 
@@ -122,7 +101,7 @@ def tensor_data(shard: ShardData, header: SafetensorsHeader, entry: TensorEntry)
     """One tensor's bytes within a shard: a view of a buffer, or a narrower file region."""
     start = header.data_start + entry.begin
     if isinstance(shard, FileRegion):
-        return FileRegion(shard.fd, shard.offset + start, entry.nbytes)
+        return FileRegion(shard.fd, shard.offset + start, entry.nbytes, shard.source)
     return as_uint8(shard)[start : start + entry.nbytes]
 
 
@@ -255,7 +234,7 @@ def apply_delta(
     def decode(job: DeltaTensor) -> tuple[str, U8Array]:
         return job.name, apply_payload(base[job.name].data, job.payload, job.expected, where=job.where, budget=budget)
 
-    results = run_parallel(decode, jobs, options.get("workers"))
+    results = run_parallel(decode, jobs, options.get("workers"), name="cwtrain-decode")
     out = dict(base)
     for name, data in results:
         old = base[name]
@@ -286,7 +265,7 @@ def verify_delta(
         stream_payload(job.payload, base[job.name].data, expected=job.expected, where=job.where, budget=budget)
         return job.name
 
-    return run_parallel(check, jobs, options.get("workers"))
+    return run_parallel(check, jobs, options.get("workers"), name="cwtrain-decode")
 
 
 def verify_frames(
@@ -315,7 +294,7 @@ def verify_frames(
         stream_payload(job.payload, None, where=job.where, budget=budget)
         return job.name
 
-    return run_parallel(check, jobs, workers)
+    return run_parallel(check, jobs, workers, name="cwtrain-decode")
 
 
 def _checksum_jobs(
@@ -343,11 +322,11 @@ def _checksum_jobs(
 def _verify_checksums(checks: Sequence[tuple[str, Buffer | FileRegion, int]], workers: int | None) -> None:
     def check(job: tuple[str, Buffer | FileRegion, int]) -> None:
         where, data, expected = job
-        actual = tensor_checksum(data)
+        actual = tensor_adler32(data)
         if actual != expected:
             raise SnapshotChecksumError(f"{where}: Adler-32 is {actual:08x}, expected {expected:08x}")
 
-    run_parallel(check, checks, workers)
+    run_parallel(check, checks, workers, name="cwtrain-decode")
 
 
 def load_full(
@@ -368,11 +347,11 @@ def load_full(
         SnapshotError: a delta index, a missing shard, a malformed header.
         SnapshotChecksumError: an Adler-32 does not match.
     """
-    tensors, _, _ = _load_full(index, shards, verify=verify, workers=workers, source=source)
+    tensors, _, _ = load_full_checked(index, shards, verify=verify, workers=workers, source=source)
     return tensors
 
 
-def _load_full(
+def load_full_checked(
     index: Mapping[str, Any],
     shards: Mapping[str, ShardData],
     *,
@@ -380,6 +359,11 @@ def _load_full(
     workers: int | None,
     source: str,
 ) -> tuple[dict[str, TensorData], int, int]:
+    """:func:`load_full`, also returning how many tensors had their Adler-32 checked and how many had none.
+
+    Raises:
+        SnapshotError: a delta, an empty weight map, or a bad shard (checksum failures as for ``load_full``).
+    """
     if is_delta_index(index):
         raise SnapshotError(f"{source}: is a delta (index metadata has delta_encoding), not a FULL snapshot")
     weight_map: Mapping[str, str] = index.get("weight_map") or {}
@@ -415,144 +399,3 @@ def replay_chain(
         version = index_metadata(index).get("version")
         previous = None if version is None else str(version)
     return weights
-
-
-# --------------------------------------------------------------------------- directories
-
-
-@dataclass
-class SnapshotDir(Closing):
-    """A snapshot directory open for decoding: its index and its shards as file regions.
-
-    Shards are read with ``pread`` through descriptors held until :meth:`close` (use
-    it as a context manager); tensors taken from it are valid until then.
-    """
-
-    path: Path
-    index: dict[str, Any]
-    shards: dict[str, ShardData] = field(default_factory=dict)
-    index_generated: bool = False
-    _fds: list[int] = field(default_factory=list, repr=False)
-
-    def close(self) -> None:
-        """Close the shard files."""
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
-
-
-def read_snapshot_dir(path: str | Path) -> SnapshotDir:
-    """Read a snapshot directory's index (or generate it for a lone ``model.safetensors``)
-    and open its shards read-only (regions read with ``pread``; close the result).
-
-    Raises:
-        SnapshotNotFoundError: no directory, no index (and no ``model.safetensors``), or
-            a shard named in the index is absent.
-        SnapshotError: an invalid index.
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise SnapshotNotFoundError(f"{root}: not a directory")
-    index, generated, _ = read_directory_index(root)
-    snap = SnapshotDir(root, index, {}, generated is not None)
-    try:
-        for shard in dict.fromkeys(index["weight_map"].values()):
-            shard_path = root / shard
-            if not shard_path.is_file():
-                raise SnapshotNotFoundError(f"{root}: shard {shard} named in the index is missing")
-            fd = os.open(shard_path, os.O_RDONLY)
-            snap._fds.append(fd)
-            snap.shards[shard] = FileRegion(fd, 0, os.fstat(fd).st_size)
-    except BaseException:
-        snap.close()
-        raise
-    return snap
-
-
-def _in_memory(tensors: Mapping[str, TensorData]) -> dict[str, TensorData]:
-    return {
-        name: TensorData(t.dtype, t.shape, t.data.read() if isinstance(t.data, FileRegion) else bytes(as_uint8(t.data)))
-        for name, t in tensors.items()
-    }
-
-
-def load_full_dir(path: str | Path, *, verify: bool = True, workers: int | None = None) -> dict[str, TensorData]:
-    """:func:`load_full` on a directory; the tensors are read into memory (the files are closed)."""
-    with read_snapshot_dir(path) as snap:
-        tensors = load_full(snap.index, snap.shards, verify=verify, workers=workers, source=str(snap.path))
-        return _in_memory(tensors)
-
-
-def apply_delta_dir(
-    base: Mapping[str, TensorData] | str | Path,
-    delta: str | Path,
-    *,
-    base_version: str | None = None,
-    workers: int | None = None,
-) -> dict[str, TensorData]:
-    """:func:`apply_delta` with the delta (and optionally the base) read from directories; the result is in memory.
-
-    ``cwtrain snapshot apply`` streams instead
-    (:func:`cwtrain.hotload.delta.write_applied_snapshot`).
-    """
-    if isinstance(base, (str, Path)):
-        base = load_full_dir(base, workers=workers)
-    with read_snapshot_dir(delta) as snap:
-        result = apply_delta(
-            base, snap.index, snap.shards, base_version=base_version, workers=workers, source=str(snap.path)
-        )
-        return _in_memory(result)
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """What :func:`verify_snapshot_dir` checked.
-
-    Attributes:
-        path: the directory.
-        type: ``"FULL"`` or ``"INCREMENTAL"``.
-        tensors: tensors in the snapshot (changed ones for a delta).
-        verified: tensors whose Adler-32 was checked.
-        unchecked: tensors with no checksum to check (a delta without its base: all).
-    """
-
-    path: Path
-    type: str
-    tensors: int
-    verified: int
-    unchecked: int
-
-
-def verify_snapshot_dir(
-    path: str | Path,
-    *,
-    base: str | Path | None = None,
-    workers: int | None = None,
-    memory_budget: int | None = None,
-) -> VerifyReport:
-    """Check every checksum a snapshot directory allows, streaming (what ``cwtrain snapshot verify`` does).
-
-    FULL: every Adler-32 in the shard ``__metadata__``. Delta: its index, headers and
-    every frame; with ``base`` (a checkpoint directory, its own checksums checked too)
-    every Adler-32 of the applied result. Memory: the decoders' budget, whatever the
-    sizes; nothing is written.
-
-    Raises:
-        SnapshotError: the first problem found, naming the file and the tensor.
-    """
-    with read_snapshot_dir(path) as snap:
-        source = str(snap.path)
-        if not is_delta_index(snap.index):
-            tensors, verified, unchecked = _load_full(
-                snap.index, snap.shards, verify=True, workers=workers, source=source
-            )
-            return VerifyReport(snap.path, "FULL", len(tensors), verified, unchecked)
-        if base is None:
-            names = verify_frames(snap.index, snap.shards, workers=workers, source=source, memory_budget=memory_budget)
-            return VerifyReport(snap.path, "INCREMENTAL", len(names), 0, len(names))
-        with read_snapshot_dir(base) as base_snap:
-            base_tensors = load_full(base_snap.index, base_snap.shards, workers=workers, source=str(base_snap.path))
-            names = verify_delta(
-                base_tensors, snap.index, snap.shards, workers=workers, source=source, memory_budget=memory_budget
-            )
-        return VerifyReport(snap.path, "INCREMENTAL", len(names), len(names), 0)

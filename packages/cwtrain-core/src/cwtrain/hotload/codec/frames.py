@@ -1,14 +1,13 @@
 """zstd frames of delta payloads: checked before decoding, decoded in bounded memory.
 
-The lowest layer of :mod:`cwtrain.hotload.decode` (which re-exports these names)::
+The lowest layer of :mod:`cwtrain.hotload.codec.decode` (which re-exports these names)::
 
     zstd_frame_size(payload)                       # length of the one frame at its start (block walk)
     value = stream_payload(payload, old, expected=0x097901fd, sink=write)   # XOR, Adler-32, chunk by chunk
     new = apply_payload(old, payload, expected)    # the same into a new array
     xor = decode_frame(payload, nbytes)            # the XOR bytes alone
-    run_parallel(fn, jobs, workers)                # the decoders' thread pool, earliest failure raised
 
-A payload is a bytes-like or a :class:`~cwtrain.hotload.tensors.FileRegion` (read with
+A payload is a bytes-like or a :class:`~cwtrain.hotload.format.tensors.FileRegion` (read with
 ``pread``, never memory-mapped: a file that shrinks is a ``SnapshotError``, not a
 ``SIGBUS``). Before anything is decompressed, the frame's block headers are walked: a
 bad magic, a dictionary, a reserved bit or block type, a truncated frame, trailing
@@ -24,37 +23,27 @@ bounded by the size the frame declares. Whatever the bytes, only
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Buffer, Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Buffer, Callable
 from typing import Any, NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 import zstandard
 
-from cwtrain.config import env_int
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
-from cwtrain.hotload.format import adler32
-from cwtrain.hotload.tensors import FileRegion
+from cwtrain.hotload.codec.common import MemoryBudget
+from cwtrain.hotload.format.checksum import adler32
+from cwtrain.hotload.format.fileio import pread_exact, pread_into
+from cwtrain.hotload.format.tensors import FileRegion, U8Array, as_uint8, payload_nbytes
 
 __all__ = [
     "MAX_WINDOW_BYTES",
-    "MemoryBudget",
-    "U8Array",
     "apply_payload",
-    "as_uint8",
     "decode_frame",
-    "default_workers",
-    "payload_nbytes",
-    "run_parallel",
     "stream_payload",
-    "tensor_checksum",
     "zstd_frame_size",
 ]
 
-U8Array = npt.NDArray[np.uint8]
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: Decompressed bytes per step (and the size of each reused buffer).
 _CHUNK = 1 << 20
@@ -62,81 +51,8 @@ _CHUNK = 1 << 20
 _BLOCK_MAX = 128 << 10
 #: Largest decoder window accepted (zstd's own default limit for streaming, 2**27).
 MAX_WINDOW_BYTES = 1 << 27
-#: The default of ``CWTRAIN_HOTLOAD_MEMORY_BUDGET`` (the encoder's default too).
-_DEFAULT_BUDGET = 1 << 30
 #: Memory of one decode besides its window: the XOR and base chunks.
 _JOB_BYTES = 2 * _CHUNK
-
-
-def default_workers() -> int:
-    """Threads used when ``workers`` is not given: the CPUs this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def as_uint8(data: Buffer | FileRegion) -> U8Array:
-    """A flat ``uint8`` view of a bytes-like object (no copy; a :class:`FileRegion` is read).
-
-    Raises:
-        ValueError: a numpy array that is not C-contiguous.
-    """
-    if isinstance(data, FileRegion):
-        return np.frombuffer(data.read(), dtype=np.uint8)
-    if isinstance(data, np.ndarray):
-        if not data.flags.c_contiguous:
-            raise ValueError("tensor data must be C-contiguous")
-        return data.reshape(-1).view(np.uint8)
-    return np.frombuffer(data, dtype=np.uint8)
-
-
-def tensor_checksum(data: Buffer | FileRegion) -> int:
-    """Adler-32 of a tensor's bytes (a file region is read 1 MiB at a time into a reused buffer)."""
-    if not isinstance(data, FileRegion):
-        return adler32(as_uint8(data))
-    value = 1
-    for position in range(0, data.nbytes, _CHUNK):
-        value = adler32(_read_old(data, position, min(_CHUNK, data.nbytes - position)), value)
-    return value
-
-
-def payload_nbytes(data: Buffer | FileRegion) -> int:
-    """Length of a bytes-like or a file region."""
-    if isinstance(data, FileRegion):
-        return data.nbytes
-    return memoryview(data).nbytes
-
-
-# ------------------------------------------------------------------------ memory budget
-
-
-class MemoryBudget:
-    """Bytes that decoding threads may hold at once; one holder is always let through.
-
-    Args:
-        limit: the budget in bytes (default ``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, 1 GiB).
-    """
-
-    def __init__(self, limit: int | None = None) -> None:
-        if limit is None:
-            limit = env_int("CWTRAIN_HOTLOAD_MEMORY_BUDGET", _DEFAULT_BUDGET, minimum=1 << 20)
-        self.limit = limit
-        self._used = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, nbytes: int) -> None:
-        """Wait until ``nbytes`` fit (or nothing else is held), then hold them."""
-        with self._cond:
-            while self._used and self._used + nbytes > self.limit:
-                self._cond.wait()
-            self._used += nbytes
-
-    def release(self, nbytes: int) -> None:
-        """Give back what :meth:`acquire` took."""
-        with self._cond:
-            self._used -= nbytes
-            self._cond.notify_all()
 
 
 # ----------------------------------------------------------------------------- frames
@@ -177,15 +93,7 @@ class _Reader:
 def _pread(region: FileRegion, position: int, count: int) -> bytes:
     """``count`` bytes at ``position`` of a region (fewer only at its end)."""
     count = max(0, min(count, region.nbytes - position))
-    data = bytearray(count)
-    view = memoryview(data)
-    done = 0
-    while done < count:
-        got = os.preadv(region.fd, [view[done:]], region.offset + position + done)
-        if got <= 0:
-            raise SnapshotError(f"file ended at byte {region.offset + position + done} while reading (did it shrink?)")
-        done += got
-    return bytes(data)
+    return bytes(pread_exact(region.fd, count, region.offset + position, source=region.source))
 
 
 def _walk(reader: _Reader) -> _Frame:
@@ -305,12 +213,7 @@ _SCRATCH = _Scratch()
 def _read_old(old: U8Array | FileRegion, position: int, count: int) -> U8Array:
     if isinstance(old, FileRegion):
         view = _SCRATCH.old[:count]
-        done = 0
-        while done < count:
-            got = os.preadv(old.fd, [memoryview(view)[done:]], old.offset + position + done)
-            if got <= 0:
-                raise SnapshotError(f"file ended at byte {old.offset + position + done} while reading (did it shrink?)")
-            done += got
+        pread_into(old.fd, view, old.offset + position, source=old.source)
         return view
     return old[position : position + count]
 
@@ -472,42 +375,3 @@ def apply_payload(
     _check_adler(value, expected, where)
     assert out is not None
     return out
-
-
-# -------------------------------------------------------------------------- parallelism
-
-
-def run_parallel[J, R](fn: Callable[[J], R], jobs: Sequence[J], workers: int | None) -> list[R]:
-    """``[fn(job) for job in jobs]`` on up to ``workers`` threads (default: CPUs), in order.
-
-    At most twice ``workers`` jobs are queued; after the first failure no new job
-    starts, the running ones finish, and the failure of the earliest job is raised.
-    """
-    count = workers if workers is not None else default_workers()
-    if count <= 1 or len(jobs) <= 1:
-        return [fn(job) for job in jobs]
-    results: list[Any] = [None] * len(jobs)
-    failures: dict[int, BaseException] = {}
-    pending: dict[Future[R], int] = {}
-
-    def collect(done: Iterable[Future[R]]) -> None:
-        for future in done:
-            position = pending.pop(future)
-            error = future.exception()
-            if error is not None:
-                failures[position] = error
-            else:
-                results[position] = future.result()
-
-    with ThreadPoolExecutor(min(count, len(jobs)), thread_name_prefix="cwtrain-decode") as pool:
-        for position, job in enumerate(jobs):
-            if failures:
-                break
-            pending[pool.submit(fn, job)] = position
-            if len(pending) >= 2 * count:
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                collect(done)
-        collect(wait(list(pending)).done)
-    if failures:
-        raise failures[min(failures)]
-    return results

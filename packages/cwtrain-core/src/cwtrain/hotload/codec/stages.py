@@ -2,7 +2,7 @@
 
 Pass a :class:`StageStats` to the code that runs the stages and read it afterwards::
 
-    from cwtrain.hotload.stages import StageStats
+    from cwtrain.hotload.codec.stages import StageStats
 
     stats = StageStats()
     store.upload_tensors(new, "run-v000008", previous_identity="run-v000007", base=served, stats=stats)
@@ -12,7 +12,7 @@ Pass a :class:`StageStats` to the code that runs the stages and read it afterwar
 The stages the library reports (each only where it runs):
 
 ========== ==================================================================
-``gather`` tensors to host bytes (:func:`~cwtrain.hotload.tensors.to_tensor_data`)
+``gather`` tensors to host bytes (:func:`~cwtrain.hotload.format.tensors.to_tensor_data`)
 ``read``   tensor bytes into the encoder's chunk buffers (``pread`` for files)
 ``xor``    XOR against the base and "is any bit set" on each chunk
 ``adler``  Adler-32 of the new bytes
@@ -31,7 +31,7 @@ lock; the encoder measures once per stage per 1 MiB chunk, about 1 % of its work
 
 **What the figures mean.** ``cpu_seconds`` is the thread CPU time inside the stage,
 summed over threads (compression with zstd's own worker threads, for tensors above
-:data:`~cwtrain.hotload.codec.BIG_TENSOR_BYTES`, is not seen by the calling thread's
+:data:`~cwtrain.hotload.codec.encode.BIG_TENSOR_BYTES`, is not seen by the calling thread's
 clock). ``seconds`` is the wall time inside the stage summed over threads;
 ``busy_seconds`` the wall time during which at least one thread was inside it (the
 union of the intervals): for a link, how long it carried data.

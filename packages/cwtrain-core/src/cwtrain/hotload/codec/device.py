@@ -6,13 +6,13 @@ that names that line.
 
 ::
 
-    from cwtrain.hotload.torch import TorchDeltaEncoder
+    from cwtrain.hotload.codec.device import TorchDeltaEncoder
 
     with TorchDeltaEncoder() as encoder:
         snap = encoder.encode(model_state, served_state, version="run-v000003", base_version="run-v000002")
 
 ``new`` and ``base`` map names to tensors on the same device (``base`` may also hold
-:class:`~cwtrain.hotload.format.TensorData`, copied to the device batch by batch).
+:class:`~cwtrain.hotload.format.index.TensorData`, copied to the device batch by batch).
 Per batch of at most half the ``memory_budget`` (two batches are in flight: the
 next one runs on the device while the previous one compresses): XOR and change
 detection run on the device (:func:`xor_changed`: one XOR kernel and one reduction per
@@ -20,7 +20,7 @@ tensor, on ``int64`` views), one host synchronisation reads the "changed" flags 
 off the CPU, the Adler-32 sums, computed on the device by :func:`device_adler32`); only
 the XOR of changed tensors is copied, once, into a reused host buffer (pinned when CUDA
 is available); then zstd runs in the numpy encoder's thread pool. The output is
-byte-identical to :class:`~cwtrain.hotload.codec.DeltaEncoder` on the same bytes. On
+byte-identical to :class:`~cwtrain.hotload.codec.encode.DeltaEncoder` on the same bytes. On
 CPU tensors the same code runs (the Adler-32 of the new bytes is then taken on the host
 unless ``device_checksums = True``, which runs the device algorithm on the CPU), which
 is how CI tests it; ``scripts/gpu-check.sh`` runs the ``gpu`` tests and
@@ -58,18 +58,18 @@ except ModuleNotFoundError as _missing:  # say what to install, not just the mod
     if _missing.name != "torch":
         raise
     raise ModuleNotFoundError(
-        "cwtrain.hotload.torch needs torch; install it from a cwtrain checkout: "
+        "cwtrain.hotload.codec.device needs torch; install it from a cwtrain checkout: "
         'pip install "./packages/cwtrain-core[torch]"',
         name="torch",
     ) from None
 
 from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.codec import DeltaEncoder, EncodedSnapshot, ShardSink, TensorResult
-from cwtrain.hotload.decode import U8Array
-from cwtrain.hotload.format import DEFAULT_SHARD_BYTES, adler32
-from cwtrain.hotload.safetensors import FRAMEWORK_DTYPES
-from cwtrain.hotload.tensors import TensorData
+from cwtrain.hotload.codec.encode import DeltaEncoder, EncodedSnapshot, ShardSink, TensorResult
+from cwtrain.hotload.format.checksum import adler32
+from cwtrain.hotload.format.index import DEFAULT_SHARD_BYTES
+from cwtrain.hotload.format.safetensors import FRAMEWORK_DTYPES
+from cwtrain.hotload.format.tensors import TensorData, U8Array
 
 __all__ = [
     "TORCH_DTYPES",
@@ -81,7 +81,7 @@ __all__ = [
     "xor_changed",
 ]
 
-#: torch dtype → safetensors dtype name (from the one table, :data:`~cwtrain.hotload.safetensors.FRAMEWORK_DTYPES`).
+#: torch dtype → safetensors dtype name (from the one table, :data:`~cwtrain.hotload.format.safetensors.FRAMEWORK_DTYPES`).
 TORCH_DTYPES: dict[torch.dtype, str] = {
     getattr(torch, name): code
     for name, code in FRAMEWORK_DTYPES.items()
@@ -401,7 +401,7 @@ def _base_bytes(value: torch.Tensor | TensorData, device: torch.device) -> torch
     if isinstance(value, torch.Tensor):
         raw = tensor_bytes(value)
         return raw if raw.device == device else raw.to(device)
-    from cwtrain.hotload.decode import as_uint8
+    from cwtrain.hotload.format.tensors import as_uint8
 
     array = as_uint8(value.data)
     if not array.flags.writeable:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
+from cwtrain.hotload.format.fileio import pread_exact
 
 __all__ = [
     "check_weight_map",
@@ -307,25 +308,11 @@ def read_header_at(fd: int, file_size: int, *, source: str, offset: int = 0) -> 
     Raises:
         SnapshotError: the header is invalid, or the file is shorter than it says.
     """
-    prefix = _pread_exact(fd, min(8, max(0, file_size)), offset, source)
+    prefix = bytes(pread_exact(fd, min(8, max(0, file_size)), offset, source=source))
     length = _header_length(prefix, source, file_size)
-    raw = _pread_exact(fd, length, offset + 8, source)
+    raw = bytes(pread_exact(fd, length, offset + 8, source=source))
     parsed = parse_header(raw, source=source, data_size=file_size - 8 - length)
     return SafetensorsHeader(parsed.tensors, parsed.metadata, 8 + length)
-
-
-def _pread_exact(fd: int, count: int, offset: int, source: str) -> bytes:
-    data = bytearray(count)
-    view = memoryview(data)
-    done = 0
-    while done < count:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got <= 0:
-            raise SnapshotError(
-                f"{source}: file ended at byte {offset + done} while reading its header (did it shrink?)"
-            )
-        done += got
-    return bytes(data)
 
 
 def header_of_bytes(blob: Buffer, *, source: str) -> SafetensorsHeader:

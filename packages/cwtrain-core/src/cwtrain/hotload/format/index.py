@@ -1,11 +1,11 @@
 """The snapshot wire format: index JSON, shard names, snapshot files and checksums.
 
 Everything here is byte-exact to ``shared/spec/snapshot-format.md``; nothing here
-touches the network or torch. The neighbours: :mod:`cwtrain.hotload.safetensors`
-(the container: dtypes and headers), :mod:`cwtrain.hotload.tensors` (tensor bytes,
-:class:`~cwtrain.hotload.tensors.TensorData`), :mod:`cwtrain.hotload.identity`
-(identities and key prefixes) and :mod:`cwtrain.hotload.chain` (chain rules and the
-FULL cadence). The codec (:mod:`cwtrain.hotload.codec`) builds on all of them.
+touches the network or torch. The neighbours: :mod:`cwtrain.hotload.format.safetensors`
+(the container: dtypes and headers), :mod:`cwtrain.hotload.format.tensors` (tensor bytes,
+:class:`~cwtrain.hotload.format.tensors.TensorData`), :mod:`cwtrain.hotload.format.identity`
+(identities and key prefixes) and :mod:`cwtrain.hotload.format.chain` (chain rules and the
+FULL cadence). The codec (:mod:`cwtrain.hotload.codec.encode`) builds on all of them.
 
 :class:`SnapshotFile` ``(name, buffers)`` is one finished file of a snapshot; its bytes
 are the concatenation of ``buffers`` (for a shard: the header, then one payload per
@@ -22,8 +22,7 @@ Index JSON (sections 3 and 5)::
     local_index_bytes(index)                         # the compact on-disk delta index
 
 Shard names: :func:`shard_name` (deltas, 0-based) and :func:`full_shard_name` (FULL
-snapshots, HuggingFace's 1-based names). Checksums: :func:`adler32` (python-isal when
-installed, else :mod:`zlib`; same values), :func:`adler32_hex`.
+snapshots, HuggingFace's 1-based names). Checksums live in :mod:`cwtrain.hotload.format.checksum`.
 """
 
 from __future__ import annotations
@@ -31,14 +30,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import zlib
 from collections.abc import Buffer, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload.safetensors import SafetensorsHeader, read_header
+from cwtrain.hotload.format.safetensors import SafetensorsHeader, read_header
 
 __all__ = [
     "CHECKSUM_FORMAT",
@@ -49,15 +47,12 @@ __all__ = [
     "SHARD_NAME_RE",
     "SINGLE_FILE_NAME",
     "SnapshotFile",
-    "adler32",
-    "adler32_hex",
     "DirectoryIndex",
     "check_delta_metadata",
-    "checksum_metadata",
     "full_shard_name",
+    "generated_index",
     "generated_index_bytes",
     "index_metadata",
-    "is_checksum",
     "is_delta_index",
     "local_index_bytes",
     "parse_index",
@@ -78,54 +73,6 @@ DEFAULT_SHARD_BYTES = 2 << 30
 
 
 _DELTA_KEYS = ("version", "base_version", "delta_encoding", "compression_format", "checksum_format")
-
-# ---------------------------------------------------------------------------- checksums
-
-try:
-    from isal.isal_zlib import adler32 as _adler32_impl
-except ImportError:  # pragma: no cover - python-isal is optional
-    _adler32_impl = zlib.adler32
-
-
-def adler32(data: Buffer, value: int = 1) -> int:
-    """Adler-32 (zlib's, initial value 1) of ``data``, continuing from ``value``."""
-    return int(_adler32_impl(data, value)) & 0xFFFFFFFF
-
-
-def adler32_hex(data: Buffer) -> str:
-    """Adler-32 of ``data`` as 8 lowercase hex digits (the shard ``__metadata__`` form)."""
-    return f"{adler32(data):08x}"
-
-
-def is_checksum(text: str) -> bool:
-    """Whether ``text`` has the form of a shard checksum: 8 lowercase hex digits."""
-    return len(text) == 8 and all(c in "0123456789abcdef" for c in text)
-
-
-def checksum_metadata(
-    existing: Mapping[str, str] | None, checksums: Mapping[str, str], *, source: str
-) -> dict[str, str]:
-    """A shard's ``__metadata__`` with one Adler-32 per tensor (section 3.3).
-
-    Existing entries come first; a tensor's existing checksum is updated in place, the
-    others are appended in the order of ``checksums``.
-
-    Raises:
-        SnapshotError: a tensor is named like an existing entry that is not a checksum
-            (a tensor ``format`` beside ``"format": "pt"``): its checksum would replace
-            that entry, and readers could not tell the two apart.
-    """
-    metadata = dict(existing or {})
-    clashes = [name for name in checksums if name in metadata and not is_checksum(metadata[name])]
-    if clashes:
-        shown = ", ".join(f"{name!r} (= {metadata[name][:40]!r})" for name in clashes[:3])
-        raise SnapshotError(
-            f"{source}: tensor names clash with the shard's __metadata__ entries {shown}; a checksum "
-            "would overwrite them: rename the tensors or drop those entries"
-        )
-    metadata.update(checksums)
-    return metadata
-
 
 # ------------------------------------------------------------------------------- files
 
@@ -239,12 +186,11 @@ class DirectoryIndex(NamedTuple):
 
     Attributes:
         parsed: the parsed index.
-        generated: the generated index's bytes (section 3.2), ``None`` when the directory has an index file.
-        header: the lone file's header when the index was generated.
+        header: the lone file's header when the index was generated (``None`` when the
+            directory has an index file); :func:`generated_index_bytes` gives the bytes.
     """
 
     parsed: dict[str, Any]
-    generated: bytes | None = None
     header: SafetensorsHeader | None = None
 
 
@@ -262,8 +208,7 @@ def read_directory_index(root: str | Path) -> DirectoryIndex:
         return DirectoryIndex(parse_index(index_path.read_bytes(), source=str(index_path)))
     if single.is_file():
         header = read_header(single)
-        generated = generated_index_bytes(header)
-        return DirectoryIndex(parse_index(generated, source=f"{single} (generated index)"), generated, header)
+        return DirectoryIndex(generated_index(header), header)
     raise SnapshotNotFoundError(f"{root}: no {INDEX_NAME} (and no lone {SINGLE_FILE_NAME})")
 
 
@@ -301,19 +246,31 @@ def check_delta_metadata(metadata: Mapping[str, Any], *, source: str) -> None:
         )
 
 
-def generated_index_bytes(header: SafetensorsHeader, shard: str = SINGLE_FILE_NAME) -> bytes:
-    """The generated index of a lone ``model.safetensors`` (section 3.2).
+def generated_index(header: SafetensorsHeader, shard: str = SINGLE_FILE_NAME) -> dict[str, Any]:
+    """The index a lone ``model.safetensors`` gets (section 3.2), as :func:`parse_index` would read its bytes.
+
+    Built from the header directly, without a JSON round trip (a header of a million
+    tensors costs a second less).
 
     Raises:
         SnapshotError: the header has no tensors.
     """
     if not header.tensors:
         raise SnapshotError(f"{shard}: no tensors in the safetensors header")
-    obj = {
+    return {
         "metadata": {"total_size": sum(t.nbytes for t in header.tensors.values())},
-        "weight_map": {name: shard for name in header.tensors},
+        "weight_map": dict.fromkeys(sorted(header.tensors), shard),
     }
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
+
+
+def generated_index_bytes(header: SafetensorsHeader, shard: str = SINGLE_FILE_NAME) -> bytes:
+    """The bytes of :func:`generated_index` (section 3.2: sorted keys, two-space indent, newline).
+
+    Raises:
+        SnapshotError: the header has no tensors.
+    """
+    text = json.dumps(generated_index(header, shard), indent=2, sort_keys=True, ensure_ascii=True)
+    return (text + "\n").encode("ascii")
 
 
 def serialize_index(index: Mapping[str, Any]) -> bytes:

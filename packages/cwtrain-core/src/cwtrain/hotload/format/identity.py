@@ -21,6 +21,7 @@ __all__ = [
     "RESERVED_IDENTITIES",
     "identity_for_base_version",
     "identity_version",
+    "same_version",
     "split_version_identity",
     "snapshot_prefix",
     "validate_identity",
@@ -96,6 +97,14 @@ def identity_version(identity: str | None, run_id: str) -> int | None:
     if parts is None or parts[0] != run_id:
         return None
     return parts[1]
+
+
+def same_version(a: str, b: str) -> bool:
+    """Whether two version labels of a delta index name the same version.
+
+    Equal, or both ASCII digits of the same number (``"6"`` and ``"000006"``).
+    """
+    return a == b or (a.isascii() and b.isascii() and a.isdigit() and b.isdigit() and int(a) == int(b))
 
 
 def identity_for_base_version(base_version: str | None) -> str:

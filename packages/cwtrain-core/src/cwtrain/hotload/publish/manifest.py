@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from cwtrain.errors import SnapshotConflictError, SnapshotError
-from cwtrain.hotload.format import CHECKSUM_FORMAT
-from cwtrain.hotload.identity import validate_identity
+from cwtrain.hotload.format.identity import validate_identity
+from cwtrain.hotload.format.index import CHECKSUM_FORMAT
 from cwtrain.infra.objectstore import (
     ConditionalConflictError,
     ObjectNotFoundError,

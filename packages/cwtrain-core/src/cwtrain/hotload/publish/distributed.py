@@ -1,0 +1,696 @@
+"""Distributed publishing: every rank encodes and stores its share, one process commits the index.
+
+At scale every trainer rank encodes and uploads the tensors it holds, and one process (rank 0,
+or a driver) writes the index over every rank's shards and runs the hot-load cycle
+(:meth:`~cwtrain.hotload.publish.session.PublishSession.commit_shares`). The pieces:
+
+* :class:`SharePlan`: what one version asks of every rank (picklable: it travels to Ray
+  workers or over a process group).
+* :class:`RankShare`: one rank's side, kept for the whole run: the served copy of the tensors
+  it owns (in host memory, or on their device), its share of a version encoded chunk by chunk
+  (XOR on the device when the tensors are torch tensors; only the XOR of changed tensors
+  reaches the host), its shards stored with no index, and the new served copy committed or
+  discarded once the hot-load ended.
+* Shard names, agreed with nothing staged: :func:`layout_by_sizes` fixes them from the tensor
+  sizes every rank knows before anything is encoded (NeMo-RL's gathering generators yield
+  every tensor on every rank); :func:`number_by_counts` numbers each rank's files once the
+  ranks' file counts are all-gathered (slime).
+* :func:`commit_shares` writes the index last, refusing until every shard it names is stored.
+* :class:`Collective`: the two collectives :func:`publish_spmd` needs, which a plug-in
+  implements over its own process group (``torch.distributed`` in slime); :class:`SingleProcess`
+  is a world of one.
+
+::
+
+    share = RankShare(rank, world_size)                          # once per rank, for the run
+    outcome = publish_spmd(collective, share, chunks, session=session, plan=plan)   # rank 0: session, plan
+
+    results = [share.publish_owned(share_plan, params, s3) for each worker]        # a driver's way
+    outcome = session.commit_shares(plan, results)
+
+A snapshot is byte-identical to one encoded by a single process from the same tensors with
+the same shard layout.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Buffer, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cwtrain.errors import CWTrainError, SnapshotError
+from cwtrain.hotload.codec.encode import DeltaEncoder, ShardSink, delta_shard_header
+from cwtrain.hotload.format.index import (
+    CHECKSUM_FORMAT,
+    DEFAULT_SHARD_BYTES,
+    INDEX_NAME,
+    SnapshotFile,
+    full_shard_name,
+    serialize_index,
+    shard_name,
+    upload_index_bytes,
+)
+from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
+from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
+from cwtrain.hotload.publish.upload import SnapshotUpload
+from cwtrain.infra.enums import SnapshotType
+
+if TYPE_CHECKING:
+    from cwtrain.hotload.publish.session import PublishOutcome, PublishSession, VersionPlan
+
+__all__ = [
+    "Collective",
+    "EncodedShare",
+    "RankShare",
+    "SharePlan",
+    "ShareResult",
+    "SingleProcess",
+    "commit_shares",
+    "layout_by_sizes",
+    "merge_weight_maps",
+    "number_by_counts",
+    "publish_spmd",
+]
+
+Chunk = Iterable[tuple[str, Any]]
+"""Tensors gathered together, by name (numpy arrays, torch tensors or ``TensorData``)."""
+
+
+class Collective(Protocol):
+    """The collectives of a distributed publish (a plug-in implements them over its process group)."""
+
+    rank: int
+    world_size: int
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        ...
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``src``'s ``obj`` on every rank."""
+        ...
+
+
+class SingleProcess:
+    """A world of one (tests, single-process runs)."""
+
+    rank = 0
+    world_size = 1
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """``[obj]``."""
+        return [obj]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj``."""
+        return obj
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    """What one version asks of every rank.
+
+    Attributes:
+        identity: the new snapshot identity.
+        full: FULL snapshot (with checksums) or XOR delta.
+        previous_identity: the predecessor of a delta.
+        bucket: the deployment's hot-load bucket.
+        path_prefix: the deployment's hot-load path prefix.
+        upload_workers: objects uploaded in parallel per rank.
+        shard_bytes: payload limit of one shard.
+    """
+
+    identity: str
+    full: bool
+    previous_identity: str | None
+    bucket: str
+    path_prefix: str
+    upload_workers: int = 8
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+
+    @classmethod
+    def of(cls, plan: VersionPlan, store: SnapshotStore, *, upload_workers: int = 8) -> SharePlan:
+        """The share plan of a session's version plan, for the deployment's store."""
+        return cls(plan.identity, plan.full, plan.previous_identity, store.bucket, store.path_prefix, upload_workers)
+
+
+@dataclass
+class EncodedShare:
+    """One rank's encoded share of a version.
+
+    Attributes:
+        files: its shard files (final names once numbered).
+        weight_map: tensor → shard for the tensors it wrote (the changed ones of a delta).
+        checksums: Adler-32 (8 hex) of every tensor it owns, at the new version.
+        total_size: raw bytes of the tensors it owns.
+        bytes_changed: raw bytes of the tensors it wrote.
+        stage_seconds: the encode's wall time.
+    """
+
+    files: list[SnapshotFile]
+    weight_map: dict[str, str]
+    checksums: dict[str, str]
+    total_size: int = 0
+    bytes_changed: int = 0
+    stage_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ShareResult:
+    """What one rank reports to the committing process.
+
+    Attributes:
+        rank: the rank.
+        weight_map: tensor → shard for the tensors it wrote.
+        checksums: Adler-32 (8 hex) of every tensor it owns, at the new version.
+        total_size: raw bytes of the tensors it owns.
+        tensors_changed: tensors it wrote.
+        bytes_changed: raw bytes of those tensors.
+        payload_bytes: bytes of its shard files.
+        wire_bytes: bytes it sent (less than ``payload_bytes`` when a retry found some stored).
+        stage_seconds: its encode's wall time.
+        upload_seconds: its upload's wall time.
+        error: what went wrong on this rank (``None``: nothing).
+    """
+
+    rank: int
+    weight_map: dict[str, str] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)
+    total_size: int = 0
+    tensors_changed: int = 0
+    bytes_changed: int = 0
+    payload_bytes: int = 0
+    wire_bytes: int = 0
+    stage_seconds: float = 0.0
+    upload_seconds: float = 0.0
+    error: str | None = None
+
+
+# ------------------------------------------------------------------------------ shard names
+
+
+def layout_by_sizes(
+    sizes: Sequence[tuple[str, int]], rank: int, world_size: int, *, full: bool, shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> dict[str, str]:
+    """The shard of every tensor owned by ``rank``, from the sequence every rank sees.
+
+    Tensor ``i`` belongs to rank ``i % world_size``. Each rank gets ``S`` shard slots (enough
+    for the largest share at ``shard_bytes`` each); rank ``r`` writes slots ``r*S .. r*S+S-1``
+    of ``N = world_size * S`` (HF-style 1-based names for FULL, 0-based delta names). A
+    rank whose share did not change writes nothing.
+
+    Args:
+        sizes: ``(name, raw bytes)`` in the order every rank uses.
+        rank: this rank.
+        world_size: number of ranks.
+        full: FULL names or delta names.
+        shard_bytes: payload limit of one shard.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    shares = [0] * world_size
+    for i, (_, nbytes) in enumerate(sizes):
+        shares[i % world_size] += nbytes
+    slots = max(1, max(math.ceil(share / shard_bytes) for share in shares))
+    count = world_size * slots
+    mine = sorted((name, nbytes) for i, (name, nbytes) in enumerate(sizes) if i % world_size == rank)
+    layout: dict[str, str] = {}
+    slot, used = 0, 0
+    for name, nbytes in mine:
+        if used and used + nbytes > shard_bytes and slot < slots - 1:
+            slot, used = slot + 1, 0
+        position = rank * slots + slot
+        layout[name] = full_shard_name(position, count) if full else shard_name(position, count)
+        used += nbytes
+    return layout
+
+
+def number_by_counts(encoded: EncodedShare, counts: Sequence[int], rank: int, *, full: bool) -> EncodedShare:
+    """Rename a rank's files to their place among every rank's (``counts``: files per rank, in rank order).
+
+    A world of one keeps the encoder's own names (a lone FULL is ``model.safetensors``).
+    """
+    if full and len(counts) == 1:
+        return encoded
+    total, offset = sum(counts), sum(counts[:rank])
+    renamed = {
+        file.name: (full_shard_name if full else shard_name)(offset + i, total) for i, file in enumerate(encoded.files)
+    }
+    encoded.files = [SnapshotFile(renamed[f.name], tuple(f.buffers)) for f in encoded.files]
+    encoded.weight_map = {name: renamed[shard] for name, shard in encoded.weight_map.items()}
+    return encoded
+
+
+# ------------------------------------------------------------------------------ one rank
+
+
+class _Frames(ShardSink):
+    """Keeps the frames of changed tensors across chunks; shards are packed once all are in."""
+
+    def __init__(self, into: list[tuple[str, list[Buffer], int]]) -> None:
+        super().__init__()
+        self._into = into
+
+    def add(self, name: str, pieces: list[Buffer], length: int) -> None:
+        self._into.append((name, pieces, length))
+
+
+class _LayoutSink(ShardSink):
+    """Packs changed tensors into the shards a layout fixed."""
+
+    def __init__(self, layout: Mapping[str, str]) -> None:
+        super().__init__()
+        self.layout = layout
+        self.members: dict[str, list[tuple[str, list[Buffer], int]]] = {}
+
+    def add(self, name: str, pieces: list[Buffer], length: int) -> None:
+        self.members.setdefault(self.layout[name], []).append((name, pieces, length))
+
+    def finish(self, checksums: Mapping[str, int]) -> list[SnapshotFile]:
+        files = []
+        for shard in sorted(self.members):
+            members = self.members[shard]
+            buffers: list[Buffer] = [delta_shard_header(members, checksums)]
+            for _, pieces, _ in members:
+                buffers.extend(pieces)
+            files.append(SnapshotFile(shard, tuple(buffers)))
+        return files
+
+    def weight_map(self) -> dict[str, str]:
+        return {name: shard for shard, members in sorted(self.members.items()) for name, _, _ in members}
+
+
+def _is_torch(tensor: Any) -> bool:
+    return type(tensor).__module__.startswith("torch") and hasattr(tensor, "detach")
+
+
+def _nbytes(tensor: Any) -> int:
+    if _is_torch(tensor):
+        return int(tensor.numel() * tensor.element_size())
+    if isinstance(tensor, TensorData):
+        return tensor.nbytes
+    return int(tensor.nbytes)
+
+
+def host_copy(name: str, tensor: Any) -> TensorData:
+    """A host-memory :class:`TensorData` *copy* of ``tensor`` (never a view).
+
+    The trainer updates its parameters in place, and a served copy must keep the bytes the
+    replicas hold.
+    """
+    import numpy as np
+
+    if _is_torch(tensor):
+        from cwtrain.hotload.codec.device import tensor_data
+
+        return tensor_data(tensor.detach().to("cpu", copy=True))
+    data = as_tensor_data(name, tensor)
+    raw = data.data.read() if isinstance(data.data, FileRegion) else data.data
+    return TensorData(data.dtype, tuple(data.shape), np.array(np.frombuffer(raw, dtype=np.uint8), copy=True))
+
+
+class RankShare:
+    """One rank's side of a distributed publish; keeps the served copy of the tensors it owns.
+
+    Args:
+        rank: this rank.
+        world_size: number of ranks.
+        on_device: keep the served copy of torch tensors on their device (the XOR never
+            leaves it); ``False`` keeps host copies (device memory is the trainer's).
+
+    Attributes:
+        served: the tensors the replicas serve (this rank's share): host ``TensorData``, or
+            torch tensors on their device.
+    """
+
+    def __init__(self, rank: int = 0, world_size: int = 1, *, on_device: bool = False) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.on_device = on_device
+        self.served: dict[str, Any] = {}
+        self._pending: dict[str, Any] | None = None
+
+    def seed(self, served: Mapping[str, Any]) -> None:
+        """Start from ``served`` (the weights the replicas hold, byte-exact), e.g. the base checkpoint's.
+
+        Host values are kept as they are (not copied: the caller hands them over); torch
+        tensors as :meth:`encode` keeps them.
+        """
+        self.served = {
+            name: self._keep(name, value) if _is_torch(value) else as_tensor_data(name, value)
+            for name, value in served.items()
+        }
+        self._pending = None
+
+    def _keep(self, name: str, tensor: Any) -> Any:
+        if self.on_device and _is_torch(tensor):
+            return tensor.detach().clone()
+        return host_copy(name, tensor)
+
+    def encode(
+        self, plan: SharePlan, chunks: Iterable[Chunk], *, layout: Mapping[str, str] | None = None
+    ) -> EncodedShare:
+        """Encode this rank's share of ``plan``'s version from ``chunks`` of the tensors it owns.
+
+        Each chunk is encoded and let go before the next one is drawn, so only one chunk of
+        gathered tensors is alive at a time. A delta XORs each tensor against the served copy;
+        the new served copy (the changed tensors of a delta, every tensor of a FULL) waits for
+        :meth:`commit`.
+
+        Args:
+            plan: the version.
+            chunks: the tensors, in chunks.
+            layout: tensor → shard name fixed in advance (:func:`layout_by_sizes`); default:
+                the encoder's own names, to be numbered with :func:`number_by_counts`.
+
+        Raises:
+            SnapshotError: a delta with no served copy of a tensor, or tensors that changed
+                dtype or shape (publish FULL instead).
+        """
+        started = time.perf_counter()
+        frames: list[tuple[str, list[Buffer], int]] = []
+        checksums: dict[str, str] = {}
+        pending: dict[str, Any] = {}
+        full_host: dict[str, TensorData] = {}
+        total = changed_bytes = 0
+        with DeltaEncoder(shard_bytes=plan.shard_bytes) as encoder:
+            device = _device_encoder(encoder)
+            try:
+                for chunk in chunks:
+                    tensors = dict(chunk)
+                    total += sum(_nbytes(t) for t in tensors.values())
+                    if plan.full:
+                        host = {name: host_copy(name, tensor) for name, tensor in tensors.items()}
+                        checksums.update(encoder.checksums(host))
+                        full_host.update(host)
+                        for name, tensor in tensors.items():
+                            pending[name] = self._keep(name, tensor) if self.on_device else host[name]
+                    else:
+                        encoded = self._encode_delta(tensors, encoder, device, frames)
+                        checksums.update(encoded.checksums)
+                        for name in encoded.changed:
+                            pending[name] = self._keep(name, tensors[name])
+                            changed_bytes += _nbytes(tensors[name])
+                    del chunk, tensors
+            finally:
+                if device is not None:
+                    device.close()
+            if plan.full:
+                files, weight_map = self._full_files(encoder, full_host, checksums, layout)
+                changed_bytes = total
+            else:
+                files, weight_map = self._delta_files(encoder, frames, checksums, layout)
+        self._pending = pending
+        return EncodedShare(files, weight_map, checksums, total, changed_bytes, time.perf_counter() - started)
+
+    def _encode_delta(
+        self,
+        tensors: Mapping[str, Any],
+        encoder: DeltaEncoder,
+        device: Any,
+        frames: list[tuple[str, list[Buffer], int]],
+    ) -> Any:
+        missing = sorted(set(tensors) - set(self.served))
+        if missing:
+            raise SnapshotError(
+                f"rank {self.rank}: no served copy of {missing[:3]} to diff against; publish FULL first"
+            )
+        base = {name: self.served[name] for name in tensors}
+        if tensors and device is not None and all(_is_torch(t) for t in tensors.values()):
+            return device.encode(tensors, base, sink=_Frames(frames))
+        host = {name: host_copy(name, tensor) for name, tensor in tensors.items()}
+        served = {name: host_copy(name, value) if _is_torch(value) else value for name, value in base.items()}
+        return encoder.encode(host, served, sink=_Frames(frames))
+
+    @staticmethod
+    def _full_files(
+        encoder: DeltaEncoder,
+        host: Mapping[str, TensorData],
+        checksums: Mapping[str, str],
+        layout: Mapping[str, str] | None,
+    ) -> tuple[list[SnapshotFile], dict[str, str]]:
+        if not host:
+            return [], {}
+        ordered = {name: host[name] for name in sorted(host)}
+        if layout is not None:
+            snap = encoder.encode_full(ordered, layout=dict(layout), checksums=dict(checksums))
+        else:
+            snap = encoder.encode_full(ordered, checksums=dict(checksums))
+        return list(snap.files), dict(snap.index_json["weight_map"])
+
+    @staticmethod
+    def _delta_files(
+        encoder: DeltaEncoder,
+        frames: list[tuple[str, list[Buffer], int]],
+        checksums: Mapping[str, str],
+        layout: Mapping[str, str] | None,
+    ) -> tuple[list[SnapshotFile], dict[str, str]]:
+        if not frames:
+            return [], {}
+        sink: ShardSink = _LayoutSink(layout) if layout is not None else ShardSink(encoder.shard_bytes)
+        for name, pieces, length in sorted(frames, key=lambda frame: frame[0]):
+            sink.add(name, pieces, length)
+        files = sink.finish({name: int(value, 16) for name, value in checksums.items()})
+        return files, sink.weight_map()
+
+    def store(self, plan: SharePlan, encoded: EncodedShare, s3: Any) -> ShareResult:
+        """Upload this rank's files under ``plan``'s identity (no index); returns what to report.
+
+        Args:
+            plan: the version.
+            encoded: from :meth:`encode` (numbered).
+            s3: the object store (or a boto3 client).
+        """
+        started = time.perf_counter()
+        uploaded = []
+        if encoded.files:
+            with SnapshotUpload(
+                s3, bucket=plan.bucket, identity=plan.identity, path_prefix=plan.path_prefix,
+                workers=plan.upload_workers,
+            ) as upload:  # fmt: skip
+                for file in encoded.files:
+                    upload.add(file)
+                uploaded = upload.finish_share()
+        return ShareResult(
+            rank=self.rank,
+            weight_map=dict(encoded.weight_map),
+            checksums=dict(encoded.checksums),
+            total_size=encoded.total_size,
+            tensors_changed=len(encoded.weight_map),
+            bytes_changed=encoded.bytes_changed,
+            payload_bytes=sum(f.size for f in encoded.files),
+            wire_bytes=sum(item.size for item in uploaded if item.outcome == "uploaded"),
+            stage_seconds=encoded.stage_seconds,
+            upload_seconds=time.perf_counter() - started,
+        )
+
+    def publish_owned(self, plan: SharePlan, params: Iterable[tuple[str, Any]], s3: Any) -> ShareResult:
+        """Encode and store this rank's share of ``params``, the sequence every rank sees (every rank calls it).
+
+        Tensor ``i`` belongs to rank ``i % world_size``; shard names come from
+        :func:`layout_by_sizes`. Errors are reported in the result, never raised, so the
+        committing process sees every rank's.
+        """
+        try:
+            sizes: list[tuple[str, int]] = []
+            owned: dict[str, Any] = {}
+            for i, (name, tensor) in enumerate(params):
+                sizes.append((name, _nbytes(tensor)))
+                if i % self.world_size == self.rank:
+                    owned[name] = tensor.detach().contiguous() if _is_torch(tensor) else tensor
+            layout = layout_by_sizes(sizes, self.rank, self.world_size, full=plan.full, shard_bytes=plan.shard_bytes)
+            encoded = self.encode(plan, [list(owned.items())], layout=layout)
+            return self.store(plan, encoded, s3)
+        except Exception as exc:
+            self.discard()
+            return ShareResult(rank=self.rank, error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
+
+    def commit(self) -> None:
+        """The hot-load completed: what was published is what the replicas serve."""
+        if self._pending is not None:
+            self.served.update(self._pending)
+            self._pending = None
+
+    def discard(self) -> None:
+        """The publish failed: keep the previous served copy (the next version is FULL)."""
+        self._pending = None
+
+
+def _device_encoder(encoder: DeltaEncoder) -> Any:
+    """A :class:`~cwtrain.hotload.codec.device.TorchDeltaEncoder` on ``encoder``'s pool, or ``None`` without torch."""
+    if "torch" not in sys.modules:  # nothing in this process holds torch tensors
+        return None
+    from cwtrain.hotload.codec.device import TorchDeltaEncoder
+
+    return TorchDeltaEncoder(encoder)
+
+
+# ------------------------------------------------------------------------------ commit
+
+
+def merge_weight_maps(maps: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """One weight map from the ranks' maps, sorted by tensor name.
+
+    Raises:
+        SnapshotError: a tensor claimed by two ranks.
+    """
+    merged: dict[str, str] = {}
+    for weight_map in maps:
+        overlap = set(merged) & set(weight_map)
+        if overlap:
+            raise SnapshotError(f"tensors published by two ranks: {sorted(overlap)[:3]}")
+        merged.update(weight_map)
+    return dict(sorted(merged.items()))
+
+
+def commit_shares(
+    store: SnapshotStore,
+    identity: str,
+    shares: Sequence[ShareResult],
+    *,
+    full: bool,
+    previous_identity: str | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> StoredSnapshot:
+    """Write the index of a snapshot whose shards the ranks stored; the side files and the index last.
+
+    Args:
+        store: the deployment's snapshot store.
+        identity: the snapshot identity.
+        shares: every rank's result.
+        full: a FULL snapshot (index with ``total_size`` and ``checksum_format``) or a delta
+            (the uploaded form of snapshot-format.md §5.2).
+        previous_identity: the predecessor (delta).
+        extra_files: small files written before the index (``config.json``, tokenizer).
+
+    Returns:
+        what was stored; ``empty`` for an empty delta (nothing is written, spec §5.4).
+
+    Raises:
+        SnapshotError: a delta without predecessor, shards named in the index not stored,
+            or a tensor claimed by two ranks.
+        SnapshotConflictError: the identity holds other objects.
+    """
+    ordered = merge_weight_maps(share.weight_map for share in shares)
+    kind = SnapshotType.FULL if full else SnapshotType.INCREMENTAL
+    changed = sum(share.tensors_changed for share in shares)
+    bytes_changed = sum(share.bytes_changed for share in shares)
+    if not ordered and not full:
+        return StoredSnapshot(None, kind, tensors_changed=0, bytes_changed=0)
+    if full:
+        total_size = sum(share.total_size for share in shares)
+        metadata = {"total_size": total_size, "checksum_format": CHECKSUM_FORMAT}
+        index = serialize_index({"metadata": metadata, "weight_map": ordered})
+    else:
+        if previous_identity is None:
+            raise SnapshotError(f"delta {identity!r} has no predecessor")
+        index = upload_index_bytes(
+            {"metadata": {}, "weight_map": ordered}, version=identity, base_version=previous_identity
+        )
+    shards = sorted(set(ordered.values()))
+    with store.open_upload(identity, shared_files=shards) as upload:
+        for name, data in sorted((extra_files or {}).items()):
+            upload.add(SnapshotFile.from_bytes(name, data))
+        uri = upload.commit(SnapshotFile.from_bytes(INDEX_NAME, index))
+        results = list(upload.results.values())
+    payload = sum(share.payload_bytes for share in shares)
+    return StoredSnapshot(
+        uri,
+        kind,
+        snapshot_bytes=payload + sum(item.size for item in results),
+        wire_bytes=sum(share.wire_bytes for share in shares)
+        + sum(item.size for item in results if item.outcome == "uploaded"),
+        tensors_changed=changed,
+        bytes_changed=bytes_changed,
+    )
+
+
+# ------------------------------------------------------------------------------ SPMD
+
+
+def publish_spmd(
+    collective: Collective,
+    share: RankShare,
+    chunks: Iterable[Chunk],
+    *,
+    session: PublishSession | None = None,
+    plan: VersionPlan | None = None,
+    s3: Any = None,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> PublishOutcome | None:
+    """Publish one version from every rank's ``chunks``; every rank calls it, in step.
+
+    Rank 0 holds the ``session`` and the version's ``plan``; it shares the plan, every rank
+    encodes its chunks, the file counts are all-gathered to number the shards, every rank
+    stores its share, rank 0 commits the index and runs the hot-load cycle, and the outcome
+    is broadcast: every rank commits or discards its new served copy, and a failure anywhere
+    raises on every rank.
+
+    Args:
+        collective: rank, world size and object collectives.
+        share: this rank's :class:`RankShare`.
+        chunks: this rank's tensors, in chunks.
+        session: rank 0's session.
+        plan: rank 0's plan of this version (from ``session.begin``).
+        s3: the object store of ranks other than 0 (default: built from the environment).
+        extra_files: side files of a FULL snapshot (rank 0).
+
+    Returns:
+        the outcome on rank 0, ``None`` elsewhere.
+
+    Raises:
+        CWTrainError: publishing failed on some rank (raised on every rank).
+    """
+    rank = collective.rank
+    target: SharePlan | str | None = None
+    if rank == 0:
+        if session is None or plan is None:
+            raise CWTrainError("rank 0 of a distributed publish needs the session and the version's plan")
+        try:
+            target = SharePlan.of(plan, session.loader.store, upload_workers=session.settings.upload_workers)
+        except Exception as exc:
+            target = f"{type(exc).__name__}: {exc}"
+    target = collective.broadcast_object(target)
+    if not isinstance(target, SharePlan):
+        share.discard()
+        if rank == 0:
+            assert session is not None and plan is not None
+            session.commit_shares(plan, [ShareResult(rank=0, error=str(target))])
+        raise CWTrainError(f"cannot resolve the snapshot bucket: {target}")
+    problem: str | None = None
+    encoded: EncodedShare | None = None
+    try:
+        encoded = share.encode(target, chunks)
+    except Exception as exc:  # every rank must reach the collectives below, then all raise
+        problem = f"rank {rank}: {type(exc).__name__}: {exc}"
+    counts = collective.all_gather_object((len(encoded.files) if encoded else 0, problem))
+    problems = [p for _, p in counts if p]
+    result: ShareResult
+    if problems:
+        result = ShareResult(rank=rank, error=problems[0])
+    else:
+        assert encoded is not None
+        number_by_counts(encoded, [count for count, _ in counts], rank, full=target.full)
+        try:
+            store = session.loader.store if rank == 0 and session is not None else s3
+            result = share.store(target, encoded, store.s3 if isinstance(store, SnapshotStore) else store)
+        except Exception as exc:
+            result = ShareResult(rank=rank, error=f"rank {rank}: {type(exc).__name__}: {exc}")
+    results = collective.all_gather_object(result)
+    outcome: PublishOutcome | None = None
+    status: str | None = None
+    if rank == 0:
+        assert session is not None and plan is not None
+        try:
+            outcome = session.commit_shares(plan, results, extra_files=extra_files if target.full else None)
+        except Exception as exc:
+            status = f"{type(exc).__name__}: {exc}"
+    status = collective.broadcast_object(status)
+    if status is not None:
+        share.discard()
+        raise CWTrainError(f"publishing {target.identity} failed: {status}")
+    share.commit()
+    return outcome

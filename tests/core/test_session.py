@@ -1,0 +1,347 @@
+"""The one publish session: versions, the cadence, one budget, READY → trigger → wait → verify, records, metrics.
+
+Against the in-memory API stand-in (``fakeapi``) and the session's moto S3 server: every
+snapshot is really encoded, uploaded and read back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fakeapi import FakeAPI
+
+from cwtrain.errors import ConfigError, CWTrainError, HotLoadFailedError, SnapshotError, UsageError
+from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload.loader import HotLoader
+from cwtrain.hotload.publish.distributed import (
+    RankShare,
+    SharePlan,
+    SingleProcess,
+    layout_by_sizes,
+    publish_spmd,
+)
+from cwtrain.hotload.publish.session import PublishOutcome, PublishSession
+from cwtrain.hotload.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
+from cwtrain.integrations.nvext import read_served_identity
+
+
+@pytest.fixture
+def fake(s3_bucket: tuple[Any, str]) -> FakeAPI:
+    api = FakeAPI()
+    api.add_gateway()
+    api.add_deployment()
+    api.deployments["dep-1"]["spec"]["hotLoad"]["bucket"] = s3_bucket[1]
+    return api
+
+
+def _session(fake: FakeAPI, s3: Any, tmp_path: Path, **settings: Any) -> tuple[PublishSession, list[PublishOutcome]]:
+    loader = HotLoader(fake.client(), "dep-1", s3=s3, poll_interval=0.0, timeout=30)
+    outcomes: list[PublishOutcome] = []
+    config = HotLoadSettings("dep-1", "run", state_dir=str(tmp_path / "state"), **settings)
+    return PublishSession(config, loader=loader, sink=outcomes.append), outcomes
+
+
+def _weights(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {f"layer{i}.weight": rng.standard_normal((32, 16)).astype(np.float32) for i in range(4)}
+
+
+def _objects(s3: Any, bucket: str, identity: str) -> list[str]:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"hotload/{identity}/")
+    return sorted(item["Key"].rsplit("/", 1)[1] for item in listed.get("Contents", []))
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+def test_settings_read_every_variable_and_name_the_label_in_errors() -> None:
+    env = {
+        "CWTRAIN_HOTLOAD_DEPLOYMENT_ID": "dep",
+        "CWTRAIN_HOTLOAD_RUN_ID": "grpo-a",
+        "CWTRAIN_HOTLOAD_WAIT": "0",
+        "CWTRAIN_HOTLOAD_TIMEOUT": "90",
+        "CWTRAIN_HOTLOAD_FULL_EVERY": "5",
+        "CWTRAIN_HOTLOAD_VERIFY": "yes",
+        "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY": "reset_all",
+        "CWTRAIN_HOTLOAD_UPLOAD_WORKERS": "3",
+    }
+    settings = HotLoadSettings.from_env(env)
+    assert (settings.deployment_id, settings.run_id, settings.wait, settings.timeout) == ("dep", "grpo-a", False, 90.0)
+    assert (settings.full_every, settings.verify, settings.upload_workers) == (5, True, 3)
+    assert settings.prompt_cache_policy.name == "RESET_ALL"
+    assert HotLoadSettings.from_env(env, timeout=7.0).timeout == 7.0  # explicit beats the variable
+    with pytest.raises(ConfigError, match=r"coreweave_cfg\.hotload_timeout='-1'"):
+        HotLoadSettings.from_env(
+            {**env, "CWTRAIN_HOTLOAD_TIMEOUT": "-1"},
+            labels={"CWTRAIN_HOTLOAD_TIMEOUT": "coreweave_cfg.hotload_timeout"},
+        )
+    assert default_of("timeout") == 1800.0 and default_of("full_every") == 20
+    assert set(FIELD_VARIABLES) == {name for name in HotLoadSettings.__dataclass_fields__}
+
+
+@pytest.mark.parametrize("run_id", ["", ".", "..", "a/b", "x" * 121, "tab\there", "bidi\u202e", "initial-\u200b"])
+def test_one_run_id_rule_for_every_framework(run_id: str) -> None:
+    with pytest.raises(ConfigError, match="not a usable run id"):
+        validate_run_id(run_id, "CWTRAIN_HOTLOAD_RUN_ID")
+    with pytest.raises(ConfigError):
+        HotLoadSettings.from_env({"CWTRAIN_HOTLOAD_DEPLOYMENT_ID": "d", "CWTRAIN_HOTLOAD_RUN_ID": run_id or " "})
+
+
+# ------------------------------------------------------------------------------ versions
+
+
+def test_full_then_deltas_then_a_cut_then_an_empty_delta(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    s3, bucket = s3_bucket
+    session, outcomes = _session(fake, s3, tmp_path, full_every=3)
+    weights = _weights()
+    served: dict[str, np.ndarray] = {}
+    for version in range(5):
+        plan = session.begin()
+        assert plan.version == version
+        if version:
+            weights[f"layer{version % 4}.weight"][0, 0] += 1.0
+        if version == 4:
+            weights = {name: array.copy() for name, array in served.items()}  # nothing changed
+        outcome = session.publish_tensors(plan, weights, base=served)
+        served = {name: array.copy() for name, array in weights.items()}
+        assert outcome is outcomes[-1]
+    kinds = [(o.identity, o.chain_cut, o.incremental, o.skipped_empty) for o in outcomes]
+    assert kinds == [
+        ("run-v000000", True, False, False),
+        ("run-v000001", False, True, False),
+        ("run-v000002", False, True, False),
+        ("run-v000003", True, False, False),  # 3 % 3: the chain is cut
+        (None, False, False, True),  # nothing changed: nothing published
+    ]
+    assert [o.chain_length for o in outcomes] == [0, 1, 2, 0, 0]
+    assert [o.served_version for o in outcomes] == [0, 1, 2, 3, 3]
+    assert outcomes[1].tensors_changed == 1 and outcomes[1].bytes_changed == 32 * 16 * 4
+    assert outcomes[0].tensors_changed == 4 and outcomes[0].completed and outcomes[0].replicas_total == 2
+    # snapshot_bytes is every object of the snapshot, as stored
+    for outcome in outcomes[:4]:
+        assert outcome.identity is not None
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"hotload/{outcome.identity}/")["Contents"]
+        assert outcome.snapshot_bytes == outcome.wire_bytes == sum(item["Size"] for item in listed)
+    assert _objects(s3, bucket, "run-v000004") == []
+    assert read_served_identity(tmp_path / "state") == "run-v000003"
+    manifest = session.loader.read_manifest("run-v000002")
+    assert manifest is not None and set(manifest["tensors"]) == set(weights)
+    metrics = outcomes[1].metrics()
+    assert metrics["hotload/version"] == 1.0 and metrics["hotload/incremental"] == 1.0
+    assert all(key.startswith("hotload/") and isinstance(value, float) for key, value in metrics.items())
+
+
+def test_a_failed_hot_load_makes_the_next_version_full_and_still_reaches_the_sink(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0)
+    weights = _weights(1)
+    session.publish_tensors(session.begin(), weights)
+    fake.fail_identities.add("run-v000001")
+    changed = {name: array + 1 for name, array in weights.items()}
+    with pytest.raises(HotLoadFailedError):
+        session.publish_tensors(session.begin(), changed, base=weights)
+    assert outcomes[-1].failed and not outcomes[-1].completed and outcomes[-1].version == 1
+    plan = session.begin()
+    assert plan.version == 1 and plan.full  # the failed version is planned again, FULL
+    assert session.served_identity == "run-v000000"
+
+
+def test_versions_must_increase(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
+    session, _ = _session(fake, s3_bucket[0], tmp_path)
+    session.publish_tensors(session.begin(4), _weights())
+    with pytest.raises(UsageError, match="versions must increase"):
+        session.begin(4)
+
+
+def test_verify_is_honoured_and_counts_the_replicas(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path, verify=True)
+    session.publish_tensors(session.begin(), _weights())
+    assert outcomes[-1].replicas_verified == 2
+    plain, plain_outcomes = _session(fake, s3_bucket[0], tmp_path)
+    plain.settings = HotLoadSettings("dep-1", "other", state_dir=str(tmp_path / "state2"))
+    plain.publish_tensors(plain.begin(), _weights(2))
+    assert plain_outcomes[-1].replicas_verified == 0
+
+
+def test_a_deployment_that_is_not_ready_is_waited_for_within_the_one_budget(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path)
+    fake.deployments["dep-1"]["status"]["status"] = "STATUS_UPDATING"
+    original = fake._route
+    reads = {"n": 0}
+
+    def route(request: Any, path: str, body: Any) -> Any:  # READY after the third read of the deployment
+        if request.method == "GET" and path == "/deployments/dep-1":
+            reads["n"] += 1
+            if reads["n"] >= 3:
+                fake.deployments["dep-1"]["status"]["status"] = "STATUS_READY"
+        return original(request, path, body)
+
+    fake._route = route  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO):
+        session.publish_tensors(session.begin(), _weights())
+    assert outcomes[-1].completed
+    assert any("waiting for it to be READY" in record.getMessage() for record in caplog.records)
+
+    fake.deployments["dep-1"]["status"]["status"] = "STATUS_UPDATING"
+    reads["n"] = -(10**9)  # never READY again
+    session.settings = HotLoadSettings("dep-1", "run", timeout=0.5, state_dir=str(tmp_path / "state"))
+    plan = session.begin()
+    with pytest.raises(CWTrainError, match="not STATUS_READY"):
+        session.publish_tensors(plan, {k: v + 1 for k, v in _weights().items()}, base=_weights())
+    assert plan.budget.elapsed < 0.5 + 1.0  # one budget for the whole cycle
+
+
+def test_the_baseline_is_skipped_when_an_identical_one_completed(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    from codec_helpers import save_checkpoint
+
+    checkpoint = save_checkpoint(tmp_path / "base", _weights(3), shards=2)
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "tiny"}))
+    first, _outcomes = _session(fake, s3_bucket[0], tmp_path)
+    outcome = first.publish_baseline(checkpoint)
+    assert outcome.published and outcome.chain_cut and not outcome.baseline_skipped
+    fake.add_hot_load("h-other", "other-v000001")  # since then, the deployment served another run
+    again, _again_outcomes = _session(fake, s3_bucket[0], tmp_path)
+    skipped = again.publish_baseline(checkpoint)
+    assert skipped.baseline_skipped and not skipped.published
+    assert skipped.hot_load is not None and skipped.hot_load.identity == "run-v000000"  # pointed back at it
+    assert again.served_identity == "run-v000000" and again.begin().previous_identity == "run-v000000"
+
+
+# ------------------------------------------------------------------------------ distributed
+
+
+class _Threads:
+    """A world of ``n`` ranks on threads, with all-gather and broadcast through barriers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.slots: list[Any] = [None] * n
+        self.barrier = threading.Barrier(n)
+
+    def view(self, rank: int) -> Any:
+        world = self
+
+        class View:
+            world_size = world.n
+
+            def __init__(self) -> None:
+                self.rank = rank
+
+            def all_gather_object(self, obj: Any) -> list[Any]:
+                world.slots[rank] = obj
+                world.barrier.wait()
+                out = list(world.slots)
+                world.barrier.wait()
+                return out
+
+            def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+                return self.all_gather_object(obj)[src]
+
+        return View()
+
+
+def _spmd(session: PublishSession, shares: list[RankShare], parts: list[dict[str, Any]], full: bool = False) -> Any:
+    world = _Threads(len(shares))
+    plan = session.begin(full=full)
+    results: list[Any] = [None] * len(shares)
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            chunks = [[(name, parts[rank][name])] for name in sorted(parts[rank])]
+            results[rank] = publish_spmd(
+                world.view(rank), shares[rank], chunks,
+                session=session if rank == 0 else None, plan=plan if rank == 0 else None, s3=session.loader.s3,
+            )  # fmt: skip
+        except BaseException as exc:  # collected for the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(shares))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results[0], errors
+
+
+def test_two_ranks_publish_one_snapshot_equal_to_one_process(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    s3, bucket = s3_bucket
+    weights = _weights(4)
+    names = sorted(weights)
+    parts = [{n: weights[n] for n in names[:2]}, {n: weights[n] for n in names[2:]}]
+    session, _outcomes = _session(fake, s3, tmp_path, full_every=0)
+    shares = [RankShare(0, 2), RankShare(1, 2)]
+    outcome, errors = _spmd(session, shares, parts)
+    assert not errors and outcome.identity == "run-v000000" and outcome.chain_cut
+    assert _objects(s3, bucket, "run-v000000") == sorted(
+        [INDEX_NAME, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    )
+    changed = {name: array.copy() for name, array in weights.items()}
+    changed[names[3]][1, 1] = 42.0  # only rank 1's tensor changes
+    parts = [{n: changed[n] for n in names[:2]}, {n: changed[n] for n in names[2:]}]
+    outcome, errors = _spmd(session, shares, parts)
+    assert not errors and outcome.incremental and outcome.tensors_changed == 1
+    stored_names = _objects(s3, bucket, "run-v000001")
+    assert INDEX_NAME in stored_names and len(stored_names) == 2  # rank 0 wrote no shard
+    # one process encoding the same delta gives the same shard, byte for byte
+    alone = RankShare()
+    alone.seed({name: weights[name] for name in names})
+    plan = SharePlan("run-v000001", False, "run-v000000", bucket, "hotload")
+    encoded = alone.encode(plan, [list(changed.items())])
+    assert [f.name for f in encoded.files] == [n for n in stored_names if n != INDEX_NAME]
+    for file in encoded.files:
+        assert file.tobytes() == s3.get_object(Bucket=bucket, Key=f"hotload/run-v000001/{file.name}")["Body"].read()
+
+
+def test_a_failure_on_one_rank_raises_on_every_rank_and_nothing_is_committed(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    s3, bucket = s3_bucket
+    weights = _weights(5)
+    names = sorted(weights)
+    session, outcomes = _session(fake, s3, tmp_path, full_every=0)
+    shares = [RankShare(0, 2), RankShare(1, 2)]
+    _spmd(session, shares, [{n: weights[n] for n in names[:2]}, {n: weights[n] for n in names[2:]}])
+    bad = {n: weights[n] for n in names[2:]}
+    bad[names[2]] = weights[names[2]].astype(np.float64)  # another dtype: the delta is refused on rank 1
+    outcome, errors = _spmd(session, shares, [{n: weights[n] + 1 for n in names[:2]}, bad])
+    assert outcome is None and len(errors) == 2
+    assert all("rank 1" in str(error) for error in errors)
+    assert _objects(s3, bucket, "run-v000001") == []
+    assert outcomes[-1].failed and session.begin().full  # the next version is FULL
+    assert shares[0].served[names[0]].data is not None  # rank 0 kept its previous served copy
+
+
+def test_layout_by_sizes_gives_each_rank_its_own_slots() -> None:
+    sizes = [(f"t{i}", 10) for i in range(5)]
+    zero = layout_by_sizes(sizes, 0, 2, full=True, shard_bytes=15)
+    one = layout_by_sizes(sizes, 1, 2, full=True, shard_bytes=15)
+    assert set(zero) == {"t0", "t2", "t4"} and set(one) == {"t1", "t3"}
+    assert set(zero.values()) | set(one.values()) <= {f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)}
+    assert not set(zero.values()) & set(one.values())
+    with pytest.raises(ValueError):
+        layout_by_sizes(sizes, 2, 2, full=True)
+
+
+def test_a_single_process_world_needs_no_collective(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
+    session, _outcomes = _session(fake, s3_bucket[0], tmp_path)
+    share = RankShare()
+    outcome = publish_spmd(SingleProcess(), share, [list(_weights(6).items())], session=session, plan=session.begin())
+    assert outcome is not None and outcome.completed and set(share.served) == set(_weights(6))
+    with pytest.raises(SnapshotError, match="no served copy"):
+        RankShare().encode(SharePlan("x-v000001", False, "x-v000000", "b", "p"), [[("w", np.zeros(2, np.float32))]])
