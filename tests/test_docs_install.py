@@ -105,3 +105,15 @@ def test_the_docs_are_all_read() -> None:
 def test_every_install_line_installs_from_this_repository(doc: Path) -> None:
     bad = bad_install_lines(doc.read_text(encoding="utf-8"))
     assert not bad, f"{doc.relative_to(ROOT)} installs cwtrain from an index (use a path from a checkout): {bad}"
+
+
+SOURCES = sorted(ROOT.glob("packages/*/src/**/*.py"))
+
+
+def test_no_source_file_tells_users_to_install_cwtrain_from_an_index() -> None:
+    """Docstrings and messages name install lines from this repository too (issue 27: ``"cwtrain[torch]"``)."""
+    assert len(SOURCES) > 50
+    bad = {
+        str(p.relative_to(ROOT)): found for p in SOURCES if (found := bad_install_lines(p.read_text(encoding="utf-8")))
+    }
+    assert not bad, f"install lines that take cwtrain from an index: {bad}"

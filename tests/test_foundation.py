@@ -134,6 +134,7 @@ def test_top_level_names_pinned() -> None:
     assert sorted(cwtrain.__all__) == [
         "HotLoader",
         "InferenceClient",
+        "TensorData",
         "__version__",
         "inspect_snapshot",
         "upload_snapshot",
@@ -142,3 +143,8 @@ def test_top_level_names_pinned() -> None:
 
     assert HotLoader.__module__ == "cwtrain.hotload.loader"
     assert InferenceClient.__module__ == "cwtrain.infra.client"
+    from cwtrain import TensorData
+    from cwtrain.hotload import TensorData as HotLoadTensorData
+    from cwtrain.hotload.format.tensors import TensorData as Original
+
+    assert TensorData is HotLoadTensorData is Original

@@ -36,7 +36,7 @@ done
 [[ -n "${COREWEAVE_API_TOKEN:-}" ]] || fail "COREWEAVE_API_TOKEN is empty: create the cwtrain-api-token Secret (README step 4)"
 
 SHARED_DIR=${SHARED_DIR:-/shared}
-NEMO_RL_DIR=${NEMO_RL_DIR:-/opt/nemo-rl}
+export NEMO_RL_DIR=${NEMO_RL_DIR:-/opt/nemo-rl} # the driver resolves the config's defaults: there
 mkdir -p "$SHARED_DIR" "$CWTRAIN_HOTLOAD_STATE_DIR"
 
 # ---------------------------------------------------------------- 2. cwtrain

@@ -698,6 +698,46 @@ def test_a_bad_debug_variable_is_a_configuration_error(
 def test_the_table_is_the_one_main_uses() -> None:
     from cwtrain.cli.errors import ERROR_EXITS, find_exit
 
-    assert [row.code for row in ERROR_EXITS] == [130, 1, 1, 1, 1]
+    assert [row.code for row in ERROR_EXITS] == [130, 1, 1, 1, 1, 1]
     assert find_exit(ConfigError("x")) is ERROR_EXITS[1] and find_exit(RuntimeError()) is ERROR_EXITS[-1]
     assert find_exit(SystemExit(0)) is None
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (
+            ModuleNotFoundError("No module named 'torch'", name="torch"),
+            "error: No module named 'torch'; torch is needed by the torch publishing path, the local stack and its "
+            'demo; install it from a cwtrain checkout: pip install "./packages/cwtrain-core[torch]"',
+        ),
+        (
+            ModuleNotFoundError("No module named 'cwtrain.local'", name="cwtrain.local.stack"),
+            "error: No module named 'cwtrain.local'; cwtrain.local is part of cwtrain-local; install it from a "
+            "cwtrain checkout: pip install ./packages/cwtrain-local",
+        ),
+        (
+            ModuleNotFoundError("No module named 'ray'", name="ray"),
+            "error: No module named 'ray'; cwtrain's Ray plug-in runs inside Ray any version "
+            '(pip install "ray>=2.30"; the framework images ship it); install the plug-in from a cwtrain '
+            "checkout: pip install ./packages/cwtrain-slime",
+        ),
+        (ImportError("x is not importable: pip install ./packages/cwtrain-gym"), None),
+        (ModuleNotFoundError("No module named 'nosuch'", name="nosuch"), "internal error"),
+    ],
+)
+def test_a_missing_optional_dependency_is_one_line_with_its_install(error: ImportError, line: str | None) -> None:
+    """Issue 27: a missing torch (or other optional module) says what to install, not a bare ModuleNotFoundError."""
+    import io
+
+    from cwtrain.cli.errors import fail
+
+    stream = io.StringIO()
+    assert fail(error, debug=False, stream=stream) == 1
+    text = stream.getvalue().rstrip("\n")
+    if line is None:
+        assert text == f"error: {error}"
+    elif line == "internal error":
+        assert "this is a bug" in text
+    else:
+        assert text == line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,59 @@ def test_publish_tensors_full_and_delta_without_disk(s3_loader: tuple[HotLoader,
         loader.publish(new, "mem-v000002", previous_identity="mem-v000001", base=new)
 
 
+def _bf16(array: np.ndarray) -> TensorData:
+    """float32 → BF16 bytes by truncation (numpy has no bfloat16; TensorData carries them)."""
+    raw = np.ascontiguousarray(array, dtype="<f4").view("<u4") >> 16
+    return TensorData("BF16", tuple(array.shape), raw.astype("<u2").tobytes())
+
+
+def test_publish_checks_arrays_against_the_served_dtype(s3_loader: tuple[HotLoader, Any, str]) -> None:
+    """Issue 27: F32 arrays for a BF16 model and a FULL without config.json are caught before any upload."""
+    import cwtrain
+    from cwtrain.hotload import DtypeWarning
+
+    loader, s3, bucket = s3_loader
+    rng = np.random.default_rng(3)
+    arrays = {"lm_head.weight": rng.standard_normal((4, 8)).astype(np.float32), "model.norm.weight": np.ones(8)}
+    arrays["model.norm.weight"] = arrays["model.norm.weight"].astype(np.float32)
+    config = json.dumps({"model_type": "tiny", "torch_dtype": "bfloat16"}).encode()
+
+    # a FULL without config.json: refused, nothing stored
+    with pytest.raises(SnapshotError, match=r"FULL snapshot needs the model's config\.json"):
+        loader.publish(arrays, "dt-v000000")
+    assert _keys(s3, bucket, "hotload/dt-v000000/") == []
+    with pytest.raises(SnapshotError, match="must be a JSON object"):
+        loader.publish(arrays, "dt-v000000", extra_files={"config.json": b"[1]"})
+
+    # F32 arrays for a model config.json says is BF16: a warning naming the served dtype
+    with pytest.warns(DtypeWarning, match=r"2 of 2 tensors are F32 .* the model is served in BF16") as caught:
+        loader.publish(arrays, "dt-v000000", extra_files={"config.json": config})
+    assert caught[0].filename == __file__  # points at the caller, not into cwtrain
+
+    # BF16 handed over as TensorData (exported from cwtrain): no warning, BF16 stored
+    served = {name: _bf16(a) for name, a in arrays.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.publish(served, "dt-v000001", extra_files={"config.json": config})
+    header = s3.get_object(Bucket=bucket, Key="hotload/dt-v000001/model.safetensors")["Body"].read()
+    size = int.from_bytes(header[:8], "little")
+    assert {t["dtype"] for k, t in json.loads(header[8 : 8 + size]).items() if k != "__metadata__"} == {"BF16"}
+    assert cwtrain.TensorData is TensorData
+
+    # a delta of F32 arrays on the BF16 served weights: an error naming both dtypes, nothing stored
+    arrays["lm_head.weight"][0, 0] += 1
+    with pytest.raises(SnapshotError, match=r"'lm_head\.weight' is F32, served as BF16.*TensorData\('BF16'"):
+        loader.publish(arrays, "dt-v000002", previous_identity="dt-v000001", base=served)
+    assert _keys(s3, bucket, "hotload/dt-v000002/") == []
+
+    # a FULL checked against base= (the served weights): names, dtypes and shapes must match
+    with pytest.raises(SnapshotError, match=r"must match the served weights.*'lm_head\.weight' is F32 \[4, 8\]"):
+        loader.publish(arrays, "dt-v000002", base=served, extra_files={"config.json": config})
+    wider = {**served, "extra.weight": _bf16(np.zeros(2, np.float32))}
+    with pytest.raises(SnapshotError, match=r"'extra\.weight' is not served"):
+        loader.publish(wider, "dt-v000002", base=served, extra_files={"config.json": config})
+
+
 def test_publish_refuses_a_deployment_without_hot_load(fake: FakeAPI, tmp_path: Path) -> None:
     fake.add_deployment("plain", hot_load=False)
     loader = HotLoader(fake.client(), "plain")
@@ -285,6 +339,24 @@ def test_wait_timeout(loader: HotLoader, fake: FakeAPI) -> None:
     hot = loader.trigger("slow")
     with pytest.raises(HotLoadTimeoutError, match=r"did not finish within 0.05s \(0/2 replicas ready\)"):
         loader.wait(hot.id, timeout=0.05)
+
+
+def test_waits_adapt_below_the_default_interval_to_a_fast_service(
+    fake: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default 5 s poll interval is the cap: an API that answers at once is polled far sooner (issue 27)."""
+    import cwtrain.polling as polling
+
+    sleeps: list[float] = []
+    real_sleep = polling.time.sleep
+    monkeypatch.setattr(polling.time, "sleep", lambda s: (sleeps.append(s), real_sleep(s)))
+    loader = HotLoader(fake.client(), "dep-1", timeout=60)
+    assert loader.poll_interval == 5.0
+    fake.steps_to_complete = 4
+    hot = loader.trigger("fast")
+    assert loader.wait(hot.id).state is HotLoadState.COMPLETED
+    assert len(sleeps) == 3 and all(0 < s < 1.0 for s in sleeps), sleeps  # a fixed 5 s interval: [5.0] * 3
+    assert sum(sleeps) < 1.0
 
 
 def test_wait_tolerates_transient_errors(fake: FakeAPI) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import numpy as np
 import pytest
 
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.format.chain import deltas_after, resolve_type
 from cwtrain.hotload.format.tensors import TensorData, as_tensor_data, to_tensor_data
+from cwtrain.hotload.publish.tensor_checks import DtypeWarning, check_published_tensors
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.models import HotLoad
 
@@ -82,3 +86,52 @@ def test_resolve_type() -> None:
     assert resolve_type(Info(), None, None) == (SnapshotType.INCREMENTAL, "prev")
     with pytest.raises(SnapshotError):
         resolve_type(Info(), "other", None)
+
+
+def _config(**fields: object) -> dict[str, bytes]:
+    return {"config.json": json.dumps({"model_type": "m", **fields}).encode()}
+
+
+def test_check_published_tensors_rules() -> None:
+    """Which served dtype a FULL is compared with, and when it is not (issue 27)."""
+    f32 = np.zeros((2, 2), np.float32)
+    bf16 = TensorData("BF16", (2, 2), bytes(8))
+    fp8 = TensorData("F8_E4M3", (2, 2), bytes(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # no declared dtype, a quantized model, or tensors already in the declared dtype: nothing to say
+        check_published_tensors({"w": f32}, base=None, extra_files=_config(), delta=False)
+        check_published_tensors(
+            {"w": f32}, base=None, extra_files=_config(torch_dtype="bfloat16", quantization_config={}), delta=False
+        )
+        check_published_tensors({"w": bf16, "q": fp8}, base=None, extra_files=_config(dtype="bfloat16"), delta=False)
+        # integer tensors are not compared with a floating dtype
+        ids = np.zeros(3, np.int64)
+        check_published_tensors(
+            {"w": bf16, "ids": ids}, base=None, extra_files=_config(torch_dtype="bfloat16"), delta=False
+        )
+        # a delta whose dtypes match the served ones
+        check_published_tensors({"w": bf16}, base={"w": bf16}, extra_files=None, delta=True)
+    with pytest.warns(DtypeWarning, match=r"1 of 2 tensors are F32 \('w'\).*'float16'.*served in F16"):
+        check_published_tensors(
+            {"w": f32, "n": TensorData("F16", (2,), bytes(4))},
+            base=None,
+            extra_files=_config(torch_dtype="float16"),
+            delta=False,
+        )
+    with pytest.raises(SnapshotError, match="not JSON"):
+        check_published_tensors({"w": f32}, base=None, extra_files={"config.json": b"{"}, delta=False)
+    with pytest.raises(SnapshotError, match="'w' is F32, served as BF16"):
+        check_published_tensors({"w": f32}, base={"w": bf16}, extra_files=None, delta=True)
+
+
+def test_check_published_tensors_reads_torch_dtypes_without_copying() -> None:
+    torch = pytest.importorskip("torch")
+    bf16 = torch.zeros((2, 2), dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_published_tensors(
+            {"w": bf16}, base={"w": TensorData("BF16", (2, 2), bytes(8))}, extra_files=None, delta=True
+        )
+    with pytest.raises(SnapshotError, match="'w' is F32, served as BF16"):
+        check_published_tensors({"w": bf16.float()}, base={"w": bf16}, extra_files=None, delta=True)

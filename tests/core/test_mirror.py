@@ -71,6 +71,8 @@ def test_apply_chain_and_write_full(tmp_path: Path, chain: dict[str, Path], on_d
     reference = write_full_snapshot(chain["c3"], tmp_path / "reference")
     for name in ("model.safetensors", "model.safetensors.index.json", "config.json"):
         assert (out / name).read_bytes() == (reference / name).read_bytes()
+    # what a FULL published from the mirror's tensors carries beside them (HotLoader.publish(extra_files=))
+    assert mirror.files == {"config.json": (reference / "config.json").read_bytes()}
     manifest = mirror.manifest("run-v000003", deployment_id="dep", run_id="run", version="000003")
     assert list(manifest) == sorted(manifest) and manifest["tensors"] == dict(sorted(expected.items()))
     assert manifest["checksum_format"] == "adler32" and manifest["identity"] == "run-v000003"
@@ -165,6 +167,7 @@ def test_memory_mirror_from_tensors_and_encoded_delta(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["model.safetensors", "model.safetensors.index.json"]
     seeded = WeightMirror.create(base, tmp_path / "disk", files={"config.json": b"{}"})
     seeded.write_full_snapshot(tmp_path / "cut2")
+    assert seeded.files == {"config.json": b"{}"} and mirror.files == {}
     assert (tmp_path / "cut2" / "config.json").read_bytes() == b"{}"
     assert _raw(load_full_dir(tmp_path / "cut2")) == _raw(seeded.tensors)
     seeded.close()

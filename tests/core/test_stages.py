@@ -215,9 +215,10 @@ def test_store_full_uploads_shard_k_while_shard_k_plus_1_is_built(
     monkeypatch.setattr(ObjectSource, "sha256", spy_sha256)
     monkeypatch.setattr(codec_module.FullSnapshotPlan, "build", build)
     store = SnapshotStore(client, bucket, "p")
-    store.upload_tensors(new, "full-v1")
+    store.upload_tensors(new, "full-v1", extra_files={"config.json": b"{}"})  # a FULL needs its config.json
     assert waited == [True] * 3
     stored = _stored(client, bucket, "p/full-v1")
+    assert stored.pop("config.json") == b"{}"
     with DeltaEncoder(workers=2) as enc:
         expected = enc.encode_full(new)
     assert {f.name: hashlib.sha256(f.tobytes()).hexdigest() for f in expected.all_files} == {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,7 +44,9 @@ def _check_run(summary: dict[str, Any], steps: int, replicas: int) -> None:
 
 def test_demo_cli_handler_publishes_deltas_and_fulls(cli_run: dict[str, Any]) -> None:
     assert cli_run["code"] == 0
-    summary = json.loads(cli_run["out"])  # exactly one JSON document on stdout
+    summary = json.loads(cli_run["out"])  # --json: exactly one JSON document on stdout
+    assert json.loads(cli_run["json_file"].read_text()) == summary  # --json-file: the same document
+    assert summary["task"] == demo.TASK and summary["pass_rule"] == demo.PASS_RULE
     err = cli_run["err"]
     _check_run(summary, steps=3, replicas=2)
     types = [r["snapshot_type"] for r in summary["steps"]]
@@ -54,12 +57,33 @@ def test_demo_cli_handler_publishes_deltas_and_fulls(cli_run: dict[str, Any]) ->
     assert delta["tensors_changed"] > 0
     assert "step   3/3" in err and "median publish" in err and "everything torn down" in err
     assert f"report: {cli_run['report']}" in err and cli_run["report"].is_file()
+    assert f"figures (JSON): {cli_run['json_file']}" in err
+    # the summary comes last: the table, then the verdict and nothing after it
+    lines = err.rstrip("\n").splitlines()
+    verdict = "reward climbed: final" if summary["reward_goal_met"] else "reward did NOT reach the goal: final"
+    assert lines[-1].startswith(f"{verdict} {summary['final_reward']:.3f}")
+    assert lines[-1].endswith("; everything torn down.")
+    table = lines.index(next(line for line in lines if line.startswith("summary ")))
+    assert table > lines.index(next(line for line in lines if line.startswith("step   3/3")))
+    assert lines[table + 2].startswith("task ") and "parity digits" in lines[table + 2]
 
 
-def test_demo_is_reproducible_with_seed(cli_run: dict[str, Any]) -> None:
-    """Same seed, other replica count and cadence: the same rollouts, rewards and weights."""
+def test_demo_is_reproducible_with_seed(
+    cli_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Same seed, other replica count and cadence: the same rollouts, rewards and weights.
+
+    This run goes through the handler without ``--json``: nothing on stdout, the summary last on stderr.
+    """
     first = json.loads(cli_run["out"])
-    second = demo.run_demo(demo.DemoConfig(steps=2, replicas=1, full_every=10, check=False))
+    figures = tmp_path / "second.json"
+    code = demo.main(
+        _args("--steps", "2", "--replicas", "1", "--full-every", "10", "--no-check", "--json-file", str(figures))
+    )
+    out, err = capsys.readouterr()
+    assert code == 0 and out == ""  # the JSON only where it was asked for
+    assert err.rstrip("\n").splitlines()[-1].endswith("; everything torn down.")
+    second = json.loads(figures.read_text())
     assert second["rewards"] == first["rewards"][:2]
     keys = ("identity", "mean_reward", "logprob_gap", "served_identities")
     assert [[r[k] for k in keys] for r in second["steps"]] == [[r[k] for k in keys] for r in first["steps"][:3]]
@@ -74,3 +98,22 @@ def test_bad_options_are_refused() -> None:
         demo.main(_args("--group-size", "1"))
     with pytest.raises(ConfigError, match="--full-every"):
         demo.main(_args("--full-every", "65"))
+
+
+def test_bad_output_paths_are_refused_before_the_run(tmp_path: Path) -> None:
+    from cwtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--json-file .* is a directory"):
+        demo.main(_args("--json-file", str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"--report .* is a directory"):
+        demo.main(_args("--report", str(tmp_path)))
+
+
+def test_help_states_the_task_and_the_pass_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    from cwtrain.cli import main
+
+    assert main(["demo", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert 'Task: parity digits: each prompt is "even: " or "odd: "' in text
+    assert "Pass rule: exit 0 when the final step's mean reward is at least 0.5 and at least twice the first" in text
+    assert "--json " in text and "--json-file PATH" in text

@@ -3,9 +3,10 @@
 The run is :mod:`test_demo`'s ``cli_run`` (3 steps, FULL every 2, two replicas). Chromium
 (Debian's ``chromium`` package; CI installs it) loads the file with no network, once to
 dump the DOM after the page's script ran and once for a screenshot. The DOM must hold the
-four plots with the run's own figures as text; the screenshot must show ink, and each
-series' colour, inside every plot's rectangle. ``CWTRAIN_REPORT_SCREENSHOT=path`` keeps a
-copy of the screenshot.
+configuration table (task, pass rule, settings) and the four plots with the run's own
+figures as text; the screenshot must show ink, and each series' colour, inside every
+plot's rectangle. In a narrow window the grid is one column and every plot fits it.
+``CWTRAIN_REPORT_SCREENSHOT=path`` keeps a copy of the screenshot.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 from decimal import ROUND_HALF_UP, Decimal
 from html.parser import HTMLParser
@@ -28,12 +30,13 @@ from cwtrain.local.demo.page import identity_lag
 
 pytestmark = pytest.mark.e2e
 
-WINDOW = (1360, 900)
+WINDOW = (1360, 1000)
+NARROW = (560, 2000)
 SERIES_COLORS = {
     "reward": ["#1f77b4"],
     "latency": ["#ff7f0e", "#2ca02c"],
     "bytes": ["#d62728", "#9467bd"],
-    "lag": ["#17becf"],
+    "time": ["#17becf", "#e377c2", "#ff7f0e", "#2ca02c"],
 }
 
 
@@ -44,7 +47,9 @@ def _browser() -> str:
     return found
 
 
-def _chromium(profile: Path, *args: str, url: str) -> subprocess.CompletedProcess[str]:
+def _chromium(
+    profile: Path, *args: str, url: str, window: tuple[int, int] = WINDOW
+) -> subprocess.CompletedProcess[str]:
     command = [
         _browser(),
         "--headless",
@@ -60,7 +65,7 @@ def _chromium(profile: Path, *args: str, url: str) -> subprocess.CompletedProces
         "--force-device-scale-factor=1",
         "--hide-scrollbars",
         f"--user-data-dir={profile}",
-        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        f"--window-size={window[0]},{window[1]}",
         *args,
         url,
     ]
@@ -74,13 +79,17 @@ class _Page(HTMLParser):
         super().__init__()
         self.plots: dict[str, dict[str, Any]] = {}
         self.body: dict[str, str | None] = {}
+        self.config: list[str] = []
         self._plot: str | None = None
         self._text = False
+        self._config = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
         if tag == "body":
             self.body = a
+        if tag == "table" and a.get("id") == "config":
+            self._config = True
         if tag == "svg" and a.get("data-plot"):
             self._plot = str(a["data-plot"])
             self.plots[self._plot] = {"rect": a.get("data-rect"), "texts": [], "marks": []}
@@ -91,11 +100,15 @@ class _Page(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "svg":
             self._plot = None
+        if tag == "table":
+            self._config = False
         self._text = False
 
     def handle_data(self, data: str) -> None:
         if self._text and self._plot is not None:
             self.plots[self._plot]["texts"].append(data)
+        if self._config and data.strip():
+            self.config.append(data.strip())
 
 
 def _fixed(value: float, digits: int) -> str:
@@ -119,6 +132,7 @@ def _expected_captions(summary: dict[str, Any]) -> dict[str, str]:
     steps = summary["steps"]
     published = [s for s in steps if s["snapshot_type"] != "SKIPPED"]
     lags = [lag for lag in identity_lag(steps) if lag is not None]
+    sampled = steps[1:]
     return {
         "reward": f"mean reward: first {_fixed(summary['first_reward'], 3)}, "
         f"final {_fixed(summary['final_reward'], 3)}",
@@ -127,8 +141,9 @@ def _expected_captions(summary: dict[str, Any]) -> dict[str, str]:
         f"max hot-load {_ms(max(s['hot_load_seconds'] for s in published))}",
         "bytes": f"FULL: {summary['full_snapshots']}, median {_size(summary['median_full_bytes'])}; "
         f"delta: {summary['delta_snapshots']}, median {_size(summary['median_delta_bytes'])}",
-        "lag": f"lag: max {max(lags)} version{'' if max(lags) == 1 else 's'}; "
-        f"{lags.count(0)}/{len(lags)} steps sampled from the newest identity",
+        "time": f"median rollout {_ms(statistics.median(r['rollout_seconds'] for r in sampled))}, "
+        f"train {_ms(statistics.median(r['train_seconds'] for r in sampled))}; "
+        f"{lags.count(0)}/{len(lags)} steps on the newest weights",
     }
 
 
@@ -149,7 +164,10 @@ def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: d
     page = _Page()
     page.feed(dom)
     assert page.body.get("data-drawn") == "4", "the page's script did not finish"
-    assert list(page.plots) == ["reward", "latency", "bytes", "lag"]
+    assert list(page.plots) == ["reward", "latency", "bytes", "time"]
+    # the configuration rows: what was trained, when it passes, with which settings
+    assert page.config[:2] == ["task", summary["task"]] and page.config[2:4] == ["pass rule", summary["pass_rule"]]
+    assert page.config[4] == "configuration" and page.config[5].startswith("steps 3, seed 0, replicas 2, FULL every 2")
 
     # the run's own figures, as text in each plot
     for plot, caption in _expected_captions(summary).items():
@@ -165,7 +183,11 @@ def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: d
     assert [(m[1], m[2]) for m in marks["bytes"]] == [
         (s["snapshot_type"], s["step"]) for s in steps if s["snapshot_type"] != "SKIPPED"
     ]
-    assert [m[2] for m in marks["lag"]] == [s["step"] for s in steps[1:]]
+    # time per step: one stacked segment per stage that took time (step 0 only publishes)
+    stages = ("rollout_seconds", "train_seconds", "publish_seconds", "hot_load_seconds")
+    expected = [(key.removesuffix("_seconds"), s["step"]) for s in steps for key in stages if s[key] > 0]
+    assert [(m[1], m[2]) for m in marks["time"]] == expected
+    assert {m[1] for m in marks["time"] if m[2] == 0} == {"publish", "hot_load"}
 
     # the screenshot: ink and each series' colour inside every plot
     shot = tmp_path / "report.png"
@@ -175,6 +197,8 @@ def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: d
         shutil.copyfile(shot, keep)
     pixels = read_png(shot)[:, :, :3].astype(np.int16)
     assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
+    rects = {name: [int(v) for v in str(plot["rect"]).split(",")] for name, plot in page.plots.items()}
+    assert rects["reward"][1] == rects["latency"][1] < rects["bytes"][1] == rects["time"][1]  # two columns here
     for name, plot in page.plots.items():
         x, y, w, h = (int(v) for v in str(plot["rect"]).split(","))
         assert w >= 600 and h >= 300 and x + w <= WINDOW[0] and y + h <= WINDOW[1], (name, plot["rect"])
@@ -186,3 +210,17 @@ def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: d
             rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
             hits = int(np.all(np.abs(region - rgb) <= 12, axis=2).sum())
             assert hits >= 20, (name, color, hits)
+
+
+def test_report_grid_is_one_column_in_a_narrow_window(cli_run: dict[str, Any], tmp_path: Path) -> None:
+    """The grid used to be two fixed 640 px columns; in a 560 px window each plot now fits the window."""
+    url = cli_run["report"].resolve().as_uri()
+    page = _Page()
+    page.feed(_chromium(tmp_path / "profile-narrow", "--dump-dom", url=url, window=NARROW).stdout)
+    assert page.body.get("data-drawn") == "4"
+    rects = [tuple(int(v) for v in str(plot["rect"]).split(",")) for plot in page.plots.values()]
+    for x, _, w, h in rects:
+        assert x >= 0 and x + w <= NARROW[0] and w >= NARROW[0] * 0.8, rects
+        assert abs(h / w - 340 / 640) < 0.02, rects  # scaled, not cropped
+    tops = [y for _, y, _, _ in rects]
+    assert tops == sorted(tops) and len(set(tops)) == 4  # one column: one plot under the other

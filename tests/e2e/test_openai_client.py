@@ -194,3 +194,34 @@ def test_prompt_logprobs_through_the_gateway(client: Any, local: tuple[LocalStac
     block = response.json()["choices"][0]["logprobs"]
     assert len(block["token_logprobs"]) == len(prompt) + 1  # the prompt, then the one token generated
     assert block["token_logprobs"][1 : len(prompt)] == pytest.approx(expected, abs=2e-4)
+
+
+def test_vllm_routes_outside_v1_answer_without_a_key(local: tuple[LocalStack, Any]) -> None:
+    """Issue 27: vLLM's /health, /ping, /version and /metrics answer, and only /v1 needs the key (vLLM's --api-key)."""
+    stack, target = local
+    origin = target.base_url.removesuffix("/v1")
+    health = httpx.get(origin + "/health")
+    assert health.status_code == 200 and health.content == b""
+    assert httpx.get(origin + "/ping").status_code == 200 and httpx.post(origin + "/ping").status_code == 200
+    assert httpx.get(origin + "/version").json() == {"version": "0.31.0"}
+    metrics = httpx.get(origin + "/metrics")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert f'cwtrain_local_served_identity{{model_name="{target.model}",identity="initial"}} 1' in metrics.text
+    assert f'vllm:num_requests_running{{model_name="{target.model}"}} ' in metrics.text
+    tokens = httpx.post(origin + "/tokenize", json={"model": target.model, "prompt": "two"})
+    assert tokens.status_code == 200 and tokens.json()["tokens"] == TOK.encode("two", add_special_tokens=True)
+    assert httpx.post(origin + "/detokenize", json={"model": target.model, "tokens": [5]}).status_code == 200
+    # /v1 still needs the key; the 401 carries its code as a number, as every other error does
+    refused = httpx.get(origin + "/v1/models")
+    assert refused.status_code == 401
+    assert refused.json()["error"] == {
+        "message": "missing bearer token (Authorization: Bearer <key>)",
+        "type": "authentication_error",
+        "code": 401,
+    }
+    wrong = httpx.post(origin + "/v1/completions", json={"model": target.model}, headers={"Authorization": "Bearer x"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == 401
+    missing = httpx.post(
+        origin + "/v1/nothing", json={"model": target.model}, headers={"Authorization": f"Bearer {stack.token}"}
+    )
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == 404

@@ -105,8 +105,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
     ),
     "local-auth": (
         "unauthenticated callers of the local stack",
-        "requests without a token or with a wrong one to the control plane, a gateway and a replica (/admin/hotload, /v1/completions, /health), some declaring a 1 GiB body they never send",
-        "401 in each server's error shape before a byte of the body is read; the replica keeps its identity",
+        "requests without a token or with a wrong one to the control plane, a gateway and a replica (/admin/hotload, /admin/weights, /v1/completions), some declaring a 1 GiB body they never send",
+        "401 in each server's error shape before a byte of the body is read; the replica keeps its identity; /health and /tokenize answer without one, as vLLM's --api-key guards only /v1",
     ),
     "local-bodies": (
         "malformed or oversized request bodies",

@@ -5,8 +5,9 @@ of ``abc``, ``-1``, ``1e11``, a 1 GiB body never sent) and the answer's timing s
 the server tried to read what it should have refused:
 
 - ``local-auth``: no token or a wrong one, to the control plane, a gateway and a replica
-  (``/admin/hotload``, ``/v1/completions``, ``/health``): 401 in the server's error shape
-  before a byte of the body is read, and the replica keeps its identity.
+  (``/admin/hotload``, ``/admin/hotload/cancel``, ``/admin/weights``, ``/v1/completions``):
+  401 in the server's error shape before a byte of the body is read, and the replica keeps
+  its identity; the routes vLLM leaves open (``/health``, ``/tokenize``) answer without one.
 - ``local-bodies``: malformed framings and oversized bodies: 400 or 413 at once, in the
   server's error shape, and the server goes on answering.
 - ``deep-json``: a body nested 129, 900 and 100,000 levels deep: 400 in the server's error
@@ -125,9 +126,10 @@ def test_replica_routes_need_the_replica_token(stack: LocalStack, target: Deploy
     hot_load = json.dumps({"hot_load_id": "x", "identity": "evil", "chain": [{"identity": "evil", "type": "FULL"}]})
     attempts = [
         ("POST", "/admin/hotload", hot_load),
+        ("POST", "/admin/hotload/cancel", json.dumps({"hot_load_id": "x"})),
         ("POST", "/v1/completions", json.dumps({"model": target.model, "prompt": "hi", "max_tokens": 1})),
         ("GET", "/admin/weights", ""),
-        ("GET", "/health", ""),
+        ("GET", "/v1/models", ""),
     ]
     for method, path, body in attempts:
         for auth in ([], [f"Authorization: Bearer {stack.token}"]):  # the API token is not the replica's
@@ -137,6 +139,15 @@ def test_replica_routes_need_the_replica_token(stack: LocalStack, target: Deploy
             _shape("replica", status, doc)
     _, _, after = _exchange(origin, _head("GET", "/health", good, "Connection: close"))
     assert after["identity"] == identity and after["hot_load_id"] != "x"
+    # what vLLM's --api-key leaves open needs no token here either (it guards /v1 only)
+    status, _, open_health = _exchange(origin, _head("GET", "/health", "Connection: close"))
+    assert status == 200 and open_health["identity"] == identity
+    body = json.dumps({"model": target.model, "prompt": "hi"}).encode()
+    head = _head(
+        "POST", "/tokenize", "Content-Type: application/json", f"Content-Length: {len(body)}", "Connection: close"
+    )
+    status, _, tokens = _exchange(origin, head, body)
+    assert status == 200 and tokens["count"] == len(tokens["tokens"])
 
 
 @pytest.mark.fault_row("local-bodies")

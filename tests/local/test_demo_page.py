@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -51,5 +52,23 @@ def test_the_page_carries_the_run_and_fetches_nothing(tmp_path: Path) -> None:
     assert [s["lag"] for s in data["steps"]] == [None, 0, 0, 0, None]
     assert data["steps"][4]["served"] == ["</script><b>x"]
     assert [s["type"] for s in data["steps"]] == ["FULL", "INCREMENTAL", "SKIPPED", "INCREMENTAL", "INCREMENTAL"]
-    for plot in ("reward", "latency", "bytes", "lag"):
+    for plot in ("reward", "latency", "bytes", "time"):
         assert f'<figure id="{plot}">' in page
+    assert '<figure id="lag">' not in page  # always 0 in the demo: a figure of the time plot's caption now
+
+
+def test_the_page_states_the_task_pass_rule_and_settings() -> None:
+    """Issue 27: the report says what the demo trains and when it passes (a configuration table)."""
+    from cwtrain.local.demo.report import PASS_RULE, TASK
+
+    config = {"steps": 4, "seed": 3, "replicas": 2, "full_every": 10, "group_size": 8, "lr": 0.003, "check": True}
+    page = render_report({"config": config, "steps": STEPS})
+    table = re.search(r'<table id="config">(.*?)</table>', page, re.S)
+    assert table is not None
+    rows = re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", table[1])
+    assert [k for k, _ in rows] == ["task", "pass rule", "configuration"]
+    assert rows[0][1] == html.escape(TASK) and rows[1][1] == html.escape(PASS_RULE)
+    assert rows[2][1] == "steps 4, seed 3, replicas 2, FULL every 10, group size 8, learning rate 0.003"
+    data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)[1])
+    assert data["task"] == TASK and data["pass_rule"] == PASS_RULE
+    assert "grid-template-columns: repeat(auto-fit" in page and "640px" not in page  # no fixed-width grid

@@ -216,6 +216,20 @@ def test_patch_helper_refuses_other_versions_and_detects_applied(tmp_path: Path)
     assert apply_patch(tmp_path, installed="0.7.0") == "already applied"
 
 
+def test_patch_helper_without_nemo_rl_does_not_ask_for_the_plugin_it_runs_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: the helper runs from the plug-in, so the fix is NeMo-RL's environment, not the plug-in."""
+    import cwtrain.integrations.nemo_rl.patch as patch
+
+    monkeypatch.setattr(patch, "installed_version", lambda framework: None)
+    with pytest.raises(CWTrainError) as refused:
+        patch.apply_patch(tmp_path)
+    message = str(refused.value)
+    assert message.startswith("NeMo-RL is not installed in this environment: the patch is for nemo_rl v0.7.0")
+    assert "the NeMo-RL v0.7.0 image ships it" in message and "pip install" not in message
+
+
 def test_generation_without_nemo_rl_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
     import sys

@@ -282,6 +282,8 @@ def test_chain_is_cut_from_the_served_copy_every_f_versions(
     # the cut is the served copy's tensors, sent from memory: nothing staged beside the served identity
     assert sorted(recording_loader.published[3][4]["weight_map"]) == sorted(tiny_weights())
     assert [p.name for p in Path(run.args.update_weight_disk_dir + "-hotload").iterdir()] == ["served_identity"]
+    # the cut carries the baseline's small files: a FULL snapshot needs its config.json (issue 27)
+    assert "config.json" in recording_loader.published[3][3]
     assert run.results[4]["hotload/skipped_empty"] == 1.0
     assert run.results[3]["hotload/chain_cut"] == 1.0 and run.results[3]["hotload/tensors_verified"] == 1.0
     # every manifest holds the Adler-32 of every tensor of exactly the weights of its version

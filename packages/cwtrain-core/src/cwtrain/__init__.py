@@ -9,6 +9,10 @@ checkpoint hot-load, and sample rollouts from its OpenAI-compatible endpoint::
     loader.publish("checkpoints/step-7", identity="run1-v000007",
                    previous_identity="run1-v000006")
 
+Weights in memory are a mapping of name to numpy array, torch tensor or
+:class:`TensorData` (dtype name, shape, raw bytes: how BF16 goes over from numpy, which
+has no bfloat16); see :meth:`HotLoader.publish` for what is checked before an upload.
+
 ``cwtrain`` and ``cwtrain.integrations`` are shared by several distributions
 (``cwtrain-local``, ``cwtrain-slime``, ...); this package makes both extendable.
 Importing ``cwtrain`` loads neither torch nor ray: the names below are resolved on
@@ -27,15 +31,17 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 
 if TYPE_CHECKING:
     from cwtrain.hotload.files.validate import inspect_snapshot
+    from cwtrain.hotload.format.tensors import TensorData
     from cwtrain.hotload.loader import HotLoader
     from cwtrain.hotload.publish.upload import upload_snapshot
     from cwtrain.infra.client import InferenceClient
 
-__all__ = ["HotLoader", "InferenceClient", "__version__", "inspect_snapshot", "upload_snapshot"]
+__all__ = ["HotLoader", "InferenceClient", "TensorData", "__version__", "inspect_snapshot", "upload_snapshot"]
 
 _LAZY = {
     "HotLoader": "cwtrain.hotload.loader",
     "InferenceClient": "cwtrain.infra.client",
+    "TensorData": "cwtrain.hotload.format.tensors",
     "inspect_snapshot": "cwtrain.hotload.files.validate",
     "upload_snapshot": "cwtrain.hotload.publish.upload",
 }

@@ -5,7 +5,11 @@ through the ``cwtrain.cli`` entry-point group (``cwtrain-local`` adds ``local`` 
 ``demo``, ``cwtrain-gym`` adds ``gym``). A group module exposes
 ``register(subparsers)``, which adds its parsers and sets ``func`` on each command to
 a ``handler(args) -> int``. Registration must stay cheap: heavy imports (torch, the
-local stack) happen inside handlers.
+local stack) happen inside handlers. A group of :data:`OPTIONAL_GROUPS` whose package is
+not installed (or does not load) is still listed, and running it says what to install
+(``error: cwtrain demo needs cwtrain-local, which is not installed; install it from a
+cwtrain checkout: pip install ./packages/cwtrain-local``, exit 1); a missing optional dependency (torch, ...) met while a
+command runs is one line with its install line too (:mod:`cwtrain.cli.errors`).
 
 Output rules: stdout carries exactly one JSON document (see
 :func:`cwtrain.cli.output.emit`), stderr logs and progress. Exit codes: 0 success,
@@ -26,10 +30,11 @@ from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 from cwtrain._version import __version__
-from cwtrain.cli.errors import fail, known_secrets
+from cwtrain.cli.errors import fail, known_secrets, one_line
 from cwtrain.config import env_bool
+from cwtrain.errors import UsageError
 
-__all__ = ["CORE_GROUPS", "CLIParser", "build_parser", "main"]
+__all__ = ["CORE_GROUPS", "OPTIONAL_GROUPS", "CLIParser", "build_parser", "main"]
 
 log = logging.getLogger("cwtrain.cli")
 
@@ -42,6 +47,9 @@ CORE_GROUPS = (
 )
 
 _QUIET_LOGGERS = ("httpx", "httpcore", "botocore", "boto3", "s3transfer", "urllib3")
+
+#: Command groups other distributions add, and the package each comes from.
+OPTIONAL_GROUPS = {"local": "cwtrain-local", "demo": "cwtrain-local", "gym": "cwtrain-gym"}
 
 
 class CLIParser(argparse.ArgumentParser):
@@ -78,14 +86,37 @@ def build_parser() -> CLIParser:
                 raise
             continue  # a group not built yet
         module.register(groups)
+    broken: dict[str, str] = {}
     for ep in entry_points(group="cwtrain.cli"):
         try:
             register = ep.load()
         except ImportError as exc:  # a plug-in whose own dependencies are missing
             log.debug("skipping command group %s: %s", ep.name, exc)
+            broken[str(getattr(ep.dist, "name", ep.name))] = one_line(exc)
             continue
         register(groups)
+    for name, package in OPTIONAL_GROUPS.items():
+        if name not in groups.choices:
+            _add_missing_group(groups, name, package, broken.get(package))
     return parser
+
+
+def _add_missing_group(groups: Any, name: str, package: str, reason: str | None) -> None:
+    """A stand-in for a group whose package is missing: listed in ``--help``, running it says what to install."""
+    from cwtrain.integrations.frameworks import install_line
+
+    fix = install_line(package)
+    state = f"is installed but does not load ({reason})" if reason else "is not installed"
+    message = f"cwtrain {name} needs {package}, which {state}; install it from a cwtrain checkout: {fix}"
+    stand_in = groups.add_parser(
+        name, help=f"(needs {package}: {fix})", description=message, add_help=False, prefix_chars="\0"
+    )
+    stand_in.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def missing(args: argparse.Namespace) -> int:
+        raise UsageError(message)
+
+    stand_in.set_defaults(func=missing)
 
 
 def _configure_logging(verbose: bool) -> None:

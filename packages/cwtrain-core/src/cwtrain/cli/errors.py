@@ -21,6 +21,9 @@ The table, in words (first match wins)::
     OSError                                        1     error: <message on one line>
     object-store and credential errors             1     error: <message on one line>
       (botocore, boto3, s3transfer)
+    a missing optional package or dependency       1     error: <message>; <what to install>
+      (ImportError naming a fix, or a
+      ModuleNotFoundError of torch, ray, ...)
     any other Exception (a bug)                    1     error: internal error (<type>: <message>); ...
 
 So every failure, whatever the input, is one ``error:`` line and exit 1 (2 for usage
@@ -47,7 +50,16 @@ from cwtrain.config import VARIABLES
 from cwtrain.errors import CWTrainError, mask_secrets
 from cwtrain.jsondoc import load_json
 
-__all__ = ["ERROR_EXITS", "ErrorExit", "fail", "find_exit", "is_store_error", "known_secrets", "one_line"]
+__all__ = [
+    "ERROR_EXITS",
+    "ErrorExit",
+    "fail",
+    "find_exit",
+    "is_store_error",
+    "known_secrets",
+    "missing_hint",
+    "one_line",
+]
 
 log = logging.getLogger("cwtrain.cli")
 
@@ -83,6 +95,27 @@ class ErrorExit:
     traceback: bool = True
 
 
+def missing_hint(exc: BaseException) -> str | None:
+    """What to install for an ``ImportError`` of an optional dependency, else ``None``.
+
+    A ``ModuleNotFoundError`` of a known optional module gets its install line
+    (:func:`cwtrain.integrations.frameworks.missing_module_hint`); an ``ImportError``
+    whose message already names a ``pip install`` (``frameworks.require``) is its own fix.
+    """
+    if not isinstance(exc, ImportError):
+        return None
+    if "pip install" in str(exc):
+        return ""
+    from cwtrain.integrations.frameworks import missing_module_hint
+
+    return missing_module_hint(exc.name) if isinstance(exc, ModuleNotFoundError) else None
+
+
+def _missing_message(exc: BaseException) -> str:
+    hint = missing_hint(exc)
+    return one_line(exc) + (f"; {hint}" if hint else "")
+
+
 #: The rows, first match wins; an exception no row matches is a bug and is re-raised.
 ERROR_EXITS: tuple[ErrorExit, ...] = (
     ErrorExit(
@@ -95,6 +128,9 @@ ERROR_EXITS: tuple[ErrorExit, ...] = (
     ErrorExit("any cwtrain error", lambda exc: isinstance(exc, CWTrainError), 1),
     ErrorExit("an operating-system error (files, sockets)", lambda exc: isinstance(exc, OSError), 1),
     ErrorExit("an object-store client or credential error", is_store_error, 1),
+    ErrorExit(
+        "a missing optional package or dependency", lambda exc: missing_hint(exc) is not None, 1, _missing_message
+    ),
     ErrorExit(
         "any other exception: a bug",
         lambda exc: isinstance(exc, Exception),

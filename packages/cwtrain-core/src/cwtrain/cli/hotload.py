@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 log = logging.getLogger("cwtrain.cli")
+#: Every --poll-interval: HotLoader's poll_interval, the cap of its adaptive polling (cwtrain.polling).
+_POLL_HELP = "the longest pause between polls (5); shorter while the service answers fast"
 
 
 def register(subparsers: Any) -> None:
@@ -110,7 +112,7 @@ def register(subparsers: Any) -> None:
     p = commands.add_parser("wait", help="wait until a hot-load ends")
     p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
     p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
-    p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    p.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
     p.set_defaults(func=_wait)
 
     p = commands.add_parser("status", help="a hot-load and all its replicas")
@@ -135,7 +137,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reset-prompt-cache", action="store_true", help="send PROMPT_CACHE_POLICY_RESET_ALL")
     p.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
     p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
-    p.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    p.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
     p.set_defaults(func=needs_deployment(_rollback))
 
     p = commands.add_parser(
@@ -155,7 +157,7 @@ def _identity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reset-prompt-cache", action="store_true", help="send PROMPT_CACHE_POLICY_RESET_ALL")
     parser.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
     parser.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds, one budget (1800)")
-    parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    parser.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
 
 
 def _progress_option(parser: argparse.ArgumentParser) -> None:

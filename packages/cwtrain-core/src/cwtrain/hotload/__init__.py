@@ -70,6 +70,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     from cwtrain.hotload.publish.session import PublishOutcome, PublishSession, VersionPlan, build_loader
     from cwtrain.hotload.publish.spmd import publish_spmd
     from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
+    from cwtrain.hotload.publish.tensor_checks import DtypeWarning
     from cwtrain.hotload.publish.upload import SnapshotUpload, check_snapshot_access, upload_snapshot
     from cwtrain.hotload.settings import HotLoadSettings, parse_prompt_cache_policy, validate_run_id
 
@@ -90,6 +91,7 @@ _MODULES = {
         "layout_by_sizes",
     ),
     "cwtrain.hotload.publish.store": ("SnapshotStore", "StoredSnapshot"),
+    "cwtrain.hotload.publish.tensor_checks": ("DtypeWarning",),
     "cwtrain.hotload.publish.upload": ("SnapshotUpload", "check_snapshot_access", "upload_snapshot"),
     "cwtrain.hotload.publish.object_writer": ("SHA256_METADATA",),
     "cwtrain.hotload.publish.manifest": ("snapshot_manifest",),
@@ -127,6 +129,7 @@ __all__ = [
     "DEFAULT_SHARD_BYTES",
     "DeltaEncoder",
     "DeltaReport",
+    "DtypeWarning",
     "FileRegion",
     "HotLoadSettings",
     "HotLoadStatus",

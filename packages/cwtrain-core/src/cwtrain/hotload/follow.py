@@ -209,7 +209,8 @@ def wait_for_hot_load(
         client: the API client.
         hot_load_id: the hot-load to follow.
         budget: the time budget of the wait.
-        interval: seconds between polls.
+        interval: the longest pause between polls (shorter while the service answers
+            fast: :func:`cwtrain.polling.adaptive_pause`).
         raise_on_failure: raise when it ends FAILED or CANCELED (else return it).
         on_progress: called with a hot-load :class:`ProgressEvent` on every poll.
 
@@ -221,7 +222,7 @@ def wait_for_hot_load(
     replicas: builtins.list[HotLoadReplica] = []
     last_summary, last_log = "", 0.0
     completed_at: float | None = None
-    for _ in poll(budget, interval):
+    for _ in poll(budget, interval, adaptive=True):
         try:
             hot_load = client.get_hot_load(hot_load_id)
             replicas = client.list_hot_load_replicas(hot_load_id)
@@ -263,7 +264,7 @@ def wait_until_terminal(client: InferenceClient, hot_load_id: str, budget: Budge
 
     Used for another request's hot-load, whose failure is not the caller's.
     """
-    for _ in poll(budget, interval):
+    for _ in poll(budget, interval, adaptive=True):
         try:
             if client.get_hot_load(hot_load_id).terminal:
                 return

@@ -20,7 +20,7 @@ modules (service-api.md section 8, snapshot-format.md)::
 handled there) → ``wait`` inside one time budget (``timeout``, default 1800 s); the
 cycle itself lives in :mod:`cwtrain.hotload.publish.cycle`, which every method here calls
 once, so a call never comes back into this module midway. In-memory tensors (a mapping of
-name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.index.TensorData`) are
+name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.tensors.TensorData`) are
 encoded by :mod:`cwtrain.hotload.codec.encode` and streamed into the deployment's
 :class:`~cwtrain.hotload.publish.store.SnapshotStore` (``loader.store``) without touching disk.
 
@@ -86,7 +86,8 @@ class HotLoader:
         s3: the object store, or a boto3 S3 client (wrapped); built with
             :func:`cwtrain.infra.s3.object_store` on first use.
         timeout: default seconds per call (publish: upload, readiness, single-flight, completion).
-        poll_interval: seconds between polls.
+        poll_interval: the longest pause between polls of a hot-load (they adapt below it to how
+            fast the service answers: :func:`cwtrain.polling.adaptive_pause`).
     """
 
     def __init__(
@@ -385,7 +386,12 @@ class HotLoader:
         Args:
             checkpoint: a snapshot directory (FULL checkpoint or delta), its
                 ``SnapshotInfo``, or in-memory tensors (name → numpy array / torch tensor /
-                ``TensorData``).
+                :class:`~cwtrain.hotload.format.tensors.TensorData`; numpy has no bfloat16, so BF16
+                bytes go over as ``TensorData("BF16", shape, raw_bytes)``). Tensors are
+                checked first (:func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`): a
+                delta must keep the served dtypes, a FULL snapshot needs ``config.json`` in
+                ``extra_files``, and tensors in another dtype than its ``torch_dtype`` give a
+                :class:`~cwtrain.hotload.publish.tensor_checks.DtypeWarning`.
             identity: the new snapshot identity.
             previous_identity: the predecessor (a delta directory's default comes from
                 its index; for tensors it makes the snapshot a delta against ``base``).
@@ -396,11 +402,12 @@ class HotLoader:
             on_progress: called with :class:`ProgressEvent` s: while a directory uploads
                 (``stage="upload"``, see :meth:`upload`), then on every poll of the wait
                 (``stage="hot_load"``). In-memory tensors report the wait only.
-            base: for tensors with ``previous_identity``: the weights replicas serve now
-                (byte-exact), which the delta is computed against.
+            base: for tensors: the weights replicas serve now (byte-exact); with
+                ``previous_identity`` the delta is computed against them, without it the
+                FULL snapshot is checked against them (names, dtypes, shapes).
             hot_load_id: the hot-load's permanent id (default a new UUID4).
-            extra_files: for tensors: other files of the snapshot (``config.json``, ...),
-                name → bytes, uploaded beside the shards.
+            extra_files: for tensors: other files of the snapshot, name → bytes, uploaded
+                beside the shards; a FULL snapshot needs ``config.json`` (the served model's).
         """
         return cycle.publish_snapshot(
             self.target,

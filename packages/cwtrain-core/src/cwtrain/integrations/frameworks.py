@@ -13,9 +13,11 @@ the plug-in was checked against::
     NeMo-RL 0.7.x (the NeMo-RL v0.7.0 image ships it); install the plug-in from a cwtrain checkout:
     pip install ./packages/cwtrain-nemo-rl
 
-:func:`install_line` is the same install line for messages of other kinds. Install
-lines name this repository's paths: a different project named ``cwtrain`` exists on
-public package indexes.
+:func:`install_line` is the same install line for messages of other kinds, and
+:func:`missing_module_hint` the fix for a ``ModuleNotFoundError`` of an optional
+dependency (``torch`` → ``pip install "./packages/cwtrain-core[torch]"``; the CLI prints
+it). Install lines name this repository's paths: a different project named ``cwtrain``
+exists on public package indexes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "FrameworkVersionError",
     "install_line",
     "installed_version",
+    "missing_module_hint",
     "require",
 ]
 
@@ -96,6 +99,47 @@ def install_line(plugin: str) -> str:
     """``pip install ./packages/<plugin>`` (with extras: ``pip install "./packages/cwtrain-core[torch]"``)."""
     path = f"./packages/{plugin}"
     return f'pip install "{path}"' if "[" in plugin else f"pip install {path}"
+
+
+#: Optional modules cwtrain's own packages bring, by top-level import name: what needs
+#: them and the package (with its extra) that installs them.
+_OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
+    "torch": ("the torch publishing path, the local stack and its demo", "cwtrain-core[torch]"),
+    "moto": ("the local stack's object store", "cwtrain-local"),
+    "jinja2": ("the local stack's object store", "cwtrain-local"),
+    "yaml": ("cwtrain's NeMo Gym plug-in", "cwtrain-gym"),
+}
+#: cwtrain's own optional packages, by import name.
+_OWN_PACKAGES: dict[str, str] = {
+    "cwtrain.local": "cwtrain-local",
+    "cwtrain.integrations.slime": "cwtrain-slime",
+    "cwtrain.integrations.miles": "cwtrain-miles",
+    "cwtrain.integrations.nemo_rl": "cwtrain-nemo-rl",
+    "cwtrain.integrations.gym": "cwtrain-gym",
+}
+
+
+def missing_module_hint(name: str | None) -> str | None:
+    """What to install when the module ``name`` is missing, or ``None`` when it is no optional dependency.
+
+    ``name`` is a ``ModuleNotFoundError``'s ``name`` (``"torch"``, ``"torch.cuda"``,
+    ``"cwtrain.local"``): cwtrain's own optional packages and the dependencies their extras
+    bring name the install line from a checkout; the frameworks the plug-ins run inside
+    name the plug-in and where the framework comes from.
+    """
+    if not name:
+        return None
+    for package, plugin in _OWN_PACKAGES.items():
+        if name == package or name.startswith(package + "."):
+            return f"{package} is part of {plugin}; install it from a cwtrain checkout: {install_line(plugin)}"
+    top = name.split(".", 1)[0]
+    if top in _OPTIONAL_MODULES:
+        what, plugin = _OPTIONAL_MODULES[top]
+        return f"{top} is needed by {what}; install it from a cwtrain checkout: {install_line(plugin)}"
+    for framework in (SLIME, MILES, NEMO_RL, GYM, RAY):
+        if top == framework.module:
+            return _hint(framework)
+    return None
 
 
 def _hint(framework: Framework) -> str:

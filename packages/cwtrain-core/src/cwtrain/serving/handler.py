@@ -104,7 +104,7 @@ class JSONHandler(BaseHTTPRequestHandler):
 
     def refusal_body(self, error: RequestRefused) -> Any:
         """The JSON body answering a refused request (override for the server's error shape)."""
-        return {"error": {"message": error.message, "type": "invalid_request_error", "code": str(error.status)}}
+        return {"error": {"message": error.message, "type": "invalid_request_error", "code": error.status}}
 
     def refuse(self, error: RequestRefused, headers: Mapping[str, str] | None = None) -> None:
         """Answer ``error`` in the server's shape; the connection closes when a body was left unread."""

@@ -1,6 +1,6 @@
 """``cwtrain local up|down`` and ``cwtrain demo``: the local stack from the command line.
 
-``cwtrain local up [--replicas N] [--port P] [--no-deploy]`` starts the whole stack
+``cwtrain local up [--replicas N] [--port P] [--no-deploy] [--slow-hot-load S]`` starts the whole stack
 (object store, control plane, gateway and, unless ``--no-deploy``, a hot-load deployment
 of the tiny model with N replicas), prints one JSON document with the environment to
 export on stdout and the same as ``export`` lines on stderr, then runs until Ctrl-C or
@@ -15,8 +15,17 @@ exported, ``--deployment`` may be left out of every command (it defaults to
 ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``).
 
 Where the local stack differs from the service on purpose: ``cwtrain hotload cancel`` works
-locally (the hot-load ends CANCELED) although the service does not implement cancel yet (it
-answers ``unimplemented``); see :mod:`cwtrain.local.controlplane.server`.
+locally (the hot-load ends CANCELED and the replicas keep what they served) although the
+service does not implement cancel yet (it answers ``unimplemented``); see
+:mod:`cwtrain.local.controlplane.server`. A local hot-load ends in well under a second, too
+fast to cancel or to watch: ``--slow-hot-load S`` makes every hot-load last S seconds more
+(replicas stay UPDATING), so ``cwtrain hotload cancel`` and the progress of ``cwtrain
+hotload wait`` can be tried by hand::
+
+    cwtrain local up --slow-hot-load 30                         # terminal 1
+    cwtrain hotload publish --checkpoint ./ckpt --identity t-v000001 --no-wait    # terminal 2
+    cwtrain hotload wait <hot-load id>                          # in_progress ... (ready=0, updating=2)
+    cwtrain hotload cancel <hot-load id>                        # or this: CANCELED, v000000 still served
 
 The environment holds ``COREWEAVE_API_URL``, ``COREWEAVE_API_TOKEN``, ``AWS_REGION``,
 ``CW_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, the bucket, and with a
@@ -52,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cwtrain.cli.options import command_group, positive_int
+from cwtrain.cli.options import command_group, positive_float, positive_int
 from cwtrain.jsondoc import load_json
 
 __all__ = ["default_state_file", "register"]
@@ -98,6 +107,14 @@ def register(subparsers: Any) -> None:
     up.add_argument("--replicas", type=positive_int, default=2, help="replicas of the deployment (2)")
     up.add_argument("--port", type=_port, default=None, help="control plane port (a free one)")
     up.add_argument("--no-deploy", action="store_true", help="start without a gateway and deployment")
+    up.add_argument(
+        "--slow-hot-load",
+        metavar="SECONDS",
+        type=positive_float,
+        default=0.0,
+        help="make every hot-load last SECONDS more (replicas stay UPDATING), to try 'hotload cancel' and "
+        "'hotload wait' by hand (0: as fast as it goes)",
+    )
     up.add_argument("--state-file", type=Path, default=None, help="pid/state file (~/.cache/cwtrain-local/stack.json)")
     up.set_defaults(func=_up)
 
@@ -214,7 +231,7 @@ def _up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_interrupt)
     try:
-        with LocalStack(replicas=args.replicas, port=args.port) as stack:
+        with LocalStack(replicas=args.replicas, port=args.port, hot_load_delay=args.slow_hot_load) as stack:
             env = stack.env()
             result: dict[str, Any] = {"pid": os.getpid(), "state_file": str(state_file)}
             if not args.no_deploy:

@@ -147,6 +147,9 @@ class LocalStack:
         replica_command: argv prefix starting a replica (default ``python -m cwtrain.local.engine.replica``).
         hot_load_timeout: seconds after which an unfinished hot-load fails.
         workdir: where replica logs go (a temporary directory, removed at exit, when ``None``).
+        hot_load_delay: seconds every hot-load lasts more on every replica (they stay UPDATING
+            before the swap; a cancel ends the wait): a slow hot-load on purpose, to try
+            ``cwtrain hotload cancel`` and ``wait`` by hand (``cwtrain local up --slow-hot-load``).
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class LocalStack:
         replica_command: Sequence[str] = DEFAULT_REPLICA_COMMAND,
         hot_load_timeout: float = 600.0,
         workdir: str | Path | None = None,
+        hot_load_delay: float = 0.0,
     ) -> None:
         if replicas < 1:
             raise UsageError(f"LocalStack(replicas={replicas}): replicas must be at least 1")
@@ -177,6 +181,9 @@ class LocalStack:
         self._use_proxy = s3_proxy
         self._replica_command = list(replica_command)
         self._hot_load_timeout = hot_load_timeout
+        if hot_load_delay < 0:
+            raise UsageError(f"LocalStack(hot_load_delay={hot_load_delay}): the delay cannot be negative")
+        self._hot_load_delay = hot_load_delay
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path()
         self._moto: MotoS3Server | None = None
@@ -233,6 +240,7 @@ class LocalStack:
             start_gateway=self._start_gateway,
             hot_load_timeout=self._hot_load_timeout,
             replica_token=self.replica_token,
+            hot_load_delay=self._hot_load_delay,
         ).start()
         self._cleanups.append(supervisor.stop)
         self._faults = Faults(faults, self._proxy, supervisor, self._direct_s3)

@@ -1,6 +1,8 @@
 """The codec for torch tensors where they live (GPU or CPU).
 
-Needs torch (``pip install "cwtrain[torch]"``); imported only when used.
+Needs torch (from a cwtrain checkout: ``pip install "./packages/cwtrain-core[torch]"``);
+imported only when used; without torch, importing this module raises an ``ImportError``
+that names that line.
 
 ::
 
@@ -49,7 +51,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError as _missing:  # say what to install, not just the module name
+    if _missing.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "cwtrain.hotload.codec.device needs torch; install it from a cwtrain checkout: "
+        'pip install "./packages/cwtrain-core[torch]"',
+        name="torch",
+    ) from None
 
 from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotError

@@ -269,6 +269,18 @@ class WeightMirror(Closing):
         return dict(self._checksums)
 
     @property
+    def files(self) -> dict[str, bytes]:
+        """The small files (``config.json``, tokenizer, ...) a FULL snapshot of the mirror carries."""
+        if self.root is None:
+            return dict(self._layout.files)
+        weights = self.root / _WEIGHTS
+        return {
+            p.name: p.read_bytes()
+            for p in sorted(weights.iterdir())
+            if p.is_file() and p.name != INDEX_NAME and not p.name.endswith(".safetensors")
+        }
+
+    @property
     def on_disk(self) -> bool:
         """Whether the mirror lives on disk."""
         return self.root is not None

@@ -32,6 +32,7 @@ from cwtrain.hotload.format.identity import snapshot_prefix
 from cwtrain.hotload.format.index import INDEX_NAME, SnapshotFile
 from cwtrain.hotload.format.tensors import to_tensor_data
 from cwtrain.hotload.publish import manifest
+from cwtrain.hotload.publish.tensor_checks import check_published_tensors
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
@@ -190,17 +191,25 @@ class SnapshotStore:
             tensors: the new weights.
             identity: the snapshot identity.
             previous_identity: the predecessor (makes this a delta against ``base``).
-            base: the weights replicas serve now, byte-exact (deltas only).
+            base: the weights replicas serve now, byte-exact: a delta is encoded against
+                them; a FULL snapshot is checked against them (names, dtypes, shapes).
             workers: objects uploaded in parallel.
-            extra_files: other files of the snapshot (name → bytes).
+            extra_files: other files of the snapshot (name → bytes); a FULL snapshot needs
+                ``config.json``.
             stats: where to record the ``gather``, ``read``, ``xor``, ``adler``, ``zstd``
                 and ``sha256`` stages (:mod:`cwtrain.hotload.codec.stages`).
             allow_empty: an empty delta stores nothing and returns an empty result
                 instead of raising.
 
+        Before anything is encoded, :func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`
+        checks the dtypes against the served ones and a FULL snapshot's ``config.json``
+        (an error, or a :class:`~cwtrain.hotload.publish.tensor_checks.DtypeWarning`).
+
         Raises:
             SnapshotError: a delta without ``base``, an empty delta (nothing changed, so
-                nothing to publish) unless ``allow_empty``, or tensors the codec refuses.
+                nothing to publish) unless ``allow_empty``, a delta that changes a served
+                dtype, a FULL snapshot without ``config.json`` (or, with ``base``, unlike the
+                served weights), or tensors the codec refuses.
         """
         from cwtrain.hotload.codec.encode import DeltaEncoder
 
@@ -209,6 +218,7 @@ class SnapshotStore:
                 f"publishing {identity!r} as a delta on {previous_identity!r} needs base= (the weights "
                 "replicas serve now); without it, publish FULL (no previous_identity)"
             )
+        check_published_tensors(tensors, base=base, extra_files=extra_files, delta=bool(previous_identity))
         mark = stats.clock() if stats is not None else None
         new = to_tensor_data(tensors)
         served = to_tensor_data(base) if previous_identity and base is not None else None

@@ -12,7 +12,9 @@ quarter second), for each
 - **hot-load**: dispatches it to every replica (PENDING → IN_PROGRESS), mirrors each
   replica's ``/health`` into the hot-load's replica rows, and ends it COMPLETED when every
   replica serves the identity, FAILED (with the replicas' reasons) when one reported
-  ERROR and the others are done, or FAILED after ``hot_load_timeout``.
+  ERROR and the others are done, or FAILED after ``hot_load_timeout``. A hot-load canceled
+  while replicas load it is canceled on them too (``/admin/hotload/cancel``): they keep
+  serving what they served.
 
 A replica is *routable* (the gateway sends it requests) once it answered ``/health`` and
 serves the deployment's current identity or the active hot-load's, or reported the current
@@ -122,6 +124,8 @@ class Supervisor:
         hot_load_timeout: seconds after which an unfinished hot-load fails.
         replica_token: the token replicas accept (given to them in
             ``CWTRAIN_LOCAL_REPLICA_TOKEN`` and sent on every request to them).
+        hot_load_delay: seconds every hot-load lasts more on every replica (``--apply-delay``;
+            the slow hot-load of ``cwtrain local up --slow-hot-load``).
     """
 
     def __init__(
@@ -135,8 +139,10 @@ class Supervisor:
         start_gateway: Callable[[str], tuple[str, Callable[[], None]]] | None = None,
         hot_load_timeout: float = 600.0,
         replica_token: str,
+        hot_load_delay: float = 0.0,
     ) -> None:
         self.state = state
+        self.hot_load_delay = hot_load_delay
         self.replica_token = replica_token
         self.s3_endpoint = s3_endpoint
         self.s3_env = dict(s3_env)
@@ -246,6 +252,7 @@ class Supervisor:
         for index, slot in enumerate(slots):
             busy = self._keep_running(deployment, slot, slots, index) or busy
         busy = self._hot_loads(deployment, slots) or busy
+        self._cancel_on_replicas(slots)
         self._catch_up(deployment, slots)
         return self._deployment_status(deployment, slots) or busy
 
@@ -328,6 +335,8 @@ class Supervisor:
         ]  # fmt: skip
         if peer:
             argv += ["--peer", peer]
+        if self.hot_load_delay > 0:
+            argv += ["--apply-delay", f"{self.hot_load_delay:g}"]
         env = {**os.environ, **self.s3_env, "PYTHONUNBUFFERED": "1", TOKEN_VARIABLE: self.replica_token}
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("MKL_NUM_THREADS", "1")
@@ -484,6 +493,20 @@ class Supervisor:
             self._update_rows(record, deployment, slots)
             self._finish(record, deployment, slots)
         return True
+
+    def _cancel_on_replicas(self, slots: list[Slot]) -> None:
+        """Tell each replica still loading a canceled hot-load to stop (once per hot-load)."""
+        for slot in slots:
+            proc = slot.process
+            loading = proc.last_dispatched if proc is not None else None
+            if proc is None or loading is None or proc.cancel_sent == loading:
+                continue
+            with self.state.lock:
+                record = self.state.hot_loads.get(loading)
+                canceled = record is not None and record.state == "HOT_LOAD_STATE_CANCELED"
+            if canceled:
+                stopped = proc.cancel_hot_load(loading)
+                log.info("replica %s: hot-load %s canceled%s", slot.name, loading, "" if stopped else " (already done)")
 
     def _update_rows(self, record: HotLoadRecord, deployment: DeploymentRecord, slots: list[Slot]) -> None:
         target = record.spec["identity"]

@@ -5,23 +5,31 @@
     summary = run_demo(config)                 # what `cwtrain demo` prints as JSON
     write_report(summary, "demo-report.html")  # open it in any browser, offline
 
-The page holds the run's figures as JSON in a ``<script type="application/json">`` block
-and an inline script that draws four SVG plots from them when the page opens, in a 2 × 2
-grid:
+Under the title, a configuration table (``<table id="config">``) says what the run
+trained (the task), when it passes (the pass rule; :data:`~cwtrain.local.demo.report.TASK`,
+:data:`~cwtrain.local.demo.report.PASS_RULE`) and with which settings. The page holds the
+run's figures as JSON in a ``<script type="application/json">`` block and an inline script
+that draws four SVG plots from them when the page opens, in a grid of as many columns of at
+least 480 px as the window holds (two on a laptop, one on a phone; each plot scales to its
+column):
 
 1. **reward**: the mean reward of each step's rollouts (0 to 1);
 2. **latency**: per published step, the publish time (encode + upload + create the
    hot-load) and the hot-load time (until every replica serves the identity), in ms;
 3. **snapshot bytes**: the bytes stored per published step, FULL and delta in two colours;
-4. **served identity lag**: per step, how many versions the identity that served the
-   step's rollouts was behind the newest identity published before them
-   (:func:`identity_lag`; 0 = every sample came from the newest weights).
+4. **time per step**: where each step's wall time went, stacked: sampling the rollouts,
+   the training step, the publish and the hot-load. Its caption also says on how many steps
+   every rollout came from the newest weights (:func:`identity_lag` 0).
+
+The fourth plot used to be the served identity lag per step; the demo waits for every
+hot-load before sampling, so that lag is 0 on every step of every run and drew a flat
+line: it is a figure of the caption now.
 
 Each plot has a caption with its figures (first and final reward, median and maximum
-latencies, median sizes, the largest lag). Nothing is fetched: no stylesheet, script,
-font or image comes from anywhere else, so the file opens without a network. Once drawn,
-each plot's ``<svg>`` carries ``data-rect="x,y,width,height"`` (its place on the page, in
-CSS pixels), which the tests use to look at each plot in a screenshot.
+latencies, median sizes, median time per stage). Nothing is fetched: no stylesheet,
+script, font or image comes from anywhere else, so the file opens without a network. Once
+drawn, each plot's ``<svg>`` carries ``data-rect="x,y,width,height"`` (its place on the
+page, in CSS pixels), which the tests use to look at each plot in a screenshot.
 """
 
 from __future__ import annotations
@@ -33,7 +41,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["identity_lag", "render_report", "write_report"]
+from cwtrain.local.demo.report import PASS_RULE, TASK
+
+__all__ = ["PLOTS", "identity_lag", "render_report", "write_report"]
+
+#: The plots, in page order: id and title.
+PLOTS = (
+    ("reward", "Reward per step"),
+    ("latency", "Publish and hot-load latency per step"),
+    ("bytes", "Snapshot bytes per step (FULL vs delta)"),
+    ("time", "Time per step, by stage"),
+)
+#: The settings the configuration table shows, in order, and their labels.
+_SETTINGS = (
+    ("steps", "steps"),
+    ("seed", "seed"),
+    ("replicas", "replicas"),
+    ("full_every", "FULL every"),
+    ("group_size", "group size"),
+    ("prompts_per_step", "prompts per step"),
+    ("max_tokens", "max tokens"),
+    ("lr", "learning rate"),
+    ("temperature", "temperature"),
+)
 
 _VERSION = re.compile(r"-v(\d+)$")
 
@@ -67,7 +97,9 @@ def _page_data(summary: Mapping[str, Any]) -> dict[str, Any]:
     config = summary.get("config") or {}
     return {
         "title": f"cwtrain demo: {config.get('steps', len(steps) - 1)} steps, seed {config.get('seed', 0)}",
-        "config": {k: config[k] for k in ("steps", "seed", "replicas", "full_every", "group_size") if k in config},
+        "config": {k: config[k] for k, _ in _SETTINGS if k in config},
+        "task": summary.get("task") or TASK,
+        "pass_rule": summary.get("pass_rule") or PASS_RULE,
         "deployment_id": summary.get("deployment_id", ""),
         "final_identity": summary.get("final_identity", ""),
         "total_seconds": summary.get("total_seconds"),
@@ -81,6 +113,8 @@ def _page_data(summary: Mapping[str, Any]) -> dict[str, Any]:
                 "bytes": r.get("snapshot_bytes", 0),
                 "publish": r.get("publish_seconds", 0.0),
                 "hot_load": r.get("hot_load_seconds", 0.0),
+                "rollout": r.get("rollout_seconds", 0.0),
+                "train": r.get("train_seconds", 0.0),
                 "served": list(r.get("served_identities") or []),
                 "lag": lags[i],
             }
@@ -93,10 +127,15 @@ _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 16px 24px; color: #1d2330; background: #fff; }
 h1 { font-size: 20px; margin: 0 0 4px; }
 p.meta { margin: 0 0 12px; color: #4a5263; }
-main { display: grid; grid-template-columns: repeat(2, 640px); gap: 16px 24px; }
-figure { margin: 0; }
+table#config { border-collapse: collapse; margin: 0 0 12px; max-width: 1320px; }
+table#config th { text-align: left; padding: 2px 12px 2px 0; vertical-align: top; white-space: nowrap; color: #4a5263; }
+table#config td { padding: 2px 0; }
+main { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 480px), 1fr)); gap: 16px 24px;
+       max-width: 1320px; }
+figure { margin: 0; min-width: 0; }
 figcaption { font-weight: 600; margin-bottom: 2px; }
-svg { display: block; background: #fbfcfe; border: 1px solid #d8dde8; }
+svg { display: block; width: 100%; height: auto; box-sizing: border-box; background: #fbfcfe;
+      border: 1px solid #d8dde8; }
 svg text { font: 12px system-ui, sans-serif; fill: #1d2330; }
 svg text.caption { font-size: 13px; font-weight: 600; }
 svg .grid { stroke: #e3e7ef; }
@@ -109,7 +148,7 @@ const data = JSON.parse(document.getElementById("run-data").textContent);
 const NS = "http://www.w3.org/2000/svg";
 const W = 640, H = 340, M = {left: 80, right: 16, top: 48, bottom: 40};
 const COLORS = {reward: "#1f77b4", publish: "#ff7f0e", hot_load: "#2ca02c",
-                FULL: "#d62728", INCREMENTAL: "#9467bd", lag: "#17becf"};
+                FULL: "#d62728", INCREMENTAL: "#9467bd", rollout: "#17becf", train: "#e377c2"};
 
 function el(parent, name, attrs, text) {
   const node = document.createElementNS(NS, name);
@@ -145,7 +184,7 @@ function tickBytes(v) { return fmtBytes(v).replace(".0 ", " "); }
 // One plot: axes, ticks, then marks drawn by `draw(svg, x, y)`.
 function plot(id, spec) {
   const svg = el(document.getElementById(id), "svg",
-                 {width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-plot": id});
+                 {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "xMidYMid meet", "data-plot": id});
   const steps = data.steps.length ? data.steps[data.steps.length - 1].step : 1;
   const bar = Math.max(3, (W - M.left - M.right) / (steps + 1) * 0.6), pad = bar / 2 + 4;
   const x = s => M.left + pad + (W - M.left - M.right - 2 * pad) * (steps ? s / steps : 0.5);
@@ -237,23 +276,30 @@ plot("bytes", {
   },
 });
 
-// 4. served identity lag per step
+// 4. time per step, by stage (stacked): rollouts, training, publish, hot-load
+const STAGES = [["rollout", "rollout"], ["train", "train"], ["publish", "publish"], ["hot_load", "hot-load"]];
+const totals = steps.map(s => STAGES.reduce((sum, [key]) => sum + (s[key] || 0), 0));
 const lagged = steps.filter(s => s.lag !== null);
-const maxLag = Math.max(0, ...lagged.map(s => s.lag));
 const newest = lagged.filter(s => s.lag === 0).length;
-plot("lag", {
-  caption: `lag: max ${maxLag} version${maxLag === 1 ? "" : "s"}; ` +
-           `${newest}/${lagged.length} steps sampled from the newest identity`,
-  unit: "versions behind", ymin: 0, ymax: 4 * Math.ceil(Math.max(1, maxLag) / 4), tick: v => String(Math.round(v)),
-  legend: [["lag", COLORS.lag]],
+const sampled = steps.filter(s => s.step > 0);
+plot("time", {
+  caption: `median rollout ${fmtMs(median(sampled.map(s => s.rollout)))}, ` +
+           `train ${fmtMs(median(sampled.map(s => s.train)))}; ` +
+           `${newest}/${lagged.length} steps on the newest weights`,
+  unit: "ms", ymin: 0, ymax: niceMax(Math.max(0, ...totals) * 1000), tick: v => String(+v.toFixed(1)),
+  legend: STAGES.map(([key, name]) => [name, COLORS[key]]),
   draw(svg, x, y, bar) {
-    for (const s of lagged) {
-      // a lag of 0 still gets a visible sliver, so every step with rollouts shows a mark
-      const top = Math.min(y(s.lag), y(0) - 3);
-      el(svg, "rect", {x: x(s.step) - bar / 2, y: top, width: bar, height: y(0) - top,
-                       fill: COLORS.lag, "data-series": "lag", "data-step": s.step})
-        .appendChild(document.createElementNS(NS, "title")).textContent =
-          `step ${s.step}: served by ${s.served.join(", ")} (lag ${s.lag})`;
+    for (const s of steps) {
+      let below = 0;
+      for (const [key, name] of STAGES) {
+        const ms = (s[key] || 0) * 1000;
+        if (!(ms > 0)) continue;
+        const top = y(below + ms), bottom = y(below);
+        el(svg, "rect", {x: x(s.step) - bar / 2, y: top, width: bar, height: Math.max(bottom - top, 0.5),
+                         fill: COLORS[key], "data-series": key, "data-step": s.step})
+          .appendChild(document.createElementNS(NS, "title")).textContent = `step ${s.step}: ${name} ${fmtMs(ms / 1000)}`;
+        below += ms;
+      }
     }
   },
 });
@@ -273,19 +319,16 @@ def render_report(summary: Mapping[str, Any]) -> str:
     payload = json.dumps(data, sort_keys=True).replace("</", "<\\/")
     seconds = data["total_seconds"]
     meta = (
-        f"deployment {data['deployment_id']} · {data['config'].get('replicas', '?')} replicas · "
-        f"FULL every {data['config'].get('full_every', '?')} · final identity {data['final_identity']} · "
+        f"deployment {data['deployment_id']} · final identity {data['final_identity']} · "
         + (f"{seconds:.1f} s · " if isinstance(seconds, (int, float)) else "")
         + ("reward goal met" if data["reward_goal_met"] else "reward goal NOT met")
     )
+    labels = dict(_SETTINGS)
+    settings = ", ".join(f"{labels[k]} {v}" for k, v in data["config"].items())
+    rows = (("task", data["task"]), ("pass rule", data["pass_rule"]), ("configuration", settings))
+    config = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     figures = "\n".join(
-        f'<figure id="{key}"><figcaption>{html.escape(title)}</figcaption></figure>'
-        for key, title in (
-            ("reward", "Reward per step"),
-            ("latency", "Publish and hot-load latency per step"),
-            ("bytes", "Snapshot bytes per step (FULL vs delta)"),
-            ("lag", "Served identity lag per step"),
-        )
+        f'<figure id="{key}"><figcaption>{html.escape(title)}</figcaption></figure>' for key, title in PLOTS
     )
     return (
         "<!DOCTYPE html>\n"
@@ -294,6 +337,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
         f"<style>{_STYLE}</style></head>\n"
         f"<body>\n<h1>{html.escape(data['title'])}</h1>\n"
         f'<p class="meta">{html.escape(meta)}</p>\n'
+        f'<table id="config">\n{config}\n</table>\n'
         f"<main>\n{figures}\n</main>\n"
         f'<script type="application/json" id="run-data">{payload}</script>\n'
         f"<script>{_SCRIPT}</script>\n"

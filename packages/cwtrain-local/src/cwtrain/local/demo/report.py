@@ -2,8 +2,8 @@
 
 :func:`cwtrain.local.demo.run.run_demo` records one :class:`StepRecord` per step and hands
 each to a :class:`LiveDisplay` (stderr); at the end :func:`summarize` turns the records
-into the JSON document ``cwtrain demo`` prints on stdout, and :func:`print_summary`
-prints its table on stderr::
+into the JSON document (``cwtrain demo --json`` prints it on stdout, ``--json-file`` writes
+it), and :func:`print_summary` prints its table and verdict on stderr, last::
 
     display = LiveDisplay(sys.stderr, total=40)
     display.row(record)                               # step   3/40  reward  0.250 █████···  ...
@@ -22,7 +22,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-__all__ = ["LiveDisplay", "StepRecord", "print_summary", "summarize"]
+__all__ = ["PASS_RULE", "TASK", "LiveDisplay", "StepRecord", "print_summary", "summarize"]
+
+#: What the demo trains, in one sentence (``--help``, the summary, the report).
+TASK = (
+    'parity digits: each prompt is "even: " or "odd: "; a completion\'s reward is the fraction of its '
+    "--max-tokens slots holding a digit of that parity (0 to 1; a fresh model scores about 0.07)"
+)
+#: When ``cwtrain demo`` exits 0.
+PASS_RULE = (
+    "exit 0 when the final step's mean reward is at least 0.5 and at least twice the first step's "
+    "(always, with --no-check, once the run finishes); 1 otherwise"
+)
 
 
 @dataclass
@@ -142,6 +153,7 @@ def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
         return "—" if value is None else _kib(int(value)).strip()
 
     rows = [
+        ("task", "parity digits (cwtrain demo --help)"),
         ("steps", str(summary["config"]["steps"])),
         ("first mean reward", f"{summary['first_reward']:.3f}"),
         ("final mean reward", f"{summary['final_reward']:.3f}"),
@@ -165,5 +177,9 @@ def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
     print(f"{'-' * width}  {'-' * 24}", file=stream)
     for key, value in rows:
         print(f"{key.ljust(width)}  {value}", file=stream)
-    verdict = "reward climbed" if summary["reward_goal_met"] else "reward did NOT reach the goal (≥ 0.5 and ≥ 2× first)"
+    first, final = summary["first_reward"], summary["final_reward"]
+    if summary["reward_goal_met"]:
+        verdict = f"reward climbed: final {final:.3f} ≥ 0.5 and ≥ 2 × first {first:.3f}"
+    else:
+        verdict = f"reward did NOT reach the goal: final {final:.3f}, wanted ≥ 0.5 and ≥ 2 × first {first:.3f}"
     print(f"\n{verdict}; everything torn down.", file=stream, flush=True)

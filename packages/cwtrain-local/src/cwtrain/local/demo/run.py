@@ -21,18 +21,24 @@ What it does, all on loopback::
 
 4. Deletes the deployment and gateway and stops the stack (also on Ctrl-C or an error).
 
+**What it trains** (:data:`TASK`, :data:`PASS_RULE`; the same words are in ``cwtrain demo
+--help``, the README and the report): each prompt is ``"even: "`` or ``"odd: "``, and a
+completion's reward is the fraction of its ``--max-tokens`` slots holding a digit of that
+parity, from 0 to 1. A fresh model scores about 0.07; it has to read the prompt to do well.
+
 stderr shows one line per step (reward, snapshot type and size, publish and hot-load
-latency) and a summary table; stdout gets one JSON document with every figure (both from
-:mod:`cwtrain.local.demo.report`). ``--report PATH`` also writes the run as one
-self-contained HTML page with four plots (reward, publish and hot-load latency, snapshot
-bytes FULL vs delta, served identity lag; :mod:`cwtrain.local.demo.page`), which opens
-offline in any browser. The run
-is reproducible: ``--seed`` fixes the base weights, the prompts and every sampling seed
+latency) and, last, the summary table and the verdict (:mod:`cwtrain.local.demo.report`).
+Every figure as one JSON document goes to stdout only with ``--json``, and to a file with
+``--json-file PATH``; nothing is printed on stdout otherwise. ``--report PATH`` also writes
+the run as one self-contained HTML page with its configuration and four plots (reward,
+publish and hot-load latency, snapshot bytes FULL vs delta, time per step;
+:mod:`cwtrain.local.demo.page`), which opens offline in any browser. The run is
+reproducible: ``--seed`` fixes the base weights, the prompts and every sampling seed
 (groups are sent as ``n = 1`` requests with seeds drawn from it; ``--group-requests`` sends
 one unseeded ``n = group size`` request per group instead, faster but not reproducible).
 
-Exit code 0 when the run finishes and, unless ``--no-check``, the final mean reward is at
-least 0.5 and at least twice the first; 1 otherwise.
+Exit code (:data:`PASS_RULE`): 0 when the run finishes and, unless ``--no-check``, the final
+mean reward is at least 0.5 and at least twice the first; 1 otherwise.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cwtrain.hotload import MAX_FULL_EVERY
-from cwtrain.local.demo.report import LiveDisplay, StepRecord, print_summary, summarize
+from cwtrain.local.demo.report import PASS_RULE, TASK, LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
     from cwtrain.infra import Deployment, Gateway, InferenceClient
@@ -55,7 +62,7 @@ if TYPE_CHECKING:
     from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
     from cwtrain.local.stack import LocalStack
 
-__all__ = ["DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
+__all__ = ["PASS_RULE", "TASK", "DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
 
 log = logging.getLogger("cwtrain.local.demo.run")
 _QUIET = ("cwtrain.hotload", "cwtrain.infra", "cwtrain.local", "cwtrain.integrations", "httpx", "botocore")
@@ -81,8 +88,12 @@ class DemoConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``cwtrain demo`` options to ``parser``."""
+    """Add the ``cwtrain demo`` options to ``parser``, and its task and pass rule to its epilog."""
     d = DemoConfig()
+    parser.epilog = (
+        f"Task: {TASK}. Pass rule: {PASS_RULE}. Output: one line per step and, last, a summary table "
+        "(stderr); --json and --json-file give every figure as JSON, --report an HTML page."
+    )
     parser.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps})")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of weights, prompts and sampling (default 0)")
     parser.add_argument("--replicas", type=int, default=d.replicas, help=f"engine replicas (default {d.replicas})")
@@ -120,7 +131,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--report",
         metavar="PATH",
         default=None,
-        help="also write the run as a self-contained HTML page with four plots (opens offline)",
+        help="also write the run as a self-contained HTML page: its configuration and four plots (opens offline)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print every figure of the run as one JSON document on stdout"
+    )
+    parser.add_argument(
+        "--json-file", metavar="PATH", default=None, help="write every figure of the run as one JSON document to PATH"
     )
 
 
@@ -295,14 +312,21 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
             teardown_seconds = time.monotonic() - teardown
     summary = summarize(asdict(config), records, time.monotonic() - started, teardown_seconds, deployment.id)
     summary["rollout_base_url"] = base_url
+    summary["task"], summary["pass_rule"] = TASK, PASS_RULE
     return summary
 
 
 def main(args: argparse.Namespace) -> int:
-    """``cwtrain demo`` handler: run, print the summary table (stderr) and JSON (stdout)."""
+    """``cwtrain demo`` handler: run; the JSON where asked (``--json``, ``--json-file``); the summary table last (stderr)."""
     from cwtrain.cli.output import emit
 
     config = _config_from_args(args)
+    json_file = getattr(args, "json_file", None)
+    for option, path in (("--json-file", json_file), ("--report", getattr(args, "report", None))):
+        if path and Path(path).is_dir():  # found now, not after the run
+            from cwtrain.errors import ConfigError
+
+            raise ConfigError(f"{option} {path} is a directory; give a file path")
     quiet = [] if getattr(args, "verbose", False) else [logging.getLogger(name) for name in _QUIET]
     levels = [(logger, logger.level) for logger in quiet]
     for logger in quiet:
@@ -312,11 +336,18 @@ def main(args: argparse.Namespace) -> int:
     finally:  # the run's quiet is its own: callers in the same process keep their log levels
         for logger, level in levels:
             logger.setLevel(level)
-    print_summary(summary, sys.stderr)
     report = getattr(args, "report", None)
     if report:
         from cwtrain.local.demo.page import write_report
 
         print(f"report: {write_report(summary, report)}", file=sys.stderr, flush=True)
-    emit(summary)
+    if json_file:
+        target = Path(json_file)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"figures (JSON): {target}", file=sys.stderr, flush=True)
+    if getattr(args, "json", False):
+        emit(summary)
+        sys.stdout.flush()
+    print_summary(summary, sys.stderr)  # last: what a person reads when the run ends
     return 0 if summary["reward_goal_met"] or not config.check else 1

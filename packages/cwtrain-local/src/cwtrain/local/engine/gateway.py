@@ -5,6 +5,10 @@ gateway's ``status.endpoints[0]``. It serves
 
 - ``GET /v1/models``: a card for the ``spec.model.name`` of every deployment attached to the
   gateway (the card a replica of it gives, vLLM's; a minimal one while none answers);
+- vLLM's routes outside ``/v1``: ``GET /health`` and ``GET``/``POST /ping`` (200 with an empty
+  body when every model of the gateway, or the one routed to, has a routable replica; 503
+  otherwise), ``GET /version`` and ``GET /metrics`` (relayed to a replica of the model routed
+  to, else of the first model by name);
 - ``POST /v1/*`` (``/v1/completions``, ``/v1/chat/completions``) and vLLM's ``POST /tokenize``
   and ``POST /detokenize`` at the root: the deployment is chosen by the gateway's routing
   (``bodyBasedRouting``: the body's ``model``; ``headerBasedRouting``: the named header;
@@ -22,12 +26,15 @@ half-sent event is dropped, and the stream ends as vLLM ends a stream whose gene
 failed: ``data: {"error": {"message", "type": "InternalServerError", "param": null,
 "code": 500}}`` and then ``data: [DONE]``. OpenAI clients raise on that event.
 
-Auth: ``coreWeaveAuth`` gateways want ``Authorization: Bearer <the stack's API token>``;
-``weightsAndBiasesAuth`` gateways accept any non-empty bearer key. The key is checked before
-a byte of the body is read, and bodies are bounded (:data:`MAX_BODY_BYTES`, 413;
-:mod:`cwtrain.serving`). The gateway speaks to replicas with the replicas' own token
-(``replica_token``), never with the caller's key. Errors use OpenAI's body
-``{"error": {"message", "type", "code"}}``.
+Auth, as vLLM's ``--api-key`` guards its server: only paths under ``/v1`` need a key
+(``/health``, ``/ping``, ``/version``, ``/metrics``, ``/tokenize`` and ``/detokenize`` do
+not; with path routing, the path after ``/<model>``). ``coreWeaveAuth`` gateways want
+``Authorization: Bearer <the stack's API token>``; ``weightsAndBiasesAuth`` gateways accept
+any non-empty bearer key. The key is checked before a byte of the body is read, and bodies
+are bounded (:data:`MAX_BODY_BYTES`, 413; :mod:`cwtrain.serving`). The gateway speaks
+to replicas with the replicas' own token (``replica_token``), never with the caller's key.
+Errors use OpenAI's body ``{"error": {"message", "type", "code"}}`` with the HTTP status as
+a number in ``code`` (``"model_not_found"`` for an unknown model, as OpenAI names it).
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from cwtrain.local.engine.completions import SSE_DONE, error_body, sse_event
 from cwtrain.local.loopback import LoopbackHTTPServer
 from cwtrain.serving import DEFAULT_MAX_BODY_BYTES, BackgroundServer, JSONHandler, RequestRefused
 
-__all__ = ["MAX_BODY_BYTES", "GatewayServer", "Router"]
+__all__ = ["MAX_BODY_BYTES", "PROBE_ROUTES", "ROOT_ROUTES", "GatewayServer", "Router"]
 
 log = logging.getLogger("cwtrain.local.engine.gateway")
 
@@ -56,6 +63,8 @@ Router = Callable[[str], tuple[Mapping[str, Any] | None, Mapping[str, list[str]]
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 #: Engine routes outside ``/v1`` that the gateway relays (vLLM's tokenizer endpoints).
 ROOT_ROUTES = ("/tokenize", "/detokenize")
+#: vLLM's routes outside ``/v1`` for probes and scrapers; like every path outside ``/v1``, no key needed.
+PROBE_ROUTES = ("/health", "/ping", "/version", "/metrics")
 _RELAY_READ = 64 * 1024
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 _DONE_LINE = re.compile(rb"^data: ?\[DONE\]\r?$", re.MULTILINE)
@@ -72,12 +81,21 @@ class _Handler(JSONHandler):
         log.debug("gateway %s: " + format, self.server.gateway_id, *args)
 
     def _error(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> None:
-        body = {"error": {"message": message, "type": kind, "code": code or str(status)}}
+        body = {"error": {"message": message, "type": kind, "code": code or status}}
         self.send_json(status, body, {"Retry-After": "1"} if status == 503 else None)
 
     def refusal_body(self, error: RequestRefused) -> Any:
         kind = "authentication_error" if error.status == 401 else "server_error" if error.status >= 500 else None
-        return {"error": {"message": error.message, "type": kind or "invalid_request_error", "code": str(error.status)}}
+        return {"error": {"message": error.message, "type": kind or "invalid_request_error", "code": error.status}}
+
+    def _route(self, spec: Mapping[str, Any]) -> tuple[str | None, str]:
+        """The model named by the path (path routing) and the path after it."""
+        path = urlsplit(self.path).path
+        if "pathBasedRouting" in spec:
+            parts = path.split("/", 2)
+            if len(parts) == 3 and parts[1]:
+                return parts[1], "/" + parts[2]
+        return None, path
 
     def refuse(self, error: RequestRefused, headers: Mapping[str, str] | None = None) -> None:
         super().refuse(error, {"Retry-After": "1"} if error.status == 503 else headers)
@@ -87,6 +105,9 @@ class _Handler(JSONHandler):
         spec, models = self.server.router(self.server.gateway_id)
         if spec is None:
             raise RequestRefused(503, "gateway is not serving", code="503")
+        self._routing = (spec, models)
+        if not (urlsplit(self.path).path.startswith("/v1") or self._route(spec)[1].startswith("/v1")):
+            return  # as vLLM's --api-key: only /v1 is guarded (with path routing, /<model>/v1 too)
         header = self.headers.get("Authorization", "")
         scheme, _, key = header.partition(" ")
         key = key.strip()
@@ -96,7 +117,6 @@ class _Handler(JSONHandler):
             hmac.compare_digest(key.encode(), token.encode()) for token in self.server.tokens
         ):
             raise RequestRefused(401, "invalid API key", code="401")
-        self._routing = (spec, models)
 
     def _body(self) -> bytes | None:
         """The authenticated request's body, or ``None`` once the refusal was sent."""
@@ -109,12 +129,37 @@ class _Handler(JSONHandler):
     def do_GET(self) -> None:
         if self._body() is None:
             return
-        _, models = self._routing
+        spec, models = self._routing
         path = urlsplit(self.path).path.rstrip("/")
         if path.endswith("/v1/models"):
             self.send_json(200, {"object": "list", "data": [self._card(m, models[m]) for m in sorted(models)]})
             return
-        self._error(404, f"no route for GET {path}", code="404")
+        model, route = self._route(spec)
+        if route in PROBE_ROUTES:
+            self._probe(route, model, models)
+            return
+        self._error(404, f"no route for GET {path}")
+
+    def _probe(self, route: str, model: str | None, models: Mapping[str, list[str]]) -> None:
+        """``/health`` and ``/ping`` answered here; ``/version`` and ``/metrics`` relayed to a replica."""
+        if model is None and "headerBasedRouting" in self._routing[0]:
+            model = self.headers.get(str(self._routing[0]["headerBasedRouting"].get("headerName", ""))) or None
+        if model is not None and model not in models:
+            self._error(404, f"the model {model!r} does not exist on this gateway", code="model_not_found")
+            return
+        chosen = [model] if model is not None else sorted(models)
+        if route in ("/health", "/ping"):
+            down = [m for m in chosen if not models[m]]
+            if down or not chosen:
+                self._error(503, f"no replica of {', '.join(down) or 'any model'} is ready", "server_error")
+            else:
+                self.send_body(200, b"", content_type="application/json")
+            return
+        ready = [m for m in chosen if models[m]]
+        if not ready:
+            self._error(503, "no replica is ready; retry shortly", "server_error")
+            return
+        self._proxy(models[ready[0]], route, None, method="GET")
 
     def _card(self, model: str, replicas: list[str]) -> dict[str, Any]:
         """The model's card as a replica gives it, else a minimal vLLM-shaped one."""
@@ -141,13 +186,17 @@ class _Handler(JSONHandler):
             return
         spec, models = self._routing
         path = urlsplit(self.path).path
+        model, route = self._route(spec)
+        if route == "/ping":  # vLLM answers POST /ping as GET
+            self._probe(route, model, models)
+            return
         model = self._model(spec, path, raw)
         if model is None:
             return
         if "pathBasedRouting" in spec:
             path = path[len(model) + 1 :]
         if not path.startswith("/v1/") and path not in ROOT_ROUTES:
-            self._error(404, f"no route for POST {path}", code="404")
+            self._error(404, f"no route for POST {path}")
             return
         if model not in models:
             self._error(404, f"the model {model!r} does not exist on this gateway", code="model_not_found")
@@ -168,7 +217,7 @@ class _Handler(JSONHandler):
         if "pathBasedRouting" in spec:
             parts = path.split("/")
             if len(parts) < 3 or not parts[1]:
-                self._error(404, "path routing expects /<model>/v1/...", code="404")
+                self._error(404, "path routing expects /<model>/v1/...")
                 return None
             return parts[1]
         try:
@@ -182,9 +231,9 @@ class _Handler(JSONHandler):
             return None
         return model
 
-    def _proxy(self, replicas: list[str], path: str, raw: bytes) -> None:
+    def _proxy(self, replicas: list[str], path: str, raw: bytes | None, *, method: str = "POST") -> None:
         if not replicas:
-            self._error(503, "no replica of this model is ready; retry shortly", "server_error", "503")
+            self._error(503, "no replica of this model is ready; retry shortly", "server_error")
             return
         query = urlsplit(self.path).query
         target = path + (f"?{query}" if query else "")
@@ -194,7 +243,7 @@ class _Handler(JSONHandler):
             parts = urlsplit(url)
             conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=600)
             try:
-                conn.request("POST", target, body=raw, headers=headers)
+                conn.request(method, target, body=raw, headers=headers)
                 response = conn.getresponse()
                 content_type = response.getheader("Content-Type") or "application/json"
                 streamed = content_type.split(";")[0].strip().lower() == "text/event-stream"
@@ -214,7 +263,7 @@ class _Handler(JSONHandler):
             finally:
                 conn.close()
             return
-        self._error(503, f"no replica answered ({last})", "server_error", "503")
+        self._error(503, f"no replica answered ({last})", "server_error")
 
 
 def _event_end(data: bytes) -> int:

@@ -103,6 +103,10 @@ class ReplicaProcess:
         self.ever_healthy = False
         #: Hot-load ids posted to this process.
         self.dispatched: set[str] = set()
+        #: The hot-load id posted last (the only one the replica can still be loading).
+        self.last_dispatched: str | None = None
+        #: The hot-load id a cancel was last sent for.
+        self.cancel_sent: str | None = None
         self.fast = threading.Event()
         self.fast.set()
         self._stop = threading.Event()
@@ -251,10 +255,22 @@ class ReplicaProcess:
             log.warning("replica %s answered hot-load %s with HTTP %s: %s", self.name, hot_load_id, status, data)
             return False
         self.dispatched.add(hot_load_id)
+        self.last_dispatched = hot_load_id
         self.fast.set()
         if self.health is not None:  # what /health says next; avoids reading a stale READY
             self.health = {**self.health, "state": "UPDATING", "hot_load_id": hot_load_id}
         return True
+
+    def cancel_hot_load(self, hot_load_id: str) -> bool:
+        """``POST /admin/hotload/cancel`` (one attempt); ``True`` when the replica stopped loading it."""
+        self.cancel_sent = hot_load_id
+        try:
+            status, data = self._request("POST", "/admin/hotload/cancel", {"hot_load_id": hot_load_id}, timeout=5.0)
+        except (OSError, http.client.HTTPException) as exc:
+            log.debug("replica %s: cancel of %s not sent: %s", self.name, hot_load_id, exc)
+            return False
+        self.fast.set()
+        return status == 200 and isinstance(data, dict) and bool(data.get("canceled"))
 
     def _watch(self) -> None:
         seen: tuple[Any, ...] = ()

@@ -15,18 +15,24 @@ then answers on ``127.0.0.1:<port>``:
 |---|---|
 | ``GET /health`` | ``{"name", "state", "identity", "error_reason", "hot_load_id", …}``; 503 until weights are loaded |
 | ``POST /admin/hotload`` | body ``{"hot_load_id", "identity", "chain": [{"identity", "type"}, …]}`` (and ``"fault"``, below) → 202; loads in the background |
+| ``POST /admin/hotload/cancel`` | body ``{"hot_load_id"}`` → ``{"canceled": bool}``; a load still running stops and the weights served stay |
 | ``GET /admin/weights`` | the served weights as one safetensors file (``__metadata__.identity``) |
 | ``GET /v1/models``, ``POST /v1/completions`` | OpenAI-compatible, as vLLM 0.31 serves them (:mod:`cwtrain.local.engine.completions`) |
 | ``POST /v1/chat/completions`` | the same for chat, with the tokenizer's chat template (:mod:`cwtrain.local.engine.chat`) |
 | ``POST /tokenize``, ``POST /detokenize`` | vLLM's tokenizer endpoints (:mod:`cwtrain.local.engine.tokenization`) |
+| ``GET``/``POST /ping`` | vLLM's probe: the status ``/health`` has, an empty body |
+| ``GET /version`` | ``{"version": "0.31.0"}`` (:data:`ENGINE_VERSION`, the vLLM the engine routes follow) |
+| ``GET /metrics`` | Prometheus text: ``vllm:num_requests_running``, ``vllm:request_success_total``, and ``cwtrain_local_served_identity`` (1 for the identity served) |
 
 With ``stream: true`` the completions endpoints answer with server-sent events, each token's
 chunk sent as soon as the token is sampled.
 
-Every route, ``/health`` included, wants ``Authorization: Bearer <token>`` with the replica
-token from ``CWTRAIN_LOCAL_REPLICA_TOKEN`` (the stack makes one and gives it to the
+The routes under ``/v1`` and ``/admin`` want ``Authorization: Bearer <token>`` with the
+replica token from ``CWTRAIN_LOCAL_REPLICA_TOKEN`` (the stack makes one and gives it to the
 supervisor and the gateways; a replica started without it refuses to run): 401 otherwise,
-before a byte of the body is read. Bodies are bounded (:data:`MAX_BODY_BYTES`, 413).
+before a byte of the body is read. The others need no token, as vLLM's ``--api-key`` guards
+only ``/v1`` (``/health`` answers the replica's state as JSON where vLLM's body is empty).
+Bodies are bounded (:data:`MAX_BODY_BYTES`, 413).
 
 States: ``READY`` (serving), ``PENDING_UPDATE`` (hot-load accepted), ``UPDATING`` (reading and
 verifying), ``ERROR`` (the last hot-load failed: ``error_reason`` says why, the previous
@@ -42,8 +48,11 @@ and settings on the same weights are merged into one batch, each keeping its own
 GRPO group split into seeded ``n = 1`` requests costs about as much as one ``n``-request
 and gives the same tokens however the requests were batched or routed (streamed or not).
 
-``--apply-delay S`` sleeps S seconds after verification and before the swap (for tests that
-must catch a replica mid hot-load).
+``--apply-delay S`` makes every hot-load last S seconds more: the replica stays UPDATING for
+S seconds after verification and before the swap (the slow hot-load of ``cwtrain local up
+--slow-hot-load S``, and tests that must catch a replica mid hot-load). A cancel (the
+control plane sends one when a hot-load is canceled) ends that wait, or the reading between
+two snapshots of the chain, and the replica keeps serving what it served.
 
 **Faults** (:data:`FAULT_KINDS`; the supervisor adds ``"fault": {"kind", "reason"}`` to one
 hot-load when a test armed one, see :mod:`cwtrain.local.harness.faults`). Each loads and
@@ -65,6 +74,7 @@ of the process that started it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hmac
 import logging
 import os
@@ -74,7 +84,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +117,9 @@ from cwtrain.serving import DEFAULT_MAX_BODY_BYTES, BackgroundServer, JSONHandle
 
 __all__ = [
     "ENGINE_ROUTES",
+    "ENGINE_VERSION",
     "FAULT_KINDS",
+    "GUARDED_PREFIXES",
     "IDENTITY_HEADER",
     "MAX_BODY_BYTES",
     "TOKEN_VARIABLE",
@@ -118,6 +130,8 @@ __all__ = [
 ]
 
 IDENTITY_HEADER = "x-cwtrain-snapshot-identity"
+#: What ``GET /version`` answers: the vLLM whose OpenAI-compatible server the engine routes follow.
+ENGINE_VERSION = "0.31.0"
 #: The longest request body a replica reads (as much as a gateway relays).
 MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 #: The POST routes a replica serves as an inference engine (the gateway relays exactly these).
@@ -245,7 +259,7 @@ class Replica:
         name: The replica's name (in ``/health`` and logs).
         model_name: The served model name (the OpenAI ``model``).
         source: Where hot-loads read snapshots (``None``: this replica cannot hot-load).
-        apply_delay: Seconds to wait before each swap (tests).
+        apply_delay: Seconds every hot-load lasts more (UPDATING before the swap; a cancel ends the wait).
         model_root: The model's path, the ``root`` of its ``/v1/models`` card.
     """
 
@@ -274,7 +288,10 @@ class Replica:
         self._lock = threading.Lock()
         self._batcher = Batcher()
         self._loader: threading.Thread | None = None
+        self._cancel = threading.Event()
         self._weights_file: tuple[str, bytes] | None = None
+        self.requests_running = 0
+        self.requests_succeeded = 0
 
     def set_served(self, served: ServedWeights) -> None:
         """Swap in new weights (requests already running keep their reference)."""
@@ -329,14 +346,30 @@ class Replica:
                 return 409, {"error": f"replica {self.name} has no object store to hot-load from"}
             self.hot_load_id, self.target, self.error_reason, self.step = hot_load_id, identity, None, None
             self.state = "PENDING_UPDATE"
-            self._loader = threading.Thread(target=self._run_hot_load, args=(hot_load_id, chain, fault), daemon=True)
+            self._cancel = cancel = threading.Event()
+            self._loader = threading.Thread(
+                target=self._run_hot_load, args=(hot_load_id, chain, cancel, fault), daemon=True
+            )
             self._loader.start()
             return 202, self._accepted_unlocked()
+
+    def cancel_hot_load(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """Stop the hot-load ``body["hot_load_id"]`` if it is still loading; the served weights stay."""
+        hot_load_id = body.get("hot_load_id") if isinstance(body, dict) else None
+        if not isinstance(hot_load_id, str):
+            return 400, {"error": "hot_load_id (a string) is required"}
+        with self._lock:
+            running = self._loader is not None and self._loader.is_alive() and self.hot_load_id == hot_load_id
+            if running:
+                self._cancel.set()
+            return 200, {"name": self.name, "hot_load_id": hot_load_id, "canceled": running}
 
     def _accepted_unlocked(self) -> dict[str, Any]:
         return {"name": self.name, "hot_load_id": self.hot_load_id, "identity": self.target, "state": self.state}
 
-    def _run_hot_load(self, hot_load_id: str, chain: list[ChainLink], fault: dict[str, Any] | None = None) -> None:
+    def _run_hot_load(
+        self, hot_load_id: str, chain: list[ChainLink], cancel: threading.Event, fault: dict[str, Any] | None = None
+    ) -> None:
         started = time.monotonic()
         served, source = self.served, self.source
         assert served is not None and source is not None
@@ -344,16 +377,26 @@ class Replica:
             self.state = "UPDATING"
 
         def on_step(identity: str) -> None:
+            if cancel.is_set():
+                raise _Canceled
             with self._lock:
                 self.step = identity
 
         try:
             new = apply_chain(source, served, chain, on_step=on_step)
             if self.apply_delay > 0:
-                time.sleep(self.apply_delay)
+                cancel.wait(self.apply_delay)
+            if cancel.is_set():
+                raise _Canceled
             if fault is not None:
                 log.warning("replica %s: fault %s on hot-load %s", self.name, fault["kind"], hot_load_id)
                 new = _faulty(fault, served, new, self.name)
+        except _Canceled:
+            log.info("replica %s: hot-load %s canceled; still serving %s", self.name, hot_load_id, served.identity)
+            with self._lock:
+                if self.hot_load_id == hot_load_id:
+                    self.state, self.error_reason, self.step = "READY", None, None
+            return
         except Exception as exc:  # any failure leaves the old weights serving
             reason = f"{type(exc).__name__}: {exc}"
             log.error("replica %s: hot-load %s failed: %s", self.name, hot_load_id, reason)
@@ -410,6 +453,22 @@ class Replica:
             return identity, tokenize(body, lm, model=model)
         return identity, detokenize(body, lm, model=model)
 
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Callable[[], None]]:
+        """Count an engine request as running while inside; the function given counts it answered (``/metrics``)."""
+        with self._lock:
+            self.requests_running += 1
+
+        def succeeded() -> None:
+            with self._lock:
+                self.requests_succeeded += 1
+
+        try:
+            yield succeeded
+        finally:
+            with self._lock:
+                self.requests_running -= 1
+
     def models(self) -> dict[str, Any]:
         """The ``/v1/models`` document (vLLM's card for the served model)."""
         served = self.served
@@ -440,6 +499,33 @@ def _faulty(fault: dict[str, Any], previous: ServedWeights, loaded: ServedWeight
     return ServedWeights.build(loaded.identity, loaded.config, tensors)
 
 
+class _Canceled(Exception):
+    """The hot-load being loaded was canceled."""
+
+
+def _metrics_text(replica: Replica) -> str:
+    """The ``/metrics`` page (Prometheus text format)."""
+    model = replica.model_name.replace("\\", "\\\\").replace('"', '\\"')
+    served = replica.served
+    lines = [
+        "# HELP vllm:num_requests_running Engine requests being answered now.",
+        "# TYPE vllm:num_requests_running gauge",
+        f'vllm:num_requests_running{{model_name="{model}"}} {replica.requests_running}',
+        "# HELP vllm:request_success_total Engine requests answered with 200.",
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{model_name="{model}"}} {replica.requests_succeeded}',
+        "# HELP cwtrain_local_served_identity The snapshot identity the replica serves (1).",
+        "# TYPE cwtrain_local_served_identity gauge",
+    ]
+    if served is not None:
+        lines.append(f'cwtrain_local_served_identity{{model_name="{model}",identity="{served.identity}"}} 1')
+    return "\n".join(lines) + "\n"
+
+
+#: Path prefixes that need the replica token (vLLM's --api-key guards /v1; /admin is the local stack's own).
+GUARDED_PREFIXES = ("/v1", "/admin")
+
+
 class _Handler(JSONHandler):
     server: _Server
     max_body_bytes = MAX_BODY_BYTES
@@ -448,6 +534,8 @@ class _Handler(JSONHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
     def authenticate(self) -> None:
+        if not self.path.split("?", 1)[0].startswith(GUARDED_PREFIXES):
+            return
         scheme, _, token = self.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.server.token.encode()):
             raise RequestRefused(401, "missing or invalid replica token (Authorization: Bearer <token>)", code="401")
@@ -470,6 +558,13 @@ class _Handler(JSONHandler):
         if path == "/health":
             doc = replica.health()
             self.send_json(200 if doc["identity"] is not None else 503, doc)
+        elif path == "/ping":
+            self.send_body(200 if replica.served is not None else 503, b"", content_type="application/json")
+        elif path == "/version":
+            self.send_json(200, {"version": ENGINE_VERSION})
+        elif path == "/metrics":
+            text = _metrics_text(replica).encode()
+            self.send_body(200, text, content_type="text/plain; version=0.0.4; charset=utf-8")
         elif path == "/v1/models":
             self.send_json(200, replica.models())
         elif path == "/admin/weights":
@@ -496,16 +591,23 @@ class _Handler(JSONHandler):
         if path == "/admin/hotload":
             status, doc = replica.start_hot_load(body)
             self.send_json(status, doc)
+        elif path == "/admin/hotload/cancel":
+            status, doc = replica.cancel_hot_load(body)
+            self.send_json(status, doc)
+        elif path == "/ping":
+            self.send_body(200 if replica.served is not None else 503, b"", content_type="application/json")
         elif path in ENGINE_ROUTES:
-            try:
-                identity, answer = replica.answer(path, body)
-            except CompletionError as exc:
-                self.send_json(exc.status, error_body(exc.message, exc.status, exc.param))
-                return
-            if isinstance(answer, dict):
-                self.send_json(200, answer, {IDENTITY_HEADER: identity})
-            else:
-                self.send_stream(200, answer, content_type=SSE_CONTENT_TYPE, headers={IDENTITY_HEADER: identity})
+            with replica.counting() as succeeded:
+                try:
+                    identity, answer = replica.answer(path, body)
+                except CompletionError as exc:
+                    self.send_json(exc.status, error_body(exc.message, exc.status, exc.param))
+                    return
+                if isinstance(answer, dict):
+                    self.send_json(200, answer, {IDENTITY_HEADER: identity})
+                else:
+                    self.send_stream(200, answer, content_type=SSE_CONTENT_TYPE, headers={IDENTITY_HEADER: identity})
+                succeeded()
         else:
             self.send_json(404, error_body(f"no route {path}", 404))
 
@@ -568,7 +670,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-bucket", required=True)
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--peer", default=None, help="copy the served weights from this replica at start")
-    parser.add_argument("--apply-delay", type=float, default=0.0, help="seconds to wait before each swap (tests)")
+    parser.add_argument(
+        "--apply-delay",
+        type=float,
+        default=0.0,
+        help="make every hot-load last this many seconds more (UPDATING before the swap; a cancel ends it)",
+    )
     return parser
 
 

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from cwtrain.errors import CWTrainError
-from cwtrain.integrations.frameworks import NEMO_RL, install_line, installed_version, require
+from cwtrain.integrations.frameworks import NEMO_RL, installed_version, require
 
 __all__ = ["NEMO_RL_VERSION", "PATCH_NAME", "apply_patch", "main", "patch_text"]
 
@@ -56,8 +56,9 @@ def apply_patch(root: str | Path | None = None, *, check_only: bool = False, ins
     found = installed if installed is not None else installed_version(NEMO_RL)
     if found is None:
         raise CWTrainError(
-            f"NeMo-RL is not installed: the patch is for nemo_rl v{NEMO_RL_VERSION} ({NEMO_RL.where}); "
-            f"install the plug-in beside it with {install_line(NEMO_RL.plugin)}"
+            f"NeMo-RL is not installed in this environment: the patch is for nemo_rl v{NEMO_RL_VERSION} "
+            f"({NEMO_RL.where}); run it with the Python that has NeMo-RL (the recipe's image), where the "
+            "plug-in is installed too"
         )
     if found.split("+")[0] != NEMO_RL_VERSION:
         raise CWTrainError(

@@ -202,7 +202,10 @@ class SlimePublisher:
                     f"{plan.identity} must be published FULL (chain cut) but no served copy is kept: "
                     "turn CWTRAIN_HOTLOAD_MIRROR on"
                 )
-            return self.session.publish_tensors(plan, mirror.tensors, checksums=mirror.checksums)
+            # the cut carries the base checkpoint's small files: a FULL snapshot needs its config.json
+            return self.session.publish_tensors(
+                plan, mirror.tensors, checksums=mirror.checksums, extra_files=mirror.files
+            )
         if not weight_map:
             if mirror is not None:
                 mirror.advance(f"{version:06d}")
