@@ -110,7 +110,7 @@ def register(subparsers: Any) -> None:
         help="print the export lines of the running 'cwtrain local up' (for eval in another shell)",
         description=(
             "Print the environment of the stack 'cwtrain local up' runs, read from its state file, as "
-            "export lines on stdout, so that another shell joins it with: eval \"$(cwtrain local env)\". "
+            'export lines on stdout, so that another shell joins it with: eval "$(cwtrain local env)". '
             "Exit 1 with one error line when no 'local up' is running."
         ),
     )
