@@ -88,7 +88,7 @@ def register(subparsers: Any) -> None:
             "Start the object store, the control plane, a gateway and (unless --no-deploy) a hot-load "
             "deployment of the tiny model; print the environment to export (stdout: JSON, stderr: export "
             "lines, including CWTRAIN_HOTLOAD_DEPLOYMENT_ID, the default of every --deployment option; "
-            "another shell gets them with: eval \"$(cwtrain local env)\"); "
+            'another shell gets them with: eval "$(cwtrain local env)"); '
             "run until Ctrl-C or 'cwtrain local down'. Differences from the service: 'cwtrain hotload "
             "cancel' works here (the hot-load ends CANCELED) while the service does not implement cancel "
             "yet (it answers unimplemented, exit 1); a hot-load created without a prompt cache policy "
@@ -296,7 +296,7 @@ def _up(args: argparse.Namespace) -> int:
                 for key, value in env.items():
                     print(f"export {key}={shlex.quote(value)}", file=sys.stderr)
                 print(
-                    "local stack running; another shell joins it with: eval \"$(cwtrain local env)\"; "
+                    'local stack running; another shell joins it with: eval "$(cwtrain local env)"; '
                     "Ctrl-C or 'cwtrain local down' stops it",
                     file=sys.stderr,
                     flush=True,
