@@ -92,6 +92,7 @@ kernels that differ between trainer and engine add to BF16 rounding on real mode
 OUTRO = """\
 ## How this file is made
 
+<!-- example: skip ci: the fault suite runs inside scripts/test.sh, and tests/faults/test_reliability_doc.py checks this table against it -->
 ```sh
 CWTRAIN_FAULT_RESULTS=/tmp/faults.json .venv-3.12/bin/python -m pytest -m faults tests -q
 .venv-3.12/bin/python scripts/reliability_table.py --results /tmp/faults.json

@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# Create (or refresh) .venv-<python version> with every cwtrain package installed
-# editable from its path in this repository, plus the test tools.
-# Usage: scripts/setup-venv.sh 3.12
+# Create (or refresh) .venv-<python version> with the cwtrain packages installed editable from
+# their paths in this repository.
+# Usage: scripts/setup-venv.sh 3.12           every package plus the test tools (scripts/test.sh)
+#        scripts/setup-venv.sh 3.12 --demo    only what `cwtrain demo` imports: cwtrain-core[torch]
+#                                             and cwtrain-local with their dependencies (scripts/demo.sh)
+# A full environment serves the demo as well (--demo then does nothing); the full set-up on a
+# demo environment adds the rest.
+#
+# torch is installed without triton: triton compiles GPU kernels for torch.compile, which
+# cwtrain never calls, and torch imports and runs (CPU and CUDA) without it; it is 0.9 GB of
+# the environment. pip cannot leave out one dependency, so the third-party requirements are
+# resolved once into exact pins (kept in the wheelhouse with the wheels), triton is dropped
+# from them, and everything is installed with --no-deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-version="${1:?usage: scripts/setup-venv.sh PYTHON_VERSION}"
+version="${1:?usage: scripts/setup-venv.sh PYTHON_VERSION [--demo]}"
+profile=full
+case "${2:-}" in
+  "") ;;
+  --demo) profile=demo ;;
+  *) echo "error: unknown option ${2}; usage: scripts/setup-venv.sh PYTHON_VERSION [--demo]" >&2; exit 2 ;;
+esac
 venv=".venv-$version"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+#: Dependencies of torch that are not installed (see above).
+skip_packages="triton"
 
 find_python() {
   local v="$1" candidate
@@ -20,32 +38,65 @@ find_python() {
   return 1
 }
 
-# The install is redone only when a dependency list changed.
-stamp_src=$(cat pyproject.toml requirements-dev.txt packages/*/pyproject.toml | sha256sum | cut -c1-16)
-if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.cwtrain-stamp" 2>/dev/null)" = "$stamp_src" ]; then
+# The install is redone only when a dependency list changed (or a demo environment is asked
+# for everything).
+stamp_src=$(cat pyproject.toml requirements-dev.txt packages/*/pyproject.toml scripts/setup-venv.sh | sha256sum | cut -c1-16)
+have=$(cat "$venv/.cwtrain-stamp" 2>/dev/null || true)
+if [ -x "$venv/bin/python" ] && { [ "$have" = "full $stamp_src" ] || [ "$have" = "$profile $stamp_src" ]; }; then
   exit 0
 fi
 python=$(find_python "$version")
-echo "setting up $venv with $($python --version)" >&2
+echo "setting up $venv ($profile) with $($python --version)" >&2
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-# Our packages by path only (never from an index); their pins to each other resolve
-# against these local candidates.
-ours=("packages/cwtrain-core[torch]" packages/cwtrain-local packages/cwtrain-slime packages/cwtrain-miles
-      packages/cwtrain-nemo-rl packages/cwtrain-gym)
-# Third-party wheels are kept in a wheelhouse between runs (pip's own cache is not
-# reliable on these machines): downloaded once per Python version and dependency set,
-# then installed with --no-index.
+if [ "$profile" = demo ]; then
+  ours=("packages/cwtrain-core" packages/cwtrain-local)
+else
+  ours=("packages/cwtrain-core" packages/cwtrain-local packages/cwtrain-slime packages/cwtrain-miles
+        packages/cwtrain-nemo-rl packages/cwtrain-gym)
+fi
+# The third-party requirements: those of our packages (cwtrain-core with its torch extra, which
+# cwtrain-local needs), and for the full set-up the test tools.
+requirements="$venv/.cwtrain-requirements.txt"
+"$venv/bin/python" - "$profile" "${ours[@]}" > "$requirements" <<'PY'
+import re, sys, tomllib
+profile, packages = sys.argv[1], sys.argv[2:]
+lines = []
+for package in packages:
+    project = tomllib.load(open(f"{package}/pyproject.toml", "rb"))["project"]
+    requirements = list(project.get("dependencies", []))
+    if package.endswith("cwtrain-core"):
+        requirements += project["optional-dependencies"]["torch"]
+    lines += [r for r in requirements if not re.match(r"cwtrain([-_.\[=<>~! ]|$)", r.lower())]
+if profile == "full":
+    lines += [l.strip() for l in open("requirements-dev.txt") if l.strip() and not l.startswith("#")]
+print("\n".join(dict.fromkeys(lines)))
+PY
+# Third-party wheels are kept in a wheelhouse between runs (pip's own cache is not reliable
+# on these machines): resolved and downloaded once per Python version, profile and dependency
+# set, then installed with --no-index. The build backend of our editables comes from there too.
 wheelhouse="${CWTRAIN_WHEELHOUSE:-$HOME/.cache/cwtrain-wheels}"
 mkdir -p "$wheelhouse"
-if [ "$(cat "$wheelhouse/.stamp-$version" 2>/dev/null)" != "$stamp_src" ]; then
-  echo "downloading dependencies into $wheelhouse" >&2
-  "$venv/bin/python" -m pip download -q -d "$wheelhouse" "${ours[@]}" -r requirements-dev.txt hatchling editables
-  echo "$stamp_src" > "$wheelhouse/.stamp-$version"
+pins="$wheelhouse/pins-$version-$profile-$stamp_src.txt"
+if [ ! -s "$pins" ]; then
+  echo "resolving and downloading dependencies into $wheelhouse" >&2
+  report="$venv/.cwtrain-resolve.json"
+  "$venv/bin/python" -m pip install -q --dry-run --ignore-installed --report "$report" -r "$requirements"
+  "$venv/bin/python" - "$report" "$skip_packages" > "$pins.tmp" <<'PY'
+import json, sys
+skip = set(sys.argv[2].split())
+for item in json.load(open(sys.argv[1]))["install"]:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
+    if name.lower() not in skip:
+        print(f"{name}=={version}")
+PY
+  "$venv/bin/python" -m pip download -q --no-deps -d "$wheelhouse" -r "$pins.tmp"
+  "$venv/bin/python" -m pip download -q -d "$wheelhouse" hatchling editables
+  mv "$pins.tmp" "$pins"
 fi
 editables=()
 for package in "${ours[@]}"; do editables+=(-e "$package"); done
-"$venv/bin/python" -m pip install -q --no-index --find-links "$wheelhouse" "${editables[@]}" -r requirements-dev.txt
+"$venv/bin/python" -m pip install -q --no-deps --no-index --find-links "$wheelhouse" -r "$pins" "${editables[@]}"
 # Refuse an environment where any cwtrain distribution came from somewhere else.
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md, json, sys
@@ -60,4 +111,4 @@ for dist in md.distributions():
 if bad:
     sys.exit(f"error: not installed from this repository: {', '.join(bad)}")
 PY
-echo "$stamp_src" > "$venv/.cwtrain-stamp"
+echo "$profile $stamp_src" > "$venv/.cwtrain-stamp"

@@ -84,8 +84,11 @@ def test_delta_with_explicit_and_mapped_predecessor(delta: Path) -> None:
 
 
 def test_predecessor_for_full_is_refused(full: Path) -> None:
-    with pytest.raises(SnapshotError, match="FULL"):
+    with pytest.raises(SnapshotError, match="FULL") as refused:
         inspect_snapshot(full, previous_identity="x")
+    # the message names both ways out (issue 27: the README's example hit it with no hint)
+    assert "publish it without one" in str(refused.value) and "publish_diff" in str(refused.value)
+    assert "--base" in str(refused.value)
 
 
 def test_invalid_predecessor_identity(delta: Path) -> None:

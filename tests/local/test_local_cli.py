@@ -70,6 +70,39 @@ def test_local_up_then_down(tmp_path: Path) -> None:
         )
         assert second.returncode == 1 and "already running" in second.stderr
 
+        # a second shell joins with `eval "$(cwtrain local env)"`: the same variables, exported
+        shell = subprocess.run(
+            ["bash", "-c", 'eval "$("$@" local env --state-file "$STATE")" && env -0', "bash", *CWTRAIN],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", "STATE": str(state_file)},
+        )
+        assert shell.returncode == 0, shell.stderr
+        exported = dict(item.split("=", 1) for item in shell.stdout.split("\0") if "=" in item)
+        assert {k: exported.get(k) for k in env} == env
+        as_json = subprocess.run(
+            [*CWTRAIN, "local", "env", "--json", "--state-file", str(state_file)], capture_output=True, text=True
+        )
+        assert json.loads(as_json.stdout) == env
+        # --no-deploy: no deployment, so no base checkpoint to fetch
+        base = subprocess.run(
+            [
+                *CWTRAIN,
+                "local",
+                "base-checkpoint",
+                "--out",
+                str(state_file.parent / "base"),
+                "--state-file",
+                str(state_file),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert base.returncode == 1 and "has no deployment (started with --no-deploy)" in base.stderr
+        assert not (state_file.parent / "base").exists()
+
         down = subprocess.run(
             [*CWTRAIN, "local", "down", "--state-file", str(state_file)], capture_output=True, text=True, timeout=60
         )
@@ -82,6 +115,11 @@ def test_local_up_then_down(tmp_path: Path) -> None:
             [*CWTRAIN, "local", "down", "--state-file", str(state_file)], capture_output=True, text=True, timeout=60
         )
         assert json.loads(again.stdout)["result"] == "not_running"
+        gone = subprocess.run(
+            [*CWTRAIN, "local", "env", "--state-file", str(state_file)], capture_output=True, text=True
+        )
+        assert gone.returncode == 1 and gone.stdout == ""
+        assert gone.stderr.strip().startswith("error: no local stack is running (no state file")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -225,3 +263,62 @@ def test_local_up_help_says_where_it_differs_from_the_service(capsys: pytest.Cap
     assert "'cwtrain hotload cancel' works here" in text
     assert "the service does not implement cancel yet (it answers unimplemented" in text
     assert "CWTRAIN_HOTLOAD_DEPLOYMENT_ID, the default of every --deployment option" in text
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out = subprocess.run([*CWTRAIN, *argv], capture_output=True, text=True, timeout=60)
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_local_env_refuses_without_a_running_stack(tmp_path: Path) -> None:
+    state_file = tmp_path / "stack.json"
+    code, out, err = _cli("local", "env", "--state-file", str(state_file))
+    assert (code, out) == (1, "")
+    assert err.strip().splitlines() == [
+        f"error: no local stack is running (no state file {state_file}); start one with 'cwtrain local up' "
+        "in another shell and wait for its line 'local stack running'"
+    ]
+    # a state file left by a stack that died (a pid no process has)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    state_file.write_text(json.dumps({"pid": dead.pid, "env": {"COREWEAVE_API_URL": "http://127.0.0.1:9"}}))
+    code, out, err = _cli("local", "env", "--state-file", str(state_file))
+    assert (code, out) == (1, "")
+    assert f"was written by pid {dead.pid}, which has exited" in err
+    code, _, err = _cli("local", "base-checkpoint", "--out", str(tmp_path / "base"), "--state-file", str(state_file))
+    assert code == 1 and "no local stack is running" in err and not (tmp_path / "base").exists()
+
+
+def test_local_env_quotes_values_for_eval(tmp_path: Path) -> None:
+    """Values with spaces and quotes survive eval (the state file of a live 'local' process)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "cwtrain", "local"])
+    try:
+        state_file = tmp_path / "stack.json"
+        env = {"CWTRAIN_X": "a b 'c' $HOME `x`", "CWTRAIN_Y": ""}
+        state_file.write_text(json.dumps({"pid": holder.pid, "env": env}))
+        shell = subprocess.run(
+            ["bash", "-c", 'eval "$("$@" local env --state-file "$STATE")"; printf "%s|%s" "$CWTRAIN_X" "$CWTRAIN_Y"',
+             "bash", *CWTRAIN],
+            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "STATE": str(state_file)},
+        )  # fmt: skip
+        assert shell.returncode == 0, shell.stderr
+        assert shell.stdout == "a b 'c' $HOME `x`|"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_base_checkpoint_refuses_a_directory_with_files(tmp_path: Path) -> None:
+    out = tmp_path / "base"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, stdout, err = _cli("local", "base-checkpoint", "--out", str(out), "--state-file", str(tmp_path / "none.json"))
+    assert (code, stdout) == (1, "")
+    assert err.strip() == f"error: --out {out} is not empty; name a new or empty directory"
+    assert (out / "keep.txt").read_text() == "mine"
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    code, _, err = _cli("local", "base-checkpoint", "--out", str(afile), "--state-file", str(tmp_path / "none.json"))
+    assert code == 1 and "is not a directory" in err
+    code, _, err = _cli("local", "base-checkpoint")
+    assert code == 2 and "--out" in err

@@ -1,4 +1,4 @@
-"""``cwtrain local up|down`` and ``cwtrain demo``: the local stack from the command line.
+"""``cwtrain local up|down|env|base-checkpoint`` and ``cwtrain demo``: the local stack from the command line.
 
 ``cwtrain local up [--replicas N] [--port P] [--no-deploy] [--slow-hot-load S]`` starts the whole stack
 (object store, control plane, gateway and, unless ``--no-deploy``, a hot-load deployment
@@ -6,13 +6,20 @@ of the tiny model with N replicas), prints one JSON document with the environmen
 export on stdout and the same as ``export`` lines on stderr, then runs until Ctrl-C or
 ``cwtrain local down``::
 
-    cwtrain local up --replicas 2          # terminal 1: copy the printed "export ..." lines
-    cwtrain hotload list                   # terminal 2, after the exports (--deployment from the env)
+    cwtrain local up --replicas 2          # terminal 1
+    eval "$(cwtrain local env)"            # terminal 2: the same exports, from the state file
+    cwtrain hotload list                   # terminal 2 (--deployment from the env)
+    cwtrain local base-checkpoint --out base   # the weights the deployment started with
     cwtrain local down                     # or Ctrl-C in terminal 1
 
-The same variables are in the state file's ``env`` object (JSON), for scripts. With them
-exported, ``--deployment`` may be left out of every command (it defaults to
-``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``).
+The same variables are in the state file's ``env`` object (JSON), for scripts; ``cwtrain
+local env`` prints them as ``export`` lines (``--json``: one JSON object) and refuses, exit
+1, when no ``local up`` runs. With them exported, ``--deployment`` may be left out of every
+command (it defaults to ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``). ``cwtrain local base-checkpoint
+--out DIR`` copies the base checkpoint the running stack's deployment serves (its
+``spec.model`` prefix in the local object store: ``config.json``,
+``tokenizer_config.json``, ``model.safetensors`` and its index) into ``DIR``, which must not
+exist or be empty.
 
 Where the local stack differs from the service on purpose: ``cwtrain hotload cancel`` works
 locally (the hot-load ends CANCELED and the replicas keep what they served) although the
@@ -64,7 +71,7 @@ from typing import Any
 from cwtrain.cli.options import command_group, positive_float, positive_int
 from cwtrain.jsondoc import load_json
 
-__all__ = ["default_state_file", "register"]
+__all__ = ["default_state_file", "register", "running_state"]
 
 log = logging.getLogger("cwtrain.local.cli")
 
@@ -73,6 +80,9 @@ def default_state_file() -> Path:
     """``$XDG_CACHE_HOME/cwtrain-local/stack.json`` (``~/.cache`` without the variable)."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "cwtrain-local" / "stack.json"
+
+
+_STATE_FILE_HELP = "pid/state file (~/.cache/cwtrain-local/stack.json)"
 
 
 def _port(text: str) -> int:
@@ -97,7 +107,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Start the object store, the control plane, a gateway and (unless --no-deploy) a hot-load "
             "deployment of the tiny model; print the environment to export (stdout: JSON, stderr: export "
-            "lines, including CWTRAIN_HOTLOAD_DEPLOYMENT_ID, the default of every --deployment option); "
+            "lines, including CWTRAIN_HOTLOAD_DEPLOYMENT_ID, the default of every --deployment option; "
+            'another shell gets them with: eval "$(cwtrain local env)"); '
             "run until Ctrl-C or 'cwtrain local down'. Differences from the service: 'cwtrain hotload "
             "cancel' works here (the hot-load ends CANCELED) while the service does not implement cancel "
             "yet (it answers unimplemented, exit 1); a hot-load created without a prompt cache policy "
@@ -115,15 +126,41 @@ def register(subparsers: Any) -> None:
         help="make every hot-load last SECONDS more (replicas stay UPDATING), to try 'hotload cancel' and "
         "'hotload wait' by hand (0: as fast as it goes)",
     )
-    up.add_argument("--state-file", type=Path, default=None, help="pid/state file (~/.cache/cwtrain-local/stack.json)")
+    up.add_argument("--state-file", type=Path, default=None, help=_STATE_FILE_HELP)
     up.set_defaults(func=_up)
 
     down = commands.add_parser("down", help="stop the stack started by 'cwtrain local up'")
-    down.add_argument(
-        "--state-file", type=Path, default=None, help="pid/state file (~/.cache/cwtrain-local/stack.json)"
-    )
+    down.add_argument("--state-file", type=Path, default=None, help=_STATE_FILE_HELP)
     down.add_argument("--timeout", type=float, default=30.0, help="seconds to wait before SIGKILL (30)")
     down.set_defaults(func=_down)
+
+    env = commands.add_parser(
+        "env",
+        help="print the export lines of the running 'cwtrain local up' (for eval in another shell)",
+        description=(
+            "Print the environment of the stack 'cwtrain local up' runs, read from its state file, as "
+            'export lines on stdout, so that another shell joins it with: eval "$(cwtrain local env)". '
+            "Exit 1 with one error line when no 'local up' is running."
+        ),
+    )
+    env.add_argument("--state-file", type=Path, default=None, help=_STATE_FILE_HELP)
+    env.add_argument("--json", action="store_true", help="print one JSON object instead of export lines")
+    env.set_defaults(func=_env)
+
+    base = commands.add_parser(
+        "base-checkpoint",
+        help="copy the base checkpoint the local deployment serves into a directory",
+        description=(
+            "Copy the base checkpoint of the deployment 'cwtrain local up' created (the tiny model: "
+            "config.json, tokenizer_config.json, model.safetensors with BF16 weights, and its index) "
+            "from the local object store into DIR, a normal HuggingFace safetensors directory to change "
+            "and publish. DIR must not exist or be empty. Needs a running 'cwtrain local up' with a "
+            "deployment."
+        ),
+    )
+    base.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write it (new or empty)")
+    base.add_argument("--state-file", type=Path, default=None, help=_STATE_FILE_HELP)
+    base.set_defaults(func=_base_checkpoint)
 
     demo = subparsers.add_parser(
         "demo",
@@ -216,6 +253,80 @@ def _is_our_process(pid: int) -> bool:
     return b"cwtrain" in cmdline and b"local" in cmdline
 
 
+def running_state(state_file: Path | None = None) -> dict[str, Any]:
+    """The state of the running ``cwtrain local up`` (its ``pid``, ``env``, ``deployment_id``, ...).
+
+    Raises:
+        CWTrainError: no state file, or the process that wrote it is gone.
+    """
+    from cwtrain.errors import CWTrainError
+
+    path = state_file or default_state_file()
+    state = _read_state(path)
+    if state is None:
+        raise CWTrainError(
+            f"no local stack is running (no state file {path}); start one with 'cwtrain local up' in another "
+            "shell and wait for its line 'local stack running'"
+        )
+    pid = int(state.get("pid", 0) or 0)
+    if pid <= 0 or not _is_our_process(pid):
+        raise CWTrainError(
+            f"no local stack is running: {path} was written by pid {pid}, which has exited; start one with "
+            "'cwtrain local up'"
+        )
+    if not isinstance(state.get("env"), dict):
+        raise CWTrainError(f"{path} holds no environment; restart the stack with 'cwtrain local up'")
+    return state
+
+
+def _env(args: argparse.Namespace) -> int:
+    from cwtrain.cli.output import emit
+
+    env = {str(k): str(v) for k, v in running_state(args.state_file)["env"].items()}
+    if args.json:
+        emit(env)
+    else:
+        sys.stdout.write("".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items()))
+    return 0
+
+
+def _base_checkpoint(args: argparse.Namespace) -> int:
+    from cwtrain.cli.output import emit
+    from cwtrain.errors import CWTrainError
+    from cwtrain.infra import InferenceClient, s3_client
+    from cwtrain.integrations.staging import stage_from_s3
+
+    out: Path = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "is not a directory" if not out.is_dir() else "is not empty"
+        raise CWTrainError(f"--out {out} {what}; name a new or empty directory")
+    state = running_state(args.state_file)
+    env = {str(k): str(v) for k, v in state["env"].items()}
+    deployment_id = env.get("CWTRAIN_HOTLOAD_DEPLOYMENT_ID") or str(state.get("deployment_id") or "")
+    if not deployment_id:
+        raise CWTrainError("the running local stack has no deployment (started with --no-deploy); restart it without")
+    with InferenceClient(env["COREWEAVE_API_TOKEN"], base_url=env["COREWEAVE_API_URL"]) as api:
+        deployment = api.get_deployment(deployment_id)
+    uri = f"s3://{deployment.model_bucket}/{deployment.model_path.strip('/')}/"
+    s3 = s3_client(
+        env["CW_S3_ENDPOINT"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    stage_from_s3(uri, out, s3=s3)
+    emit(
+        {
+            "path": str(out),
+            "source": uri,
+            "deployment_id": deployment_id,
+            "model": deployment.model_name,
+            "files": sorted(p.name for p in out.iterdir()),
+        }
+    )
+    return 0
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -252,7 +363,12 @@ def _up(args: argparse.Namespace) -> int:
             try:
                 for key, value in env.items():
                     print(f"export {key}={shlex.quote(value)}", file=sys.stderr)
-                print("local stack running; Ctrl-C or 'cwtrain local down' stops it", file=sys.stderr, flush=True)
+                print(
+                    'local stack running; another shell joins it with: eval "$(cwtrain local env)"; '
+                    "Ctrl-C or 'cwtrain local down' stops it",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 emit(result)
                 while True:
                     time.sleep(3600)

@@ -190,7 +190,10 @@ def inspect_snapshot(
     else:
         if previous_identity is not None:
             raise SnapshotError(
-                f"{root}: is a FULL snapshot; a previous identity ({previous_identity!r}) applies only to deltas"
+                f"{root}: is a FULL snapshot; a previous identity ({previous_identity!r}) applies only to deltas: "
+                "publish it without one, or publish only its changes as a delta against the checkpoint "
+                f"{previous_identity!r} holds (HotLoader.publish_diff(checkpoint, base, identity, "
+                "previous_identity=...), or cwtrain hotload publish --base BASE)"
             )
         if "config.json" not in names:
             raise SnapshotError(f"{root}: a FULL snapshot needs config.json")
