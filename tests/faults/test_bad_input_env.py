@@ -74,8 +74,12 @@ def _expect_bool(value: str, default: bool) -> bool | None:
 
 
 def _expect_run_id(value: str) -> str | None:
+    """The one run-id rule: 1-120 characters, one path segment, nothing that hides or reorders text."""
+    import unicodedata
+
     text = value.strip() or "fallback"
-    return text if len(text) <= 120 and "/" not in text and text not in (".", "..") else None
+    hidden = any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp") for c in text)
+    return text if len(text) <= 120 and "/" not in text and text not in (".", "..") and not hidden else None
 
 
 # variable -> (reader, attribute, oracle)
