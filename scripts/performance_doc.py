@@ -319,7 +319,7 @@ def measured_section(doc: dict[str, Any], rates: Rates, checked: list[dict[str, 
         "checksummed and compressed while in cache; the upload's listing of the prefix runs beside the "
         "encode; for a FULL snapshot, shard k uploads while shard k+1 is checksummed. What cannot: a delta "
         "shard starts with a header holding every member's Adler-32 and frame length, its name carries the "
-        "shard count, and its SHA-256 goes in the request that creates it (snapshot-format.md sections 5 "
+        "shard count, and its SHA-256 goes in the request that creates it (the spec's snapshot-format.md, sections 5 "
         "and 7), so its first byte leaves after its last frame is compressed. That is the `tail` column: "
         "SHA-256 of the delta on one core, then the delta over the link. It is a few percent of the model's "
         "bytes; a format that named shards up front and carried the SHA-256 after the body would let it "

@@ -47,6 +47,10 @@ def _session(fake: FakeAPI, s3: Any, tmp_path: Path, **settings: Any) -> tuple[P
     return PublishSession(config, loader=loader, sink=outcomes.append), outcomes
 
 
+#: A FULL snapshot carries the model's config.json (the session passes it with FULL plans only).
+CONFIG = {"config.json": b'{"torch_dtype": "float32"}'}
+
+
 def _weights(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {f"layer{i}.weight": rng.standard_normal((32, 16)).astype(np.float32) for i in range(4)}
@@ -110,7 +114,7 @@ def test_full_then_deltas_then_a_cut_then_an_empty_delta(
             weights[f"layer{version % 4}.weight"][0, 0] += 1.0
         if version == 4:
             weights = {name: array.copy() for name, array in served.items()}  # nothing changed
-        outcome = session.publish_tensors(plan, weights, base=served)
+        outcome = session.publish_tensors(plan, weights, base=served, extra_files=CONFIG)
         served = {name: array.copy() for name, array in weights.items()}
         assert outcome is outcomes[-1]
     kinds = [(o.identity, o.chain_cut, o.incremental, o.skipped_empty) for o in outcomes]
@@ -144,31 +148,31 @@ def test_a_failed_hot_load_makes_the_next_version_full_and_still_reaches_the_sin
 ) -> None:
     session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0)
     weights = _weights(1)
-    session.publish_tensors(session.begin(), weights)
+    session.publish_tensors(session.begin(), weights, extra_files=CONFIG)
     fake.fail_identities.add("run-v000001")
     changed = {name: array + 1 for name, array in weights.items()}
     with pytest.raises(HotLoadFailedError):
-        session.publish_tensors(session.begin(), changed, base=weights)
+        session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
     assert outcomes[-1].failed and not outcomes[-1].completed and outcomes[-1].version == 1
     plan = session.begin()
-    assert plan.version == 1 and plan.full  # the failed version is planned again, FULL
+    assert plan.version == 2 and plan.full  # FULL; the failed identity (its objects may be stored) is not reused
     assert session.served_identity == "run-v000000"
 
 
 def test_versions_must_increase(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
     session, _ = _session(fake, s3_bucket[0], tmp_path)
-    session.publish_tensors(session.begin(4), _weights())
+    session.publish_tensors(session.begin(4), _weights(), extra_files=CONFIG)
     with pytest.raises(UsageError, match="versions must increase"):
         session.begin(4)
 
 
 def test_verify_is_honoured_and_counts_the_replicas(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
     session, outcomes = _session(fake, s3_bucket[0], tmp_path, verify=True)
-    session.publish_tensors(session.begin(), _weights())
+    session.publish_tensors(session.begin(), _weights(), extra_files=CONFIG)
     assert outcomes[-1].replicas_verified == 2
     plain, plain_outcomes = _session(fake, s3_bucket[0], tmp_path)
     plain.settings = HotLoadSettings("dep-1", "other", state_dir=str(tmp_path / "state2"))
-    plain.publish_tensors(plain.begin(), _weights(2))
+    plain.publish_tensors(plain.begin(), _weights(2), extra_files=CONFIG)
     assert plain_outcomes[-1].replicas_verified == 0
 
 
@@ -189,7 +193,7 @@ def test_a_deployment_that_is_not_ready_is_waited_for_within_the_one_budget(
 
     fake._route = route  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO):
-        session.publish_tensors(session.begin(), _weights())
+        session.publish_tensors(session.begin(), _weights(), extra_files=CONFIG)
     assert outcomes[-1].completed
     assert any("waiting for it to be READY" in record.getMessage() for record in caplog.records)
 
@@ -198,7 +202,7 @@ def test_a_deployment_that_is_not_ready_is_waited_for_within_the_one_budget(
     session.settings = HotLoadSettings("dep-1", "run", timeout=0.5, state_dir=str(tmp_path / "state"))
     plan = session.begin()
     with pytest.raises(CWTrainError, match="not STATUS_READY"):
-        session.publish_tensors(plan, {k: v + 1 for k, v in _weights().items()}, base=_weights())
+        session.publish_tensors(plan, {k: v + 1 for k, v in _weights().items()}, base=_weights(), extra_files=CONFIG)
     assert plan.budget.elapsed < 0.5 + 1.0  # one budget for the whole cycle
 
 

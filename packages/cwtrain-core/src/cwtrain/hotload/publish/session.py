@@ -205,6 +205,9 @@ class PublishSession(Closing):
         served_identity: the identity the replicas serve (or will once the last hot-load
             completes); ``None`` before the first publish.
         last_version: the last version published or skipped (-1 before any).
+        last_attempted: the last version a publish was attempted for, failed ones included:
+            a failed attempt may have stored objects under its identity, and identities are
+            immutable, so the next plan takes the number after it.
     """
 
     def __init__(
@@ -220,6 +223,7 @@ class PublishSession(Closing):
         self.cadence = ChainCadence(settings.full_every)
         self.served_identity: str | None = None
         self.last_version = -1
+        self.last_attempted = -1
 
     # ------------------------------------------------------------------ plumbing
 
@@ -258,19 +262,20 @@ class PublishSession(Closing):
         """Plan ``version`` (default: the next one): FULL or a delta on what is served, and its budget.
 
         Args:
-            version: the version number; must be above :attr:`last_version`.
+            version: the version number; must be above :attr:`last_attempted` (a failed
+                version's identity is not used again: its objects may be stored).
             full: publish FULL whatever the cadence says.
             cadence_position: the count the cadence goes by (default ``version``): a caller
                 whose versions skip numbers (miles' post-save hook) passes how many it published.
 
         Raises:
-            UsageError: the version is not above the last one.
+            UsageError: the version is not above the last one attempted.
         """
-        number = self.last_version + 1 if version is None else version
-        if number <= self.last_version:
+        number = self.last_attempted + 1 if version is None else version
+        if number <= self.last_attempted:
             raise UsageError(
-                f"version {number} of run {self.run_id!r} comes after version {self.last_version}: "
-                "versions must increase"
+                f"version {number} of run {self.run_id!r} comes after version {self.last_attempted}: "
+                "versions must increase (a failed version's identity is not published again)"
             )
         position = number if cadence_position is None else cadence_position
         cut = full or self.served_identity is None or self.cadence.is_full(position)
@@ -502,6 +507,7 @@ class PublishSession(Closing):
     def _ended(self, run: _Run, error: BaseException | None) -> None:
         """The bookkeeping after a version's work: the cadence, the served identity, the manifest, the sink."""
         plan, outcome = run.plan, run.outcome
+        self.last_attempted = max(self.last_attempted, plan.version)
         if error is not None:
             self.cadence.failed()  # the replicas keep what they served: the next version is FULL
             outcome.failed = True
