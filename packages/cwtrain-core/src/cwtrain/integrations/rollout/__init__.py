@@ -54,13 +54,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from cwtrain.errors import RolloutError
-from cwtrain.integrations.rollout.config import RolloutConfig
+from cwtrain.integrations.rollout.config import FIELD_VARIABLES, RolloutConfig
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams
 from cwtrain.integrations.rollout.responses import Completion, decode_routed_experts
 from cwtrain.integrations.rollout.sampler import IDENTITY_HEADER, CompletionSampler, RolloutBatch
 from cwtrain.integrations.rollout.samples import fill_group, served_version
 
 __all__ = [
+    "FIELD_VARIABLES",
     "IDENTITY_HEADER",
     "Completion",
     "CompletionSampler",
