@@ -144,6 +144,33 @@ def test_config_keys_beat_variables_and_errors_name_the_key() -> None:
         CoreWeaveConfig.from_generation_config({}, {**ENV, "CWTRAIN_HOTLOAD_FULL_EVERY": "abc"})
 
 
+def test_hotload_half_is_cores_settings_with_nemo_rls_keys_and_rules() -> None:
+    """Core's HotLoadSettings (one run-id rule for every framework) under NeMo-RL's config keys."""
+    from cwtrain.hotload import HotLoadSettings
+
+    config = {"coreweave_cfg": {"run_id": "grpo-a", "prompt_cache_policy": "reset_all", "state_dir": "/tmp/s"}}
+    settings = CoreWeaveConfig.from_generation_config(config, ENV).hotload
+    assert isinstance(settings, HotLoadSettings)
+    assert (settings.deployment_id, settings.run_id, settings.state_dir) == ("dep-1", "grpo-a", "/tmp/s")
+    assert settings.prompt_cache_policy.name == "RESET_ALL" and settings.timeout == 1800.0
+    unset = CoreWeaveConfig.from_generation_config({}, {k: v for k, v in ENV.items() if "DEPLOYMENT" not in k})
+    assert unset.hotload.deployment_id == ""  # not required to read the config, only to publish
+    # core's run-id rule: '.' and '..' are refused for NeMo-RL too, naming the key or the variable
+    with pytest.raises(ConfigError, match=r"coreweave_cfg\.run_id='\.\.' is not a usable run id"):
+        CoreWeaveConfig.from_generation_config({"coreweave_cfg": {"run_id": ".."}}, ENV)
+    with pytest.raises(ConfigError, match=r"CWTRAIN_HOTLOAD_RUN_ID='\.' is not a usable run id"):
+        CoreWeaveConfig.from_generation_config({}, {**ENV, "CWTRAIN_HOTLOAD_RUN_ID": "."})
+    # NeMo-RL's own rules: the hot-load budget falls back to `timeout`; state_dir is absolute
+    both = CoreWeaveConfig.from_generation_config({"coreweave_cfg": {"timeout": 30, "hotload_timeout": 5}}, ENV)
+    assert both.hotload.timeout == 5.0 and both.rollout.timeout == 30.0
+    with pytest.raises(ConfigError, match=r"coreweave_cfg\.hotload_timeout='0'"):
+        CoreWeaveConfig.from_generation_config({"coreweave_cfg": {"hotload_timeout": 0}}, ENV)
+    with pytest.raises(ConfigError, match=r"coreweave_cfg\.state_dir='rel' must be an absolute path"):
+        CoreWeaveConfig.from_generation_config({"coreweave_cfg": {"state_dir": "rel"}}, ENV)
+    with pytest.raises(ConfigError, match=r"coreweave_cfg\.prompt_cache_policy='bogus'"):
+        CoreWeaveConfig.from_generation_config({"coreweave_cfg": {"prompt_cache_policy": "bogus"}}, ENV)
+
+
 def test_refit_rebinding_routes_coreweave_to_the_synchronizer_only() -> None:
     import nemo_rl.algorithms.grpo as grpo
 

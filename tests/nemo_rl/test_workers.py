@@ -138,32 +138,34 @@ def test_offloaded_model_is_on_the_gpu_while_it_is_published(tmp_path: Path, mon
     moves = Moves()
     instance = offloading_worker(moves, tmp_path)
 
-    class Publisher:
-        def publish(self, params: Iterator[tuple[str, torch.Tensor]], plan: Any) -> str:
+    class Share:
+        def publish_owned(self, plan: Any, params: Iterator[tuple[str, torch.Tensor]], s3: Any) -> str:
             names = [name for name, _ in params]
             moves.events.append(f"published {names}")
             return "result"
 
-    monkeypatch.setattr(instance, "cwtrain_publisher", lambda: Publisher())
+    monkeypatch.setattr(instance, "cwtrain_share", lambda: Share())
     assert instance.cwtrain_publish_share(plan=None) == "result"
     assert moves.events == ["to_cuda", "gather on cuda", "published ['weight']", "to_cpu"]
 
 
-def test_offloaded_model_goes_back_to_the_cpu_when_publishing_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_offloaded_model_goes_back_to_the_cpu_when_publishing_fails(tmp_path: Path) -> None:
+    """The worker's real RankShare: the gather fails midway; the error is reported, the model is back on the CPU."""
+    from cwtrain.hotload import SharePlan
+
     moves = Moves()
     instance = offloading_worker(moves, tmp_path)
+    gather = type(instance).cwtrain_params
 
-    class Failing:
-        def publish(self, params: Iterator[tuple[str, torch.Tensor]], plan: Any) -> None:
-            list(params)
-            raise RuntimeError("upload failed")
+    def failing(self: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from gather(self)
+        raise RuntimeError("gather failed")
 
-    monkeypatch.setattr(instance, "cwtrain_publisher", lambda: Failing())
-    with pytest.raises(RuntimeError, match="upload failed"):
-        instance.cwtrain_publish_share(plan=None)
+    type(instance).cwtrain_params = failing
+    result = instance.cwtrain_publish_share(plan=SharePlan("run-v000000", True, None, "bucket", "hotload"))
+    assert result.rank == 0 and result.error is not None and "RuntimeError: gather failed" in result.error
     assert moves.events == ["to_cuda", "gather on cuda", "to_cpu"] and moves.device == "cpu"
+    assert instance.cwtrain_share().served == {}  # nothing to commit: the served copy stays as it was
 
 
 def test_offloaded_model_is_on_the_gpu_while_it_is_exported(tmp_path: Path) -> None:

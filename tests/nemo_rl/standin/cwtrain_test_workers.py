@@ -1,17 +1,19 @@
 """Test-side policy workers for the distributed NeMo-RL test (run inside Ray workers).
 
 Each holds one rank's share of a model as torch tensors, as a sharded policy would, and
-publishes it through cwtrain's worker mixin.
+publishes it through cwtrain's worker mixin, unchanged: ``cwtrain_params`` yields every
+tensor of the model in one order on every rank, as NeMo-RL's gathering generators do, with
+the other ranks' tensors as ``meta`` tensors of their shape and dtype (a rank reads only
+their sizes, to agree on the shard names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from cwtrain.integrations.nemo_rl.publish import PublishPlan, ShareResult
 from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
 
 
@@ -21,14 +23,16 @@ class HalfWorker(HotLoadWorkerMixin):
     def __init__(self, rank: int, world_size: int, weights: Mapping[str, torch.Tensor]) -> None:
         self.rank = rank
         self.world_size = world_size
-        self.sizes = [(name, t.numel() * t.element_size()) for name, t in weights.items()]
+        self.order = list(weights)
+        self.others = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in weights.items()}
         self.mine = {name: t.clone() for i, (name, t) in enumerate(weights.items()) if i % world_size == rank}
 
     def cwtrain_rank(self) -> tuple[int, int]:
         return self.rank, self.world_size
 
-    def cwtrain_publish_share(self, plan: PublishPlan) -> ShareResult:
-        return self.cwtrain_publisher().publish_share(self.sizes, self.mine, plan)
+    def cwtrain_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.order:
+            yield name, self.mine.get(name, self.others[name])
 
     def train_step(self, seed: int) -> int:
         """Change about half of this share's tensors a little (an optimizer step)."""

@@ -79,7 +79,7 @@ from cwtrain.integrations.rollout.canary import (
     IdentityGap,
     TrainerLogprobs,
 )
-from cwtrain.integrations.rollout.config import RolloutConfig
+from cwtrain.integrations.rollout.config import FIELD_VARIABLES, RolloutConfig
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams
 from cwtrain.integrations.rollout.responses import Completion, decode_routed_experts
 from cwtrain.integrations.rollout.sampler import (
@@ -92,6 +92,7 @@ from cwtrain.integrations.rollout.samples import fill_group, version_tag
 
 __all__ = [
     "DEFAULT_CANARY_BOUND",
+    "FIELD_VARIABLES",
     "IDENTITY_HEADER",
     "Canary",
     "CanaryAnswer",

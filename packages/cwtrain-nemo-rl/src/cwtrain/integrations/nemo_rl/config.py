@@ -1,8 +1,12 @@
 """``policy.generation.coreweave_cfg``: the backend's settings, with variables as fallback.
 
 Precedence (interface.md §2): a key in ``coreweave_cfg`` beats the matching variable,
-which beats the default. Rollout keys map onto ``CWTRAIN_ROLLOUT_*``, hot-load keys onto
-``CWTRAIN_HOTLOAD_*``; errors name the config key when it was the source.
+which beats the default. Rollout keys map onto ``CWTRAIN_ROLLOUT_*`` (core's
+``RolloutConfig``), hot-load keys onto ``CWTRAIN_HOTLOAD_*`` (core's ``HotLoadSettings``,
+whose rules and defaults are every framework's: a run id is 1-120 characters, one path
+segment, not ``.`` or ``..``); errors name the config key when it was the source.
+NeMo-RL's own rules: ``hotload_timeout`` falls back to ``timeout`` when that is set in the
+config, and ``state_dir`` must be an absolute path.
 
 | key | variable | default |
 |---|---|---|
@@ -21,6 +25,10 @@ which beats the default. Rollout keys map onto ``CWTRAIN_ROLLOUT_*``, hot-load k
 | `state_dir` | `CWTRAIN_HOTLOAD_STATE_DIR` | none |
 | `prompt_cache_policy` | `CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY` | unset (field omitted) |
 | `upload_workers` | `CWTRAIN_HOTLOAD_UPLOAD_WORKERS` | 8 |
+
+The other hot-load and API variables (``CWTRAIN_HOTLOAD_MIRROR``, ``COREWEAVE_API_URL``,
+``CWTRAIN_API_HEADERS``, ...) are read as core reads them for every framework
+(``docs/configuration.md``).
 """
 
 from __future__ import annotations
@@ -31,13 +39,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
+from cwtrain.config import environ_or
 from cwtrain.errors import ConfigError
-from cwtrain.hotload.publish.cadence import full_every_from_env
-from cwtrain.integrations.rollout import RolloutConfig
-from cwtrain.integrations.rollout.config import FIELD_VARIABLES
+from cwtrain.hotload import HotLoadSettings
+from cwtrain.integrations.rollout import FIELD_VARIABLES, RolloutConfig
 
-__all__ = ["CFG_KEY", "CoreWeaveConfig", "HotLoadSettings", "default_run_id"]
+__all__ = ["CFG_KEY", "CoreWeaveConfig", "default_run_id"]
 
 #: Where the settings live in a NeMo-RL master config.
 CFG_KEY = "policy.generation.coreweave_cfg"
@@ -80,19 +87,24 @@ def _fold(cfg: Mapping[str, Any], table: Mapping[str, str], env: Mapping[str, st
     return merged
 
 
-@dataclass(frozen=True)
-class HotLoadSettings:
-    """How the synchronizer publishes (the ``CWTRAIN_HOTLOAD_*`` half of the config)."""
+def _hotload_settings(cfg: Mapping[str, Any], env: Mapping[str, str]) -> HotLoadSettings:
+    """Core's :class:`~cwtrain.hotload.HotLoadSettings` from ``coreweave_cfg`` over the variables.
 
-    deployment_id: str | None
-    run_id: str
-    full_every: int = 20
-    verify: bool = False
-    wait: bool = True
-    timeout: float = 1800.0
-    state_dir: str | None = None
-    prompt_cache_policy: str | None = None
-    upload_workers: int = 8
+    Raises:
+        ConfigError: a bad value, naming the config key when it was the source.
+    """
+    labels = {var: f"{CFG_KEY}.{key}" for key, var in _HOTLOAD_VARS.items() if key in cfg}
+    folded = _fold(cfg, _HOTLOAD_VARS, env)
+    if "hotload_timeout" not in cfg and "timeout" in cfg:  # the per-request timeout is the budget too
+        folded["CWTRAIN_HOTLOAD_TIMEOUT"] = str(cfg["timeout"])
+        labels["CWTRAIN_HOTLOAD_TIMEOUT"] = f"{CFG_KEY}.timeout"
+    settings = HotLoadSettings.from_env(
+        folded, labels=labels, require_deployment=False, default_run_id=default_run_id()
+    )
+    if settings.state_dir and not os.path.isabs(settings.state_dir):
+        key = labels.get("CWTRAIN_HOTLOAD_STATE_DIR", "CWTRAIN_HOTLOAD_STATE_DIR")
+        raise ConfigError(f"{key}={settings.state_dir!r} must be an absolute path visible to the driver and rank 0")
+    return settings
 
 
 @dataclass(frozen=True)
@@ -134,47 +146,12 @@ class CoreWeaveConfig:
         rollout = RolloutConfig.from_env(
             _fold(cfg, _ROLLOUT_VARS, env), labels=labels, routed_experts=False, require_logprobs=bool(require)
         )
-        hot_env = _fold(cfg, _HOTLOAD_VARS, env)
-        if "hotload_timeout" not in cfg and "timeout" in cfg:
-            hot_env["CWTRAIN_HOTLOAD_TIMEOUT"] = str(cfg["timeout"])  # the per-request timeout is the budget too
-
-        def named(key: str, exc: ConfigError) -> ConfigError:
-            return ConfigError(str(exc).replace(_HOTLOAD_VARS[key], f"{CFG_KEY}.{key}")) if key in cfg else exc
-
-        try:
-            full_every = full_every_from_env(hot_env)
-        except ConfigError as exc:
-            raise named("full_every", exc) from None
-        try:
-            timeout = env_float("CWTRAIN_HOTLOAD_TIMEOUT", 1800.0, hot_env)
-            workers = env_int("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", 8, hot_env, minimum=1)
-            verify = env_bool("CWTRAIN_HOTLOAD_VERIFY", False, hot_env)
-            wait = env_bool("CWTRAIN_HOTLOAD_WAIT", True, hot_env)
-        except ConfigError as exc:
-            key = next((k for k, v in _HOTLOAD_VARS.items() if v in str(exc)), "")
-            raise named(key, exc) if key else exc from None
-        run_id = env_str("CWTRAIN_HOTLOAD_RUN_ID", hot_env) or default_run_id()
-        if len(run_id) > 120 or "/" in run_id:
-            raise ConfigError(f"run id {run_id!r} must be at most 120 characters without '/'")
-        state_dir = env_str("CWTRAIN_HOTLOAD_STATE_DIR", hot_env)
-        if state_dir is not None and not os.path.isabs(state_dir):
-            raise ConfigError(f"state_dir {state_dir!r} must be an absolute path visible to the driver and rank 0")
         max_len = cfg.get("max_model_len")
         if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2):
             raise ConfigError(f"{CFG_KEY}.max_model_len={max_len!r} must be an integer >= 2")
         return cls(
             rollout=rollout,
-            hotload=HotLoadSettings(
-                deployment_id=env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", hot_env),
-                run_id=run_id,
-                full_every=full_every,
-                verify=verify,
-                wait=wait,
-                timeout=timeout,
-                state_dir=state_dir,
-                prompt_cache_policy=env_str("CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY", hot_env),
-                upload_workers=workers,
-            ),
+            hotload=_hotload_settings(cfg, env),
             max_model_len=max_len,
             importance_sampling=importance,
         )

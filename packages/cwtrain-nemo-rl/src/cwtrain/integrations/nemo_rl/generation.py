@@ -154,7 +154,9 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         from cwtrain.integrations.nvext import read_served_identity, rollout_cache_salt
 
         sync = self.weight_synchronizer
-        identity = getattr(sync, "served_identity", None) or read_served_identity(self.settings.hotload.state_dir)
+        identity = getattr(sync, "served_identity", None) or read_served_identity(
+            self.settings.hotload.state_dir or None
+        )
         salt = rollout_cache_salt(identity)
         if salt is None:
             raise RolloutError(

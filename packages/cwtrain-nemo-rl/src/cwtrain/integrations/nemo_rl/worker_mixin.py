@@ -5,16 +5,18 @@
 through ``policy.run_all_workers_single_data(...)`` on every rank:
 
 - ``cwtrain_publish_share(plan)`` — iterate the gathering generator (a collective, so
-  every rank must), XOR this rank's share against its served copy on the device, upload
-  it; returns a :class:`~cwtrain.integrations.nemo_rl.publish.ShareResult`.
+  every rank must) through core's ``RankShare.publish_owned``: tensor ``i`` is this rank's
+  when ``i % world_size == rank``, XORed against its served copy on the device and
+  uploaded; returns core's ``ShareResult`` (an error is reported in it, not raised).
 - ``cwtrain_commit_share()`` / ``cwtrain_discard_share()`` — after the hot-load
   completed / failed.
 - ``export_hf_checkpoint(path, ...)`` — the same tensors as an HF checkpoint on disk, for
   users who want one (rank 0 writes; every rank iterates).
 
 A subclass provides :meth:`cwtrain_params` (the generator) and may override
-:meth:`cwtrain_rank` (a worker that holds only its share calls
-``self.cwtrain_publisher().publish_share(...)`` itself).
+:meth:`cwtrain_rank`. Each worker keeps one ``RankShare(on_device=True)`` for the run
+(:meth:`HotLoadWorkerMixin.cwtrain_share`): the served copy of its share stays where the
+tensors live.
 
 With ``policy.dtensor_cfg.cpu_offload`` the DTensor worker keeps its model in host memory
 between phases; as NeMo-RL's own refit paths do, publishing and exporting first move it to
@@ -32,8 +34,8 @@ from typing import Any
 
 import torch
 
-from cwtrain.hotload.codec.device import tensor_data
-from cwtrain.integrations.nemo_rl.publish import PublishPlan, RankPublisher, ShareResult, hf_side_files
+from cwtrain.hotload import RankShare, SharePlan, ShareResult, tensor_data
+from cwtrain.integrations.nemo_rl.publish import hf_side_files
 
 __all__ = ["HotLoadWorkerMixin"]
 
@@ -43,7 +45,7 @@ _FOUR_GIB = 4 << 30
 class HotLoadWorkerMixin:
     """Adds hot-load publishing to a NeMo-RL policy worker."""
 
-    _cwtrain_publisher: RankPublisher | None = None
+    _cwtrain_share: RankShare | None = None
 
     def cwtrain_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every ``(hf_name, tensor)`` of the model, identical order on every rank."""
@@ -55,13 +57,13 @@ class HotLoadWorkerMixin:
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
 
-    def cwtrain_publisher(self) -> RankPublisher:
-        """This worker's :class:`RankPublisher` (a new one when the rank or world size changed)."""
+    def cwtrain_share(self) -> RankShare:
+        """This worker's ``RankShare``, served copy on the device (a new one when the rank or world size changed)."""
         rank, world = self.cwtrain_rank()
-        publisher = self._cwtrain_publisher
-        if publisher is None or (publisher.rank, publisher.world_size) != (rank, world):
-            publisher = self._cwtrain_publisher = RankPublisher(rank, world)
-        return publisher
+        share = self._cwtrain_share
+        if share is None or (share.rank, share.world_size) != (rank, world):
+            share = self._cwtrain_share = RankShare(rank, world, on_device=True)
+        return share
 
     @contextmanager
     def cwtrain_model_on_device(self) -> Iterator[None]:
@@ -81,18 +83,18 @@ class HotLoadWorkerMixin:
         finally:
             worker.model = worker.move_to_cpu(worker.model)
 
-    def cwtrain_publish_share(self, plan: PublishPlan) -> ShareResult:
-        """Encode and upload this rank's share of the weights (called on every rank)."""
+    def cwtrain_publish_share(self, plan: SharePlan) -> ShareResult:
+        """Encode and upload this rank's share of the weights (called on every rank; the object store from the environment)."""
         with self.cwtrain_model_on_device():
-            return self.cwtrain_publisher().publish(self.cwtrain_params(), plan)
+            return self.cwtrain_share().publish_owned(plan, self.cwtrain_params(), None)
 
     def cwtrain_commit_share(self) -> None:
         """The hot-load completed: the published weights are now the served copy."""
-        self.cwtrain_publisher().commit()
+        self.cwtrain_share().commit()
 
     def cwtrain_discard_share(self) -> None:
         """The hot-load failed: keep the previous served copy."""
-        self.cwtrain_publisher().discard()
+        self.cwtrain_share().discard()
 
     def export_hf_checkpoint(
         self,
@@ -115,7 +117,7 @@ class HotLoadWorkerMixin:
         Returns:
             ``path`` on rank 0, ``None`` elsewhere.
         """
-        from cwtrain.hotload.codec.encode import DeltaEncoder
+        from cwtrain.hotload import DeltaEncoder
 
         rank, _ = self.cwtrain_rank()
         tensors = {}
