@@ -143,17 +143,25 @@ def test_full_then_deltas_then_a_cut_then_an_empty_delta(
     assert all(key.startswith("hotload/") and isinstance(value, float) for key, value in metrics.items())
 
 
+@pytest.mark.parametrize("policy", ["stop", "reactivate"])
 def test_a_failed_hot_load_makes_the_next_version_full_and_still_reaches_the_sink(
-    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, policy: str
 ) -> None:
-    session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0)
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0, on_failure=policy)
     weights = _weights(1)
     session.publish_tensors(session.begin(), weights, extra_files=CONFIG)
     fake.fail_identities.add("run-v000001")
     changed = {name: array + 1 for name, array in weights.items()}
-    with pytest.raises(HotLoadFailedError):
-        session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
+    if policy == "stop":
+        with pytest.raises(HotLoadFailedError):
+            session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
+    else:  # the fleet is brought back to v0 and the run goes on
+        outcome = session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
+        assert outcome.reactivated and outcome.served_version == 0
+        again = [spec for spec in (h["spec"] for h in fake.hot_loads.values()) if spec["identity"] == "run-v000000"]
+        assert len(again) == 2  # the re-activation: a second hot-load of v0
     assert outcomes[-1].failed and not outcomes[-1].completed and outcomes[-1].version == 1
+    assert outcomes[-1].reactivated is (policy == "reactivate")
     plan = session.begin()
     assert plan.version == 2 and plan.full  # FULL; the failed identity (its objects may be stored) is not reused
     assert session.served_identity == "run-v000000"

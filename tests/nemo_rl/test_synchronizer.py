@@ -196,15 +196,20 @@ def test_a_failing_worker_fails_the_version_and_the_next_one_is_full(
     assert sync.served_identity == "nemo-v000002" and not sync.is_stale
 
 
+@pytest.mark.parametrize("on_failure", ["stop", "reactivate"])
 def test_a_failed_hot_load_is_recorded_and_the_next_version_is_full(
-    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, on_failure: str
 ) -> None:
-    sync, policy, sunk = _synchronizer(fake, s3_bucket[0], tmp_path, full_every=0)
+    sync, policy, sunk = _synchronizer(fake, s3_bucket[0], tmp_path, full_every=0, on_failure=on_failure)
     sync.sync_weights()
     policy.train(1)
     fake.fail_identities.add("nemo-v000001")
-    with pytest.raises(HotLoadFailedError):
+    if on_failure == "stop":
+        with pytest.raises(HotLoadFailedError):
+            sync.sync_weights()
+    else:  # the default: every replica brought back to v0, the run goes on
         sync.sync_weights()
+        assert sunk[-1]["hotload/reactivated"] == 1.0 and sunk[-1]["hotload/served_version"] == 0.0
     assert sunk[-1]["hotload/failed"] == 1.0 and policy.calls[-1] == "cwtrain_discard_share"
     assert sync.served_identity == "nemo-v000000" and sync.version == 2
     sync.sync_weights()  # the stored delta v1 stays as it is; v2 is FULL from every worker's current tensors

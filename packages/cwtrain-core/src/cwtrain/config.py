@@ -58,6 +58,12 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar("CWTRAIN_HOTLOAD_STATE_DIR", "framework dependent", "local working directory of the integrations"),
     EnvVar("CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY", "unset", "preserve or reset_all"),
     EnvVar("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", "8", "files uploaded in parallel, >= 1"),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_ON_FAILURE",
+        "reactivate",
+        "reactivate or stop: after a FAILED, CANCELED or unverified hot-load, bring every replica back to the "
+        "newest intact identity that completed (the integrations' default), or raise as before",
+    ),
     EnvVar("CWTRAIN_HOTLOAD_PART_SIZE", "67108864", "multipart part size in bytes, >= 50 MB"),
     EnvVar(
         "CWTRAIN_HOTLOAD_MEMORY_BUDGET",

@@ -35,6 +35,7 @@ from cwtrain.infra.enums import PromptCachePolicy
 __all__ = [
     "DEFAULT_API_BASE_URL",
     "DEFAULT_TIMEOUT",
+    "FAILURE_POLICIES",
     "FIELD_VARIABLES",
     "MAX_RUN_ID",
     "HotLoadSettings",
@@ -49,6 +50,8 @@ DEFAULT_API_BASE_URL = "https://api.coreweave.com"
 DEFAULT_TIMEOUT = 1800.0
 #: The longest run id: identities ``<run>-vNNNNNN`` stay within 128 characters.
 MAX_RUN_ID = 120
+#: What a failed hot-load leads to (``HotLoadSettings.on_failure``).
+FAILURE_POLICIES = ("reactivate", "stop")
 
 #: The variable each setting is read from (its default is the field's, declared once below;
 #: ``docs/configuration.md`` is rendered from both).
@@ -64,6 +67,7 @@ FIELD_VARIABLES: Mapping[str, str] = {
     "state_dir": "CWTRAIN_HOTLOAD_STATE_DIR",
     "prompt_cache_policy": "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY",
     "upload_workers": "CWTRAIN_HOTLOAD_UPLOAD_WORKERS",
+    "on_failure": "CWTRAIN_HOTLOAD_ON_FAILURE",
     "api_base_url": "COREWEAVE_API_URL",
     "api_headers": "CWTRAIN_API_HEADERS",
     "api_insecure": "CWTRAIN_API_INSECURE",
@@ -150,6 +154,11 @@ class HotLoadSettings:
         api_base_url: the API origin.
         api_headers: extra API headers (may hold secrets; never shown in ``repr``).
         api_insecure: skip TLS verification of the API.
+        on_failure: what a hot-load that ends FAILED or CANCELED, or completes with replicas
+            not caught up (``verify``) or serving weights the canary refuses, leads to:
+            ``reactivate`` brings every replica back to the newest intact identity that
+            completed and the publish returns a failed outcome (the next version is FULL);
+            ``stop`` raises.
     """
 
     deployment_id: str
@@ -166,6 +175,7 @@ class HotLoadSettings:
     api_base_url: str = DEFAULT_API_BASE_URL
     api_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     api_insecure: bool = False
+    on_failure: str = "reactivate"
 
     def __post_init__(self) -> None:
         validate_run_id(self.run_id, "run_id")
@@ -179,6 +189,8 @@ class HotLoadSettings:
                 f"CWTRAIN_HOTLOAD_MIRROR is off but CWTRAIN_HOTLOAD_FULL_EVERY={self.full_every}: "
                 "FULL cuts are written from the mirror; turn the mirror on or set FULL_EVERY=0"
             )
+        if self.on_failure not in FAILURE_POLICIES:
+            raise ConfigError(f"on_failure={self.on_failure!r} must be one of {', '.join(FAILURE_POLICIES)}")
         if isinstance(self.upload_workers, bool) or self.upload_workers < 1:
             raise ConfigError(f"upload_workers={self.upload_workers!r} must be >= 1")
         object.__setattr__(self, "prompt_cache_policy", PromptCachePolicy.parse(self.prompt_cache_policy))
@@ -274,4 +286,11 @@ def _read(
     if headers:
         values["api_headers"] = headers
     values["api_insecure"] = env_bool("CWTRAIN_API_INSECURE", default_of("api_insecure"), env)
+    policy = env_str("CWTRAIN_HOTLOAD_ON_FAILURE", env)
+    if policy is not None:
+        if policy.lower() not in FAILURE_POLICIES:
+            raise ConfigError(
+                f"CWTRAIN_HOTLOAD_ON_FAILURE={policy!r} is not a failure policy (use {' or '.join(FAILURE_POLICIES)})"
+            )
+        values["on_failure"] = policy.lower()
     return values

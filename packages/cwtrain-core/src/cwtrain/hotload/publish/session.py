@@ -19,8 +19,22 @@ Distributed publishers make a plan on the committing process, let every rank sto
 share (:mod:`cwtrain.hotload.publish.distributed`), and finish with
 :meth:`PublishSession.commit_shares`.
 
-After a failed publish the replicas keep what they served, so the cadence makes the next
-version FULL; the error is raised after the outcome (``failed=1``) reached the sink.
+**When a hot-load fails.** A hot-load that ends FAILED or CANCELED, that completes while
+``verify`` finds replicas not caught up, or whose served weights the optional canary refuses,
+may leave the fleet serving a mix. With ``on_failure="reactivate"`` (the integrations'
+default) the session re-activates the newest intact identity that completed, waits until
+every replica serves it (:func:`cwtrain.hotload.publish.cycle.reactivate`), logs why, and
+returns an outcome with ``failed=1`` and ``reactivated=1``: the run goes on, and its next
+version is FULL. With ``stop`` the error is raised (after the outcome reached the sink), as
+is any failure before a hot-load was created (the fleet did not change then).
+
+**The canary** (``canary=``): after each hot-load the deployment scores a fixed probe and
+the integration's trainer scores it too (:class:`cwtrain.integrations.rollout.Canary`); a gap
+above the bound fails the publish, as above (``hotload/canary_gap``).
+
+**Followers** (``followers=``) are told ``(run_id, version)`` whenever the fleet serves a
+version of the run: a rollout sampler in the same process learns the newest version it may
+sample from (``cwtrain.integrations.rollout.note_published``).
 """
 
 from __future__ import annotations
@@ -31,10 +45,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.closing import Closing
-from cwtrain.errors import CWTrainError, SnapshotError, UsageError
+from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError, SnapshotError, UsageError
 from cwtrain.hotload.follow import ProgressEvent, wait_for_hot_load
 from cwtrain.hotload.format.identity import identity_version, version_identity
 from cwtrain.hotload.publish import cycle
@@ -50,7 +64,16 @@ if TYPE_CHECKING:
     from cwtrain.hotload.publish.distributed import ShareResult
     from cwtrain.hotload.publish.store import StoredSnapshot
 
-__all__ = ["METRIC_PREFIX", "POLL_INTERVAL", "PublishOutcome", "PublishSession", "VersionPlan", "build_loader"]
+__all__ = [
+    "METRIC_PREFIX",
+    "POLL_INTERVAL",
+    "CheckResult",
+    "PublishOutcome",
+    "PublishSession",
+    "ServedCheck",
+    "VersionPlan",
+    "build_loader",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +95,32 @@ def build_loader(settings: HotLoadSettings) -> HotLoader:
         verify=not settings.api_insecure,
     )
     return HotLoader(client, settings.deployment_id, timeout=settings.timeout, poll_interval=POLL_INTERVAL)
+
+
+class CheckResult(Protocol):
+    """What a served-weights check answers (:class:`cwtrain.integrations.rollout.CanaryResult` is one)."""
+
+    @property
+    def passed(self) -> bool:
+        """The deployment serves the trainer's weights, within the bound."""
+        ...
+
+    @property
+    def gap(self) -> float:
+        """The largest gap found (nats)."""
+        ...
+
+    def summary(self) -> str:
+        """One line on what was found."""
+        ...
+
+
+class ServedCheck(Protocol):
+    """A check of what the fleet serves after a hot-load (the canary)."""
+
+    def check(self, *, identity: str | None = None) -> CheckResult:
+        """Check the deployment; every answer should come from ``identity``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -145,6 +194,10 @@ class PublishOutcome:
         replicas_ready: replicas serving the identity at the end of the wait.
         replicas_total: replicas of the deployment.
         replicas_verified: replicas checked READY on the identity (``CWTRAIN_HOTLOAD_VERIFY``).
+        reactivated: after a failed hot-load, every replica was brought back to the
+            identity of ``served_version`` (the policy ``reactivate``).
+        canary_checked: the canary ran after the hot-load.
+        canary_gap: its largest gap (nats; 0 when it did not run).
         served_version: the version the replicas serve afterwards (-1: none of this run).
         chain_length: deltas since the chain's FULL snapshot, after this version.
         hot_load: the hot-load as last read (``None`` when none was created).
@@ -172,6 +225,9 @@ class PublishOutcome:
     replicas_ready: int = 0
     replicas_total: int = 0
     replicas_verified: int = 0
+    reactivated: bool = False
+    canary_checked: bool = False
+    canary_gap: float = 0.0
     served_version: int = -1
     chain_length: int = 0
     hot_load: HotLoad | None = field(default=None, repr=False)
@@ -198,6 +254,9 @@ class PublishSession(Closing):
         loader: the :class:`~cwtrain.hotload.loader.HotLoader` to use (default: built from
             ``settings`` on first use).
         sink: called with every :class:`PublishOutcome` (the plug-in's logger), failures included.
+        canary: checked after every hot-load (when waiting); a failed check fails the publish.
+        followers: called with ``(run_id, version)`` whenever the fleet serves a version of
+            this run (a rollout sampler's ``note_published``).
 
     Attributes:
         settings: the settings.
@@ -216,10 +275,14 @@ class PublishSession(Closing):
         *,
         loader: HotLoader | None = None,
         sink: Callable[[PublishOutcome], None] | None = None,
+        canary: ServedCheck | None = None,
+        followers: Sequence[Callable[[str, int], None]] = (),
     ) -> None:
         self.settings = settings
         self._loader = loader
         self.sink = sink
+        self.canary = canary
+        self.followers: list[Callable[[str, int], None]] = list(followers)
         self.cadence = ChainCadence(settings.full_every)
         self.served_identity: str | None = None
         self.last_version = -1
@@ -457,7 +520,8 @@ class PublishSession(Closing):
     def skip(self, plan: VersionPlan) -> PublishOutcome:
         """Record ``plan``'s version as an empty delta (nothing changed): nothing is published."""
         with self._run(plan, None) as run:
-            return run.skip_empty()
+            run.skip_empty()
+        return run.outcome
 
     # ------------------------------------------------------------------ the cycle
 
@@ -503,14 +567,25 @@ class PublishSession(Closing):
         outcome.hot_load = hot_load
         outcome.completed = hot_load.state is HotLoadState.COMPLETED
         outcome.hot_load_seconds = time.perf_counter() - started
+        if self.canary is not None and outcome.completed:
+            result = self.canary.check(identity=plan.identity)
+            outcome.canary_checked, outcome.canary_gap = True, float(result.gap)
+            if not result.passed:
+                raise HotLoadVerificationError(hot_load, [], [f"canary: {result.summary()}"])
 
-    def _ended(self, run: _Run, error: BaseException | None) -> None:
-        """The bookkeeping after a version's work: the cadence, the served identity, the manifest, the sink."""
+    def _ended(self, run: _Run, error: BaseException | None) -> bool:
+        """The bookkeeping after a version's work: the cadence, the served identity, the manifest, the sink.
+
+        Returns ``True`` when a failed hot-load was answered by re-activating what was served
+        (the error is then not raised).
+        """
         plan, outcome = run.plan, run.outcome
         self.last_attempted = max(self.last_attempted, plan.version)
+        handled = False
         if error is not None:
-            self.cadence.failed()  # the replicas keep what they served: the next version is FULL
+            self.cadence.failed()  # the replicas keep (or get back) what they served: the next version is FULL
             outcome.failed = True
+            handled = self._reactivate(run, error)
         else:
             self.last_version = max(self.last_version, plan.version)
             if not outcome.skipped_empty:
@@ -526,6 +601,28 @@ class PublishSession(Closing):
                 self.sink(outcome)
             except Exception:  # a logger must never fail a publish
                 log.warning("the metrics sink failed on version %d", outcome.version, exc_info=True)
+        if (error is None or handled) and outcome.served_version >= 0:
+            for follower in self.followers:
+                follower(self.run_id, outcome.served_version)
+        return handled
+
+    def _reactivate(self, run: _Run, error: BaseException) -> bool:
+        """After a failed hot-load, the policy's answer: bring every replica back to one identity (or not)."""
+        failed_hot_load = isinstance(error, HotLoadFailedError | HotLoadVerificationError) and run.outcome.published
+        if self.settings.on_failure != "reactivate" or not failed_hot_load:
+            return False
+        log.warning("publishing %s failed (%s); re-activating what the fleet served", run.plan.identity, error)
+        try:
+            back = cycle.reactivate(self._target, run.plan.identity, budget=Budget(self.settings.timeout))
+        except Exception as exc:
+            raise CWTrainError(
+                f"publishing {run.plan.identity} failed ({error}), and so did bringing the fleet back: {exc}"
+            ) from exc
+        self.served_identity = back.identity
+        run.outcome.reactivated = True
+        if self.settings.state_dir:
+            self.record_served(back.identity)
+        return True
 
     # ------------------------------------------------------------------ records
 
@@ -607,5 +704,5 @@ class _Run:
     def __enter__(self) -> _Run:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
-        self.session._ended(self, error)
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> bool:
+        return self.session._ended(self, error)

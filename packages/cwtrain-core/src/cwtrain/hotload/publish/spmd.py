@@ -104,16 +104,20 @@ def publish_spmd(
             result = ShareResult(rank=rank, error=f"rank {rank}: {type(exc).__name__}: {exc}")
     results = collective.all_gather_object(result)
     outcome: PublishOutcome | None = None
-    status: str | None = None
+    status: tuple[str, str] = ("served", "")
     if rank == 0:
         assert session is not None and plan is not None
         try:
             outcome = session.commit_shares(plan, results, extra_files=extra_files if target.full else None)
+            if outcome.failed:  # the hot-load failed and the fleet was brought back: the run goes on
+                status = ("reverted", "")
         except Exception as exc:
-            status = f"{type(exc).__name__}: {exc}"
-    status = collective.broadcast_object(status)
-    if status is not None:
-        share.discard()
-        raise CWTrainError(f"publishing {target.identity} failed: {status}")
-    share.commit()
+            status = ("failed", f"{type(exc).__name__}: {exc}")
+    kind, message = collective.broadcast_object(status)
+    if kind == "served":
+        share.commit()
+        return outcome
+    share.discard()  # the new served copy was never served: the next version is FULL
+    if kind == "failed":
+        raise CWTrainError(f"publishing {target.identity} failed: {message}")
     return outcome

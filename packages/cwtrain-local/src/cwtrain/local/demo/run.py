@@ -285,7 +285,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 new = trainer.served_weights()
                 plan = session.begin(step)
                 outcome = session.publish_tensors(plan, new, base=served, extra_files={"config.json": config_json})
-                if outcome.published:
+                if outcome.published and not outcome.failed:
                     served = new
                 records.append(
                     StepRecord(

@@ -126,9 +126,11 @@ class PostSavePublisher:
             records.append({**skipped.metrics(), "hotload/skipped_incomplete": 1.0})
             return records
         plan = session.begin(version, cadence_position=self.exports_published + 1)
-        records.append(session.publish_diff(plan, export, self._previous).metrics())
+        outcome = session.publish_diff(plan, export, self._previous)
+        records.append(outcome.metrics())
         self.exports_published += 1
-        self._previous = export
+        if not outcome.failed:  # a failed one (the fleet brought back) makes the next version FULL anyway
+            self._previous = export
         return records
 
 

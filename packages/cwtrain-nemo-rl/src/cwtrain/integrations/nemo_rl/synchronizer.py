@@ -191,10 +191,13 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             self._discard(plan)
             raise
         try:
-            session.commit_shares(plan, results, extra_files=extra_files)
+            outcome = session.commit_shares(plan, results, extra_files=extra_files)
         except BaseException:
             self._discard(plan)
             raise
+        if outcome.failed:  # the hot-load failed and every replica was brought back: the next sync is FULL
+            self._discard(plan)
+            return
         run_on_all_workers(self.policy, "cwtrain_commit_share")
         self._stale = False
 
