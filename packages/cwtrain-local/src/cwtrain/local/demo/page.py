@@ -51,6 +51,7 @@ PLOTS = (
     ("latency", "Publish and hot-load latency per step"),
     ("bytes", "Snapshot bytes per step (FULL vs delta)"),
     ("time", "Time per step, by stage"),
+    ("fleet", "Fleet truth: the canary after each hot-load, samples from older weights"),
 )
 #: The settings the configuration table shows, in order, and their labels.
 _SETTINGS = (
@@ -117,6 +118,7 @@ def _page_data(summary: Mapping[str, Any]) -> dict[str, Any]:
                 "train": r.get("train_seconds", 0.0),
                 "served": list(r.get("served_identities") or []),
                 "lag": lags[i],
+                "canary": r.get("canary_gap"),
             }
             for i, r in enumerate(steps)
         ],
@@ -148,7 +150,7 @@ const data = JSON.parse(document.getElementById("run-data").textContent);
 const NS = "http://www.w3.org/2000/svg";
 const W = 640, H = 340, M = {left: 80, right: 16, top: 48, bottom: 40};
 const COLORS = {reward: "#1f77b4", publish: "#ff7f0e", hot_load: "#2ca02c",
-                FULL: "#d62728", INCREMENTAL: "#9467bd", rollout: "#17becf", train: "#e377c2"};
+                FULL: "#d62728", INCREMENTAL: "#9467bd", rollout: "#17becf", train: "#e377c2", canary: "#8c564b"};
 
 function el(parent, name, attrs, text) {
   const node = document.createElementNS(NS, name);
@@ -304,12 +306,35 @@ plot("time", {
   },
 });
 
+// 5. fleet truth: the canary's gap after each hot-load, and steps sampled from older weights
+const checked = steps.filter(s => s.canary !== null && s.canary !== undefined);
+const behind = lagged.filter(s => s.lag > 0);
+const gapMax = Math.max(0, ...checked.map(s => s.canary));
+plot("fleet", {
+  caption: checked.length
+    ? `canary gap after each hot-load: max ${gapMax.toFixed(4)} nats (bound 0.05); ` +
+      `served-version spread: ${behind.length} of ${lagged.length} steps sampled older weights`
+    : `canary off; served-version spread: ${behind.length} of ${lagged.length} steps sampled older weights`,
+  unit: "nats", ymin: 0, ymax: niceMax(Math.max(gapMax, 0.05)), tick: v => v.toFixed(3),
+  legend: [["canary gap", COLORS.canary], ["older weights", COLORS.FULL]],
+  draw(svg, x, y) {
+    el(svg, "line", {x1: x(0), x2: x(steps.length ? steps[steps.length - 1].step : 1), y1: y(0.05), y2: y(0.05),
+                     stroke: COLORS.canary, "stroke-dasharray": "4 3"});
+    line(svg, checked.map(s => [x(s.step), y(s.canary), s.step, `step ${s.step}: canary gap ${s.canary.toFixed(4)}`]),
+         COLORS.canary, "canary");
+    for (const s of behind) {
+      el(svg, "circle", {cx: x(s.step), cy: y(0), r: 5, fill: COLORS.FULL, "data-series": "lag", "data-step": s.step})
+        .appendChild(document.createElementNS(NS, "title")).textContent = `step ${s.step}: sampled ${s.lag} version(s) behind`;
+    }
+  },
+});
+
 for (const svg of document.querySelectorAll("svg[data-plot]")) {
   const r = svg.getBoundingClientRect();
   svg.setAttribute("data-rect", [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]
     .map(v => Math.round(v)).join(","));
 }
-document.body.setAttribute("data-drawn", "4");
+document.body.setAttribute("data-drawn", "5");
 """
 
 

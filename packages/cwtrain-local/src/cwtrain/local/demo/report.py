@@ -54,6 +54,7 @@ class StepRecord:
     rollout_seconds: float = 0.0
     train_seconds: float = 0.0
     rollout_retries: int = 0
+    canary_gap: float | None = None
 
 
 def _bar(value: float, width: int = 20) -> str:
@@ -137,6 +138,7 @@ def summarize(
             r.served_identities == [records[i - 1].identity] for i, r in enumerate(records) if i > 0
         ),
         "rollout_retries": sum(r.rollout_retries for r in records),
+        "max_canary_gap": max((r.canary_gap for r in records if r.canary_gap is not None), default=None),
         "teardown_seconds": teardown,
         "total_seconds": seconds,
         "steps": [asdict(r) for r in records],
@@ -169,6 +171,10 @@ def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
         ("final identity", summary["final_identity"]),
         ("every replica on every version", "yes" if summary["every_replica_served_every_version"] else "NO"),
         ("rollouts from the latest version", "yes" if summary["rollouts_served_by_latest"] else "NO"),
+        (
+            "canary: largest gap after a hot-load",
+            "off" if summary["max_canary_gap"] is None else f"{summary['max_canary_gap']:.4f} nats (bound 0.05)",
+        ),
         ("total time", f"{summary['total_seconds']:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)

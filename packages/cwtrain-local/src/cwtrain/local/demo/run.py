@@ -57,9 +57,12 @@ from cwtrain.hotload import MAX_FULL_EVERY
 from cwtrain.local.demo.report import PASS_RULE, TASK, LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from cwtrain.infra import Deployment, Gateway, InferenceClient
-    from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
+    from cwtrain.integrations.rollout import Canary, RolloutConfig, SamplingParams
     from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
+    from cwtrain.local.engine.model import Tokenizer
     from cwtrain.local.stack import LocalStack
 
 __all__ = ["PASS_RULE", "TASK", "DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
@@ -85,6 +88,7 @@ class DemoConfig:
     group_requests: bool = False
     check: bool = True
     timeout: float = 120.0
+    canary: bool = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--group-requests",
         action="store_true",
         help="one unseeded n=group-size request per group (faster, not reproducible)",
+    )
+    parser.add_argument(
+        "--no-canary",
+        dest="canary",
+        action="store_false",
+        help="skip the canary after each hot-load (the deployment's prompt log-probs of a fixed probe, compared "
+        "with the trainer's: a replica serving wrong weights fails the publish and the fleet is brought back)",
     )
     parser.add_argument(
         "--no-check", dest="check", action="store_false", help="exit 0 even if the reward did not climb"
@@ -238,6 +249,23 @@ def _rollout_and_train(
     )
 
 
+#: The canary's probe: prompts in the task's own form, a parity word and digits after it.
+_PROBE = ("even: 0 2 4 6 8", "odd: 1 3 5 7 9", "even: 8 6 4 2", "odd: 9 7 5 3")
+
+
+def _canary(rollout_config: RolloutConfig, tokenizer: Tokenizer, trainer: GRPOTrainer) -> Canary:
+    """The canary of the demo: the deployment's log-probs of :data:`_PROBE` against the trainer's model's."""
+    from cwtrain.integrations.rollout import Canary, CanaryProbe
+    from cwtrain.local.engine.model import token_logprobs
+
+    def trainer_logprobs(prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+        weights = trainer.served_weights()  # what was just published
+        return [token_logprobs(weights, prompt[:1], prompt[1:]) for prompt in prompts]
+
+    probe = CanaryProbe.from_prompts([tokenizer.encode(text) for text in _PROBE], count=len(_PROBE))
+    return Canary(rollout_config, probe, trainer_logprobs)
+
+
 def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, Any]:
     """Run the demo and return its summary (what ``cwtrain demo`` prints as JSON)."""
     import torch
@@ -273,8 +301,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         settings = HotLoadSettings(
             deployment.id, run_id, timeout=config.timeout, full_every=config.full_every, verify=True
         )
-        session = PublishSession(settings, loader=loader)
         rollout_config = RolloutConfig(base_url=base_url, model=_MODEL, api_key=stack.token, concurrency=16)
+        canary = _canary(rollout_config, tokenizer, trainer) if config.canary else None
+        session = PublishSession(settings, loader=loader, canary=canary)
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
         try:
@@ -297,6 +326,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                         publish_seconds=outcome.upload_seconds,
                         hot_load_seconds=outcome.hot_load_seconds,
                         replicas_serving=outcome.replicas_verified,
+                        canary_gap=outcome.canary_gap if outcome.canary_checked else None,
                         **asdict(stats),
                     )
                 )

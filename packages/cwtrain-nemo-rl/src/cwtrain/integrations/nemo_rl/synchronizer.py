@@ -114,10 +114,15 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         self.hf_checkpoint = Path(hf_checkpoint)
         self.metrics_sink = metrics_sink
         self.last_metrics: dict[str, float] = {}
-        self.session = PublishSession(self.settings, loader=loader, sink=self._record)
+        # the generation's samplers fence their samples by the newest version the fleet serves
+        self.session = PublishSession(
+            self.settings,
+            loader=loader,
+            sink=self._record,
+            followers=[lambda _run, version: generation.note_published(version)],
+        )
         self._own_loader = loader is None
         self._stale = True
-        self._next_version = 0
         generation.weight_synchronizer = self
 
     # ------------------------------------------------------------ NeMo-RL API
@@ -147,7 +152,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
     @property
     def version(self) -> int:
         """The version the next sync publishes (a failed one is not tried again: the next is FULL)."""
-        return self._next_version
+        return self.session.last_attempted + 1
 
     @property
     def served_identity(self) -> str | None:
@@ -177,10 +182,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
 
     def _sync(self) -> None:
         session = self.session
-        plan = session.begin(self._next_version)
-        # Each identity is tried once: a failed attempt may have stored objects under it (shards,
-        # or a whole snapshot whose hot-load failed), and identities are immutable.
-        self._next_version = plan.version + 1
+        plan = session.begin()  # a failed version's identity is not tried again (its objects may be stored)
         try:
             share_plan = SharePlan.of(plan, session.loader.store, upload_workers=self.settings.upload_workers)
             extra_files = self._side_files() if plan.full else None
