@@ -201,11 +201,14 @@ def test_hook_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     config = HookConfig.from_env(env, default_run_id="run")
     assert (config.run_id, config.wait, config.full_every, config.use_mirror) == ("run", False, 3, True)
+    assert HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": ""}, default_run_id="run").full_every == "auto"
     assert config.prompt_cache_policy is PromptCachePolicy.RESET_ALL
     assert "s3cr3t" not in repr(config)
     assert HookConfig.from_env(env, default_run_id="run", wait=True).wait is True
     fields = [f for f in HookConfig.__dataclass_fields__]
-    assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[-1] == "api_insecure"
+    # interface.md's positional order; issue 25's two settings of the cost rule come after it
+    assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[13] == "api_insecure"
+    assert fields[14:] == ["full_share", "replay_budget"]
     with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
         HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": "65"}, default_run_id="run")
     with pytest.raises(ConfigError, match="MIRROR"):
