@@ -270,18 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             for name, fractions in plans.items():
                 # run ids of one length: a delta's index names its identities, so equal snapshots have equal sizes
                 policies = (("auto", "auto", "auto"), ("fixed", args.fixed, f"f{args.fixed:03d}"))
-                runs[name] = {
-                    label: run_policy(
-                        loader,
-                        target.deployment_id,
-                        f"{name}-{tag}",
-                        every,
-                        fractions,
-                        seed=args.seed,
-                        ulps=args.ulps,
-                    )  # fmt: skip
-                    for label, every, tag in policies
-                }
+                runs[name] = {}
+                for label, every, tag in policies:
+                    run_id = f"{name}-{tag}"
+                    runs[name][label] = run_policy(
+                        loader, target.deployment_id, run_id, every, fractions, seed=args.seed, ulps=args.ulps
+                    )
                 print(f"{name} run published ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
         finally:
             client.close()
