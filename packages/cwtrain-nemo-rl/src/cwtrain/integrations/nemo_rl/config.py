@@ -19,7 +19,7 @@ config, and ``state_dir`` must be an absolute path.
 | `max_model_len` | – | none (prompt + generation cap) |
 | `deployment_id` | `CWTRAIN_HOTLOAD_DEPLOYMENT_ID` | required to publish |
 | `run_id` | `CWTRAIN_HOTLOAD_RUN_ID` | `nemo-rl-<UTC %Y%m%dT%H%M%SZ>` |
-| `full_every` | `CWTRAIN_HOTLOAD_FULL_EVERY` | 20 (0–64) |
+| `full_every` | `CWTRAIN_HOTLOAD_FULL_EVERY` | auto (or 0–64) |
 | `verify`, `wait` | `CWTRAIN_HOTLOAD_VERIFY`, `_WAIT` | false, true |
 | `hotload_timeout` | `CWTRAIN_HOTLOAD_TIMEOUT` | `timeout` when set in the config, else 1800 |
 | `state_dir` | `CWTRAIN_HOTLOAD_STATE_DIR` | none |

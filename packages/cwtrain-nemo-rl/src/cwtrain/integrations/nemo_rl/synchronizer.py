@@ -3,8 +3,14 @@
 Each :meth:`~HotLoadWeightSynchronizer.sync_weights` publishes one version ``N``
 (snapshot-format.md §10) through core's ``PublishSession``, the cycle every publisher
 shares: FULL with checksums when ``N = 0``, when nothing was published yet in this
-process, after a failed publish, or when ``N % full_every == 0``; else an XOR delta
-against what the replicas serve. A failed version's identity is not used again (it may hold
+process, after a failed publish, or when the cadence cuts the chain; else an XOR delta
+against what the replicas serve. With ``full_every: auto`` (the default) the workers first
+encode their delta shares and report their shard bytes; the session weighs the delta
+(a share of 90 % of the last FULL, or a chain past two FULLs' bytes, makes it FULL) and the
+workers then store the delta, or a FULL share built from their served copies (one more
+round of calls on the workers; nothing is gathered or encoded twice). With a fixed
+``full_every: N``, version ``N % full_every == 0`` is FULL and each worker encodes and
+stores in one call. A failed version's identity is not used again (it may hold
 objects of the failed attempt): the sync after a failure publishes ``N + 1``, FULL. Every policy worker encodes and uploads its share from
 the tensors on its device (core's ``RankShare``, through
 :mod:`~cwtrain.integrations.nemo_rl.worker_mixin`); the session commits the index (with
@@ -184,9 +190,8 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         session = self.session
         plan = session.begin()  # a failed version's identity is not tried again (its objects may be stored)
         try:
-            share_plan = SharePlan.of(plan, session.loader.store, upload_workers=self.settings.upload_workers)
+            plan, results = self._publish_shares(plan)
             extra_files = self._side_files() if plan.full else None
-            results: list[ShareResult] = run_on_all_workers(self.policy, "cwtrain_publish_share", plan=share_plan)
         except BaseException as exc:  # nothing reached the session: record the failed version there
             with suppress(CWTrainError):  # the session raises once the sink has the outcome
                 session.commit_shares(plan, [ShareResult(rank=0, error=f"{type(exc).__name__}: {exc}")])
@@ -202,6 +207,26 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             return
         run_on_all_workers(self.policy, "cwtrain_commit_share")
         self._stale = False
+
+    def _publish_shares(self, plan: VersionPlan) -> tuple[VersionPlan, list[ShareResult]]:
+        """Every worker stores its share of ``plan``'s version; under ``auto``, weighed between encode and store."""
+        session = self.session
+        store, workers = session.loader.store, self.settings.upload_workers
+        if plan.cut_at_bytes is None:
+            if plan.full:
+                self._side_files()  # a FULL without config.json fails before any upload
+            share_plan = SharePlan.of(plan, store, upload_workers=workers)
+            return plan, run_on_all_workers(self.policy, "cwtrain_publish_share", plan=share_plan)
+        encoded: list[ShareResult] = run_on_all_workers(
+            self.policy, "cwtrain_encode_share", plan=SharePlan.of(plan, store, upload_workers=workers)
+        )
+        if any(result.error for result in encoded):
+            return plan, encoded  # the session records the version failed
+        plan = session.weigh(plan, sum(result.payload_bytes for result in encoded))
+        if plan.full:
+            self._side_files()  # a FULL without config.json fails before any upload
+        share_plan = SharePlan.of(plan, store, upload_workers=workers)
+        return plan, run_on_all_workers(self.policy, "cwtrain_store_share", plan=share_plan)
 
     def _discard(self, plan: VersionPlan) -> None:
         """The version failed (the next one is FULL): every worker keeps its previous served copy."""
