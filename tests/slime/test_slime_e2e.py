@@ -466,6 +466,11 @@ def test_every_rank_encodes_its_tensors_and_rank_zero_commits(
     full = _objects(local, target.bucket, f"{target.path_prefix}/ranks-v000003")  # 3 % F == 0: a FULL cut
     full_index = json.loads(full[INDEX])
     assert sorted(full_index["weight_map"]) == names
+    # the cut carries --hf-checkpoint's side files, as a FULL snapshot must (config.json first)
+    hf = tmp_path / "hf"
+    side = sorted(p.name for p in hf.iterdir() if p.is_file() and not p.name.startswith("model"))
+    assert "config.json" in side and all(full[name] == (hf / name).read_bytes() for name in side)
+    assert "config.json" not in delta
     assert loader.completed_hot_load("ranks-v000003").previous_identity is None
     assert loader.read_manifest("ranks-v000003")["tensors"].keys() == set(names)
     from cwtrain.hotload.format.checksum import adler32_hex

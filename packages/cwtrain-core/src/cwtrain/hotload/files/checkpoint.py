@@ -81,6 +81,18 @@ class SnapshotDirectory(Closing):
         """The open descriptor of a shard."""
         return self.shards[shard].fd
 
+    def side_paths(self) -> list[Path]:
+        """The directory's other files (``config.json``, tokenizer, ...): what a FULL snapshot carries besides weights."""
+        return [
+            child
+            for child in sorted(self.path.iterdir())
+            if child.is_file() and child.name != INDEX_NAME and not child.name.endswith(".safetensors")
+        ]
+
+    def side_files(self) -> dict[str, bytes]:
+        """:meth:`side_paths` read: name → bytes."""
+        return {child.name: child.read_bytes() for child in self.side_paths()}
+
 
 def refuse_adapter(root: Path) -> None:
     """Refuse a LoRA adapter directory (``adapter_config.json`` without ``model.safetensors``)."""

@@ -189,9 +189,7 @@ class WeightMirror(Closing):
                         k: v for k, v in (header.metadata or {}).items() if not (k in header.tensors and is_checksum(v))
                     }
                 self._layout.index = ckpt.index
-                for child in sorted(ckpt.path.iterdir()):
-                    if child.is_file() and child.name != INDEX_NAME and not child.name.endswith(".safetensors"):
-                        self._layout.files[child.name] = child.read_bytes()
+                self._layout.files.update(ckpt.side_files())
                 for shard, entries in self._layout.entries.items():
                     for entry in entries:
                         data = np.empty(entry.nbytes, np.uint8)
@@ -273,12 +271,8 @@ class WeightMirror(Closing):
         """The small files (``config.json``, tokenizer, ...) a FULL snapshot of the mirror carries."""
         if self.root is None:
             return dict(self._layout.files)
-        weights = self.root / _WEIGHTS
-        return {
-            p.name: p.read_bytes()
-            for p in sorted(weights.iterdir())
-            if p.is_file() and p.name != INDEX_NAME and not p.name.endswith(".safetensors")
-        }
+        with open_snapshot_dir(self.root / _WEIGHTS) as weights:
+            return weights.side_files()
 
     @property
     def on_disk(self) -> bool:

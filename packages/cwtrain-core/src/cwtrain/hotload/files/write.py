@@ -376,9 +376,7 @@ def _write_full_index(ckpt: SnapshotDirectory, stage: Path, keep: set[str] | Non
         for key, value in ckpt.index.items()
     }
     (stage / INDEX_NAME).write_bytes(serialize_index(index))
-    for child in sorted(ckpt.path.iterdir()):
-        if child.name == INDEX_NAME or child.name.endswith(".safetensors") or not child.is_file():
-            continue
+    for child in ckpt.side_paths():
         shutil.copyfile(child, stage / child.name)
 
 

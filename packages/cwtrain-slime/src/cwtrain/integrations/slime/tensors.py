@@ -48,6 +48,7 @@ from cwtrain.hotload import (
     FileRegion,
     RankShare,
     SingleProcess,
+    SnapshotDirectory,
     TensorData,
     host_copy,
     open_checkpoint,
@@ -125,8 +126,8 @@ def _nbytes(tensor: Any) -> int:
     return int(tensor.nbytes)
 
 
-def _read_base(hf_checkpoint: str, names: Iterable[str]) -> tuple[set[str], dict[str, TensorData]]:
-    """The tensor names of ``--hf-checkpoint``, and this rank's tensors as served at the baseline (host memory)."""
+def _read_base(hf_checkpoint: str, names: Iterable[str]) -> tuple[SnapshotDirectory, dict[str, TensorData]]:
+    """``--hf-checkpoint`` (closed; its names and side files), and this rank's tensors as served at the baseline."""
     import numpy as np
 
     wanted = set(names)
@@ -142,7 +143,7 @@ def _read_base(hf_checkpoint: str, names: Iterable[str]) -> tuple[set[str], dict
                 except SnapshotError:
                     raise CWTrainError(f"{hf_checkpoint}: file ended early while reading tensor {name!r}") from None
                 out[name] = TensorData(tensor.dtype, tuple(tensor.shape), np.frombuffer(raw, dtype=np.uint8))
-        return set(checkpoint.tensors), out
+    return checkpoint, out
 
 
 def chunked(
@@ -188,6 +189,8 @@ class TensorPublisher:
         self._s3: Any = None
         self.version = start_version
         self.seeded = False
+        #: ``--hf-checkpoint``'s side files (``config.json``, tokenizer) that rank 0's FULL cuts carry
+        self.side_files: dict[str, bytes] = {}
 
     @property
     def rank(self) -> int:
@@ -234,7 +237,15 @@ class TensorPublisher:
         self.version += 1
         session = self.publisher.session if self.rank == 0 else None
         plan = session.begin(self.version) if session is not None else None
-        outcome = publish_spmd(self.collective, self.share, chunks, session=session, plan=plan, s3=self._object_store)
+        outcome = publish_spmd(
+            self.collective,
+            self.share,
+            chunks,
+            session=session,
+            plan=plan,
+            s3=self._object_store,
+            extra_files=self.side_files if self.rank == 0 else None,
+        )
         return outcome.metrics() if outcome is not None else None
 
     def _object_store(self) -> Any:
@@ -264,7 +275,10 @@ class TensorPublisher:
         hf_checkpoint = str(args.hf_checkpoint)
         names: list[str] = []
         missing: dict[str, Any] = {}
-        in_checkpoint, _ = _read_base(hf_checkpoint, ())
+        checkpoint, _ = _read_base(hf_checkpoint, ())
+        in_checkpoint = set(checkpoint.tensors)
+        if self.rank == 0:
+            self.side_files = checkpoint.side_files()
         for chunk in chunks:  # every rank gathers (the gather's collectives need all of them)
             for name, tensor in chunk:
                 names.append(name)
