@@ -173,3 +173,30 @@ def test_memory_mirror_from_tensors_and_encoded_delta(tmp_path: Path) -> None:
     seeded.close()
     with pytest.raises(SnapshotError, match="not a delta"):
         mirror.apply({"metadata": {}, "weight_map": {}}, {})
+
+
+def test_side_files_are_everything_at_the_top_but_weights_indexes_and_hidden_files(tmp_path: Path) -> None:
+    from cwtrain.hotload import side_files
+
+    kept = {
+        "config.json": b"{}",
+        "generation_config.json": b"{}",
+        "tokenizer.json": b"{}",
+        "tokenizer.model": b"sp",
+        "merges.txt": b"a b",
+        "vocab.txt": b"x",
+        "chat_template.jinja": b"{{ m }}",
+    }
+    dropped = [
+        "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        ".gitattributes",
+    ]
+    for name, data in kept.items():
+        (tmp_path / name).write_bytes(data)
+    for name in dropped:
+        (tmp_path / name).write_bytes(b"weights")
+    (tmp_path / "original").mkdir()
+    (tmp_path / "original" / "params.json").write_bytes(b"{}")
+    assert side_files(tmp_path) == dict(sorted(kept.items()))

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     from cwtrain.hotload.codec.decode import apply_delta, load_full
     from cwtrain.hotload.codec.device import TORCH_DTYPES, TorchDeltaEncoder, safetensors_dtype, tensor_data
     from cwtrain.hotload.codec.encode import DeltaEncoder
-    from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir
+    from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir, side_files
     from cwtrain.hotload.files.mirror import DeltaReport, WeightMirror
     from cwtrain.hotload.files.validate import SnapshotInfo, delta_index_for_upload, inspect_snapshot
     from cwtrain.hotload.files.write import checkpoint_checksums, write_delta, write_full_snapshot
@@ -110,7 +110,7 @@ _MODULES = {
     "cwtrain.hotload.publish.object_writer": ("SHA256_METADATA",),
     "cwtrain.hotload.publish.manifest": ("snapshot_manifest",),
     "cwtrain.hotload.files.validate": ("SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"),
-    "cwtrain.hotload.files.checkpoint": ("SnapshotDirectory", "open_checkpoint", "open_snapshot_dir"),
+    "cwtrain.hotload.files.checkpoint": ("SnapshotDirectory", "open_checkpoint", "open_snapshot_dir", "side_files"),
     "cwtrain.hotload.files.write": ("checkpoint_checksums", "write_delta", "write_full_snapshot"),
     "cwtrain.hotload.files.mirror": ("DeltaReport", "WeightMirror"),
     "cwtrain.hotload.codec.encode": ("DeltaEncoder",),
@@ -195,6 +195,7 @@ __all__ = [
     "publish_spmd",
     "read_index_file",
     "safetensors_dtype",
+    "side_files",
     "snapshot_manifest",
     "snapshot_prefix",
     "split_version_identity",

@@ -46,6 +46,8 @@ __all__ = [
     "open_checkpoint",
     "open_snapshot_dir",
     "refuse_adapter",
+    "side_files",
+    "side_paths",
     "verify_snapshot_dir",
 ]
 
@@ -81,17 +83,31 @@ class SnapshotDirectory(Closing):
         """The open descriptor of a shard."""
         return self.shards[shard].fd
 
-    def side_paths(self) -> list[Path]:
-        """The directory's other files (``config.json``, tokenizer, ...): what a FULL snapshot carries besides weights."""
-        return [
-            child
-            for child in sorted(self.path.iterdir())
-            if child.is_file() and child.name != INDEX_NAME and not child.name.endswith(".safetensors")
-        ]
 
-    def side_files(self) -> dict[str, bytes]:
-        """:meth:`side_paths` read: name → bytes."""
-        return {child.name: child.read_bytes() for child in self.side_paths()}
+#: Suffixes of weight files, which are never side files.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
+
+
+def side_paths(directory: str | Path) -> list[Path]:
+    """The side files of a checkpoint directory: what a FULL snapshot carries besides its weights.
+
+    Every regular file at the top of ``directory`` (``config.json``, ``generation_config.json``,
+    the tokenizer's files, a chat template, ...) but weights (``*.safetensors``, ``*.bin``,
+    ``*.pt``, ...), weight indexes (``*.index.json``) and hidden files, in name order.
+    """
+    return [
+        child
+        for child in sorted(Path(directory).iterdir())
+        if child.is_file()
+        and not child.name.startswith(".")
+        and not child.name.endswith(".index.json")
+        and not child.name.endswith(_WEIGHT_SUFFIXES)
+    ]
+
+
+def side_files(directory: str | Path) -> dict[str, bytes]:
+    """:func:`side_paths` read: name → bytes."""
+    return {child.name: child.read_bytes() for child in side_paths(directory)}
 
 
 def refuse_adapter(root: Path) -> None:

@@ -43,7 +43,7 @@ from cwtrain.closing import Closing
 from cwtrain.errors import MirrorError, SnapshotError
 from cwtrain.hotload.codec.decode import ShardData, apply_delta, apply_payload, shard_header, tensor_data, verify_delta
 from cwtrain.hotload.codec.encode import DeltaEncoder, EncodedSnapshot
-from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir
+from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir, side_files
 from cwtrain.hotload.files.write import staged_directory
 from cwtrain.hotload.files.write import write_full_snapshot as write_full_from_dir
 from cwtrain.hotload.format.checksum import is_checksum, tensor_adler32
@@ -189,7 +189,7 @@ class WeightMirror(Closing):
                         k: v for k, v in (header.metadata or {}).items() if not (k in header.tensors and is_checksum(v))
                     }
                 self._layout.index = ckpt.index
-                self._layout.files.update(ckpt.side_files())
+                self._layout.files.update(side_files(ckpt.path))
                 for shard, entries in self._layout.entries.items():
                     for entry in entries:
                         data = np.empty(entry.nbytes, np.uint8)
@@ -271,8 +271,7 @@ class WeightMirror(Closing):
         """The small files (``config.json``, tokenizer, ...) a FULL snapshot of the mirror carries."""
         if self.root is None:
             return dict(self._layout.files)
-        with open_snapshot_dir(self.root / _WEIGHTS) as weights:
-            return weights.side_files()
+        return side_files(self.root / _WEIGHTS)
 
     @property
     def on_disk(self) -> bool:

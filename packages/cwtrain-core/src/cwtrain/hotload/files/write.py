@@ -37,7 +37,7 @@ from cwtrain.errors import SnapshotChecksumError, SnapshotError
 from cwtrain.hotload.codec.common import MemoryBudget, run_parallel
 from cwtrain.hotload.codec.decode import DeltaTensor, delta_tensors, stream_payload
 from cwtrain.hotload.codec.encode import DeltaEncoder, ShardSink, delta_shard_header
-from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir
+from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir, side_paths
 from cwtrain.hotload.format.checksum import adler32, checksum_metadata, is_checksum
 from cwtrain.hotload.format.identity import same_version
 from cwtrain.hotload.format.index import (
@@ -376,7 +376,7 @@ def _write_full_index(ckpt: SnapshotDirectory, stage: Path, keep: set[str] | Non
         for key, value in ckpt.index.items()
     }
     (stage / INDEX_NAME).write_bytes(serialize_index(index))
-    for child in ckpt.side_paths():
+    for child in side_paths(ckpt.path):
         shutil.copyfile(child, stage / child.name)
 
 

@@ -53,11 +53,11 @@ from cwtrain.hotload import (
     SharePlan,
     ShareResult,
     VersionPlan,
+    side_files,
 )
 from cwtrain.integrations.frameworks import NEMO_RL, require
 from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
 from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
-from cwtrain.integrations.nemo_rl.publish import hf_side_files
 
 # NeMo-RL's base class, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
 WeightSynchronizer: Any = require(NEMO_RL, "nemo_rl.weight_sync.interfaces").WeightSynchronizer
@@ -243,7 +243,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             self.metrics_sink(dict(self.last_metrics))
 
     def _side_files(self) -> dict[str, bytes]:
-        files = hf_side_files(self.hf_checkpoint)
+        files = side_files(self.hf_checkpoint)
         if "config.json" not in files:
             raise SnapshotError(f"{self.hf_checkpoint}/config.json is missing: a FULL snapshot needs it")
         return files

@@ -38,8 +38,7 @@ from typing import Any
 
 import torch
 
-from cwtrain.hotload import RankShare, SharePlan, ShareResult, tensor_data
-from cwtrain.integrations.nemo_rl.publish import hf_side_files
+from cwtrain.hotload import RankShare, SharePlan, ShareResult, side_files, tensor_data
 
 __all__ = ["HotLoadWorkerMixin"]
 
@@ -123,7 +122,7 @@ class HotLoadWorkerMixin:
             path: the output directory.
             allowed_names: only these tensors (default all).
             config_dir: a directory whose config and tokenizer files
-                (:func:`~cwtrain.integrations.nemo_rl.publish.hf_side_files`) are copied beside the shards.
+                (:func:`~cwtrain.hotload.side_files`) are copied beside the shards.
             shard_bytes: payload limit of one shard (HF-style 1-based names when several).
             dtypes: tensor name → torch dtype to cast to.
 
@@ -155,7 +154,7 @@ class HotLoadWorkerMixin:
         for file in snap.all_files:
             file.write_to(partial / file.name)
         if config_dir:
-            for name, data in hf_side_files(config_dir).items():
+            for name, data in side_files(config_dir).items():
                 (partial / name).write_bytes(data)
         os.replace(partial, out)  # all or nothing: a crash leaves only the .partial directory
         return str(out)

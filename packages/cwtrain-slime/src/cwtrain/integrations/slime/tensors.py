@@ -48,11 +48,11 @@ from cwtrain.hotload import (
     FileRegion,
     RankShare,
     SingleProcess,
-    SnapshotDirectory,
     TensorData,
     host_copy,
     open_checkpoint,
     publish_spmd,
+    side_files,
 )
 
 from .config import HookConfig
@@ -126,8 +126,8 @@ def _nbytes(tensor: Any) -> int:
     return int(tensor.nbytes)
 
 
-def _read_base(hf_checkpoint: str, names: Iterable[str]) -> tuple[SnapshotDirectory, dict[str, TensorData]]:
-    """``--hf-checkpoint`` (closed; its names and side files), and this rank's tensors as served at the baseline."""
+def _read_base(hf_checkpoint: str, names: Iterable[str]) -> tuple[set[str], dict[str, TensorData]]:
+    """The tensor names of ``--hf-checkpoint``, and this rank's tensors as served at the baseline (host memory)."""
     import numpy as np
 
     wanted = set(names)
@@ -143,7 +143,7 @@ def _read_base(hf_checkpoint: str, names: Iterable[str]) -> tuple[SnapshotDirect
                 except SnapshotError:
                     raise CWTrainError(f"{hf_checkpoint}: file ended early while reading tensor {name!r}") from None
                 out[name] = TensorData(tensor.dtype, tuple(tensor.shape), np.frombuffer(raw, dtype=np.uint8))
-    return checkpoint, out
+        return set(checkpoint.tensors), out
 
 
 def chunked(
@@ -190,7 +190,7 @@ class TensorPublisher:
         self.version = start_version
         self.seeded = False
         #: ``--hf-checkpoint``'s side files (``config.json``, tokenizer) that rank 0's FULL cuts carry
-        self.side_files: dict[str, bytes] = {}
+        self.full_files: dict[str, bytes] = {}
 
     @property
     def rank(self) -> int:
@@ -244,7 +244,7 @@ class TensorPublisher:
             session=session,
             plan=plan,
             s3=self._object_store,
-            extra_files=self.side_files if self.rank == 0 else None,
+            extra_files=self.full_files if self.rank == 0 else None,
         )
         return outcome.metrics() if outcome is not None else None
 
@@ -275,10 +275,9 @@ class TensorPublisher:
         hf_checkpoint = str(args.hf_checkpoint)
         names: list[str] = []
         missing: dict[str, Any] = {}
-        checkpoint, _ = _read_base(hf_checkpoint, ())
-        in_checkpoint = set(checkpoint.tensors)
+        in_checkpoint, _ = _read_base(hf_checkpoint, ())
         if self.rank == 0:
-            self.side_files = checkpoint.side_files()
+            self.full_files = side_files(hf_checkpoint)
         for chunk in chunks:  # every rank gathers (the gather's collectives need all of them)
             for name, tensor in chunk:
                 names.append(name)
