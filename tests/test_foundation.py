@@ -121,7 +121,9 @@ def test_console_script_bad_subcommand_exits_2() -> None:
     assert "invalid choice" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("module_name", ["cwtrain", "cwtrain.hotload", "cwtrain.infra", "cwtrain.errors"])
+@pytest.mark.parametrize(
+    "module_name", ["cwtrain", "cwtrain.hotload", "cwtrain.infra", "cwtrain.errors", "cwtrain.cli"]
+)
 def test_every_public_name_resolves(module_name: str) -> None:
     import importlib
 
