@@ -387,7 +387,7 @@ def test_no_module_uses_another_modules_private_names() -> None:
 # ------------------------------------------------------------------ package roots
 
 
-def _distribution(name: str) -> str:
+def distribution_of(name: str) -> str:
     """The distribution (``cwtrain-core``, ``cwtrain-local``, ...) whose sources hold module ``name``."""
     owner = _owner(name)
     assert owner is not None, name
@@ -460,17 +460,17 @@ def _named_imports(importer: str, tree: ast.Module) -> list[tuple[str, int]]:
 
 
 def _root_violations(importer: str, tree: ast.Module) -> list[str]:
-    own = _distribution(importer)
+    own = distribution_of(importer)
     bad = []
     for module, line in _named_imports(importer, tree):
-        if module in MODULES and _distribution(module) != own and not _is_root(module):
+        if module in MODULES and distribution_of(module) != own and not _is_root(module):
             root = next(
                 ".".join(module.split(".")[:depth])
                 for depth in range(1, module.count(".") + 2)
                 if _is_root(".".join(module.split(".")[:depth]))
                 and not _is_root(".".join(module.split(".")[: depth + 1]))
             )
-            bad.append(f"{importer}:{line} imports {module} ({_distribution(module)}'s internals; use {root})")
+            bad.append(f"{importer}:{line} imports {module} ({distribution_of(module)}'s internals; use {root})")
     return sorted(set(bad))
 
 
@@ -517,7 +517,7 @@ def later():
 
 
 def test_every_package_imports_other_distributions_only_from_their_roots() -> None:
-    assert {_distribution(name) for name in MODULES} == {
+    assert {distribution_of(name) for name in MODULES} == {
         "cwtrain-core", "cwtrain-local", "cwtrain-slime", "cwtrain-miles", "cwtrain-nemo-rl", "cwtrain-gym",
     }  # fmt: skip
     bad = [line for name in sorted(MODULES) for line in _root_violations(name, TREES[name])]
@@ -599,6 +599,6 @@ def test_shard_sink_is_cores_own_seam() -> None:
         return found | {n.name.rpartition(".")[2] for n in ast.walk(tree) if isinstance(n, ast.alias)}
 
     users = sorted(
-        name for name, tree in TREES.items() if _distribution(name) != "cwtrain-core" and "ShardSink" in names(tree)
+        name for name, tree in TREES.items() if distribution_of(name) != "cwtrain-core" and "ShardSink" in names(tree)
     )
     assert users == []

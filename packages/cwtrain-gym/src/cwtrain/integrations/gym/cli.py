@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from cwtrain.cli import client_from_args, command_group, positive_float, positive_int
-from cwtrain.integrations.frameworks import GYM
+from cwtrain.integrations.gym.framework import GYM
 
 __all__ = ["register"]
 

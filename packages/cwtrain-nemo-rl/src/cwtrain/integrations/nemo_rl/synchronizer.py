@@ -48,7 +48,8 @@ from cwtrain.hotload import (
     ShareResult,
     VersionPlan,
 )
-from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.frameworks import require
+from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
 from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
 from cwtrain.integrations.nemo_rl.publish import hf_side_files
