@@ -8,7 +8,8 @@
     $B bench/codec.py --big 16GiB --dir /dev/shm --json > /tmp/big.json
     $B bench/codec.py --big 2GiB --big-dense 1 --big-apply-verify --json > /tmp/big-2.json
     $B bench/gpu.py --json > /tmp/gpu.json
-    $B scripts/performance_doc.py /tmp/pipeline.json /tmp/pipeline-2.5.json --big /tmp/big.json --big /tmp/big-2.json --gpu /tmp/gpu.json
+    $B bench/cadence.py --json > /tmp/cadence.json
+    $B scripts/performance_doc.py /tmp/pipeline.json /tmp/pipeline-2.5.json --big /tmp/big.json --big /tmp/big-2.json --gpu /tmp/gpu.json --cadence /tmp/cadence.json
 
 The runs behind the committed page are kept in ``bench/results/`` (see ``REGENERATE``). The first pipeline document is the measured table; runs with another ``--changed`` only
 add their delta ratio. The model for this machine (:func:`local_prediction`) predicts
@@ -45,6 +46,8 @@ REGENERATE = [
     "bench/results/big-2GiB-apply-verify.json",
     "--gpu",
     "bench/results/gpu-cpu.json",
+    "--cadence",
+    "bench/results/cadence.json",
 ]
 ENCODE = ("gather", "read", "xor", "adler", "zstd")
 
@@ -573,12 +576,127 @@ def big_section(bigs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _kib(n: float) -> str:
+    return f"{n / 1024:,.0f} KiB"
+
+
+def _policy_rows(pair: dict[str, Any]) -> list[str]:
+    rows = []
+    for label in ("auto", "fixed"):
+        run = pair[label]
+        name = "`auto`" if label == "auto" else f"fixed {run['full_every']}"
+        reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(run["full_reasons"].items()))
+        rows.append(
+            f"| {name} | {run['full_snapshots']} ({reasons}) / {run['delta_snapshots']} | {_kib(run['bytes_stored'])} "
+            f"| {_kib(run['bytes_uploaded'])} | {_kib(run['worst_replay_bytes'])} = "
+            f"{run['worst_replay_bytes'] / run['full_bytes']:.2f} FULLs (v{run['worst_replay_version']}) "
+            f"| {run['encode_seconds']:.2f} | {run['hot_load_seconds']:.2f} |"
+        )
+    r = pair["ratios"]
+    rows.append(
+        f"| `auto` / fixed | | {r['bytes_stored']:.2f}x | {r['bytes_uploaded']:.2f}x | {r['worst_replay_bytes']:.2f}x "
+        f"| {r['encode_seconds']:.2f}x | {r['hot_load_seconds']:.2f}x |"
+    )
+    return rows
+
+
+def _phase_rows(doc: dict[str, Any]) -> list[str]:
+    """Per phase of the phased run: the median delta's share of a FULL, and each policy's FULLs, bytes, worst replay."""
+    pair = doc["phased"]
+    rows, start = [], 1
+    for phase in doc["settings"]["phases"]:
+        end = start + phase["versions"]
+        cells = [f"v{start}-v{end - 1}", f"{phase['changed_fraction']:.1%}"]
+        fixed = pair["fixed"]["versions"][start:end]
+        deltas = sorted(r["snapshot_bytes"] / pair["fixed"]["full_bytes"] for r in fixed if r["type"] == "INCREMENTAL")
+        cells.append(f"{deltas[len(deltas) // 2]:.1%}" if deltas else "-")
+        for label in ("auto", "fixed"):
+            records = pair[label]["versions"][start:end]
+            full = pair[label]["full_bytes"]
+            cells += [
+                str(sum(r["type"] == "FULL" for r in records)),
+                _kib(sum(r["snapshot_bytes"] for r in records)),
+                f"{max(r['replay_bytes'] for r in records) / full:.2f}",
+            ]
+        rows.append("| " + " | ".join(cells) + " |")
+        start = end
+    return rows
+
+
+def cadence_section(doc: dict[str, Any] | None) -> str:
+    """Issue 25: the chain cut by cost (``auto``) against a fixed count, from ``bench/cadence.py``."""
+    lines = ["## Chain cadence: `auto` against a fixed count (`bench/cadence.py`)", ""]
+    if doc is None:
+        return "\n".join([*lines, "No `bench/cadence.py` run was given."])
+    st = doc["settings"]
+    phases = " → ".join(f"{p['changed_fraction']:.1%} ({p['versions']} versions)" for p in st["phases"])
+    auto, fixed = doc["phased"]["auto"], doc["phased"]["fixed"]
+    extra = doc["phased"]["ratios"]["bytes_stored"] - 1
+    lines += [
+        f"{st['versions']} versions of the local stack's tiny model ({st['model_bytes'] / 1024:.0f} KiB of BF16; "
+        f"a FULL snapshot stores {_kib(auto['full_bytes'])}) published to `cwtrain-local` through the publish session "
+        f"({st['replicas']} replica{'s' if st['replicas'] != 1 else ''}, every version hot-loaded and verified), "
+        "once with "
+        f"`CWTRAIN_HOTLOAD_FULL_EVERY=auto` (share {st['full_share']:.0%}, replay budget {st['replay_budget']:g} "
+        f"FULLs) and once with `FULL_EVERY={st['fixed']}`, the same weights for both. Each version moves a "
+        f"fraction of every tensor's values by 1-{st['ulps']} ulps; the fraction moves in phases: {phases}. "
+        "`stored`: every object of every snapshot; `uploaded`: what the trainer sent; `worst cold replay`: the most "
+        "bytes a replica starting cold at some version reads (the chain's FULL and every delta since); `encode s`: "
+        "wall time in the encoder (deltas' XOR+zstd, FULL snapshots' Adler-32, and under `auto` the delta a cut "
+        "replaced); `hot-load s`: until every replica served each version (one shared machine: timings are noisy, "
+        "the byte figures are exact). Ratios are from the same run.",
+        "",
+        "| policy | FULL (why) / delta | stored | uploaded | worst cold replay | encode s | hot-load s |",
+        "|---|---|---|---|---|---|---|",
+        *_policy_rows(doc["phased"]),
+        "",
+        "Per phase (median delta as a share of a FULL; then per policy: FULL snapshots, bytes stored, the worst "
+        "cold replay in FULLs):",
+        "",
+        "| versions | changed | median delta | `auto` FULL | `auto` stored | `auto` replay | fixed FULL | fixed stored "
+        "| fixed replay |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *_phase_rows(doc),
+        "",
+        f"**The trade.** `auto` pays some bytes in the dense phase ({extra:+.0%} stored over the whole run here: a "
+        f"FULL every few versions where the deltas are large) to bound a cold start: its worst replay is "
+        f"{auto['worst_replay_bytes'] / auto['full_bytes']:.2f} FULLs against "
+        f"{fixed['worst_replay_bytes'] / fixed['full_bytes']:.2f} with the fixed count, which lets a dense chain grow "
+        "to 19 deltas. A delta is encoded once either way (`encode s`); a cut costs the encode of the delta it "
+        "replaced plus the FULL's checksums.",
+    ]
+    if doc.get("sparse"):
+        lines += [
+            "",
+            f"A run that stays at {st['phases'][0]['changed_fraction']:.1%} throughout:",
+            "",
+            "| policy | FULL (why) / delta | stored | uploaded | worst cold replay | encode s | hot-load s |",
+            "|---|---|---|---|---|---|---|",
+            *_policy_rows(doc["sparse"]),
+            "",
+            "The two policies of each run publish one after the other (`auto` first). Their snapshots are the same "
+            f"here, so this run's hot-load ratio ({doc['sparse']['ratios']['hot_load_seconds']:.2f}x) is what the "
+            "order and the shared machine do alone: read the phased run's "
+            f"({doc['phased']['ratios']['hot_load_seconds']:.2f}x) against it, not against 1.",
+        ]
+    names = {
+        "auto_replay_within_budget": f"no version's cold replay under `auto` passes {1 + st['replay_budget']:g} FULLs",
+        "auto_worst_replay_at_most_half_of_fixed": "`auto`'s worst replay is at most half the fixed count's",
+        "bytes_stored_within_1.3x": "`auto` stores at most 1.3x the fixed count's bytes",
+        "sparse_run_same_snapshots": "on the sparse run both publish the same snapshots (type and size, every version)",
+    }
+    lines += ["", "Issue 25's acceptance on this run:", ""]
+    lines += [f"- {'met' if ok else '**not met**'}: {names.get(k, k)}" for k, ok in doc["acceptance"].items()]
+    return "\n".join(lines)
+
+
 def render(
     doc: dict[str, Any],
     extra: list[dict[str, Any]],
     bigs: list[dict[str, Any]],
     gpu: dict[str, Any] | None,
     sources: list[str] | None = None,
+    cadence: dict[str, Any] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     runs = doc["runs"]
     rates = rates_of(runs)
@@ -595,7 +713,8 @@ def render(
             "This page answers: for a model of a given size on a given cluster, how long from "
             "`HotLoader.publish` until every replica serves the new weights, and what bounds it. The "
             "figures come from `bench/pipeline.py` (publishing from in-memory tensors to S3), "
-            "`bench/gpu.py` (the device path) and `bench/codec.py --big` (diff from files at 16 GiB); the "
+            "`bench/gpu.py` (the device path) and `bench/codec.py --big` (diff from files at 16 GiB), and "
+            "`bench/cadence.py` what the chain cadence costs in bytes and cold-start replay; the "
             "script at the top regenerates this page from their JSON and checks the model against the "
             "measurements. This page was generated from: "
             + (", ".join(f"`{source}`" for source in sources) if sources else "the runs given to the script")
@@ -605,6 +724,7 @@ def render(
             projection_section(rates, ratios, base),
             gpu_section(gpu),
             big_section(bigs),
+            cadence_section(cadence),
         ]
     )
     return text + "\n", checked
@@ -624,14 +744,17 @@ def main(argv: list[str] | None = None) -> int:
         "--big", type=Path, action="append", default=[], help="bench/codec.py --big --json document (repeatable)"
     )
     parser.add_argument("--gpu", type=Path, default=None, help="bench/gpu.py --json document")
+    parser.add_argument("--cadence", type=Path, default=None, help="bench/cadence.py --json document")
     parser.add_argument("--out", type=Path, default=DOC, help="where to write (docs/performance.md)")
     parser.add_argument("--check-only", action="store_true", help="check the model; write nothing")
     args = parser.parse_args(argv)
     docs = [json.loads(p.read_text()) for p in args.pipeline]
     bigs = [json.loads(path.read_text()) for path in args.big]
     gpu = json.loads(args.gpu.read_text()) if args.gpu else None
-    sources = [_shown(path) for path in [*args.pipeline, *args.big, *([args.gpu] if args.gpu else [])]]
-    text, checked = render(docs[0], docs[1:], bigs, gpu, sources)
+    cadence = json.loads(args.cadence.read_text()) if args.cadence else None
+    given = [*args.pipeline, *args.big, *([args.gpu] if args.gpu else []), *([args.cadence] if args.cadence else [])]
+    sources = [_shown(path) for path in given]
+    text, checked = render(docs[0], docs[1:], bigs, gpu, sources, cadence)
     failed = 0
     for c in checked:
         run = c["run"]

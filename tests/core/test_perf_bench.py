@@ -122,3 +122,45 @@ def test_committed_performance_doc_is_what_the_script_makes_of_the_committed_run
     out = tmp_path / "performance.md"
     assert script.main([*argv, "--out", str(out)]) == 0  # issue 20's check holds for the committed runs
     assert out.read_text() == (ROOT / "docs" / "performance.md").read_text()
+
+
+# ------------------------------------------------------------------------------ issue 25: bench/cadence.py
+
+
+def test_cadence_bench_runs_both_policies_on_the_local_stack(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    bench = _load("bench/cadence.py")
+    argv = ["--versions", "22", "--phases", "8:0.005,6:1.0,8:0.005", "--ulps", "4096", "--json"]
+    code = bench.main(argv)
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    auto, fixed = doc["phased"]["auto"], doc["phased"]["fixed"]
+    assert [len(run["versions"]) for run in (auto, fixed)] == [23, 23]  # the baseline and 22 versions
+    assert all(r["type"] == "FULL" and r["cut_reason"] == "first" for r in (auto["versions"][0], fixed["versions"][0]))
+    # every value moved by up to 4096 ulps for six versions: auto cuts by share or replay, the fixed 20 does not
+    assert set(auto["full_reasons"]) - {"first", "count"} and fixed["full_reasons"] == {"first": 1, "count": 1}
+    assert all(r["replay_bytes"] <= 3 * auto["full_bytes"] for r in auto["versions"])
+    assert fixed["worst_replay_bytes"] > 3 * fixed["full_bytes"]
+    assert auto["bytes_stored"] == sum(r["snapshot_bytes"] for r in auto["versions"]) and auto["encode_seconds"] > 0
+    # a run that stays sparse: the same snapshots with either policy (auto's count bound is 20)
+    assert bench.same_snapshots(doc["sparse"]["auto"], doc["sparse"]["fixed"])
+    assert doc["acceptance"] == bench.acceptance(doc) and doc["acceptance"]["sparse_run_same_snapshots"]
+    assert code == (0 if all(doc["acceptance"].values()) else 1)
+    script = _load("scripts/performance_doc.py")
+    section = script.cadence_section(doc)
+    assert "| `auto` / fixed |" in section and "A run that stays at 0.5% throughout:" in section
+
+
+def test_the_committed_cadence_run_meets_issue_25() -> None:
+    bench = _load("bench/cadence.py")
+    doc = json.loads((ROOT / "bench" / "results" / "cadence.json").read_text())
+    assert doc["settings"]["versions"] == 100 and doc["settings"]["fixed"] == 20
+    checks = bench.acceptance(doc)  # recomputed from the per-version figures, not the stored verdict
+    assert checks == doc["acceptance"] and all(checks.values()), checks
+    for pair in (doc["phased"], doc["sparse"]):
+        for run in (pair["auto"], pair["fixed"]):
+            assert bench.summarize(run["run_id"], run["full_every"], run["versions"]) == run
+    auto, fixed = doc["phased"]["auto"], doc["phased"]["fixed"]
+    assert auto["worst_replay_bytes"] <= 0.5 * fixed["worst_replay_bytes"]
+    assert auto["bytes_stored"] <= 1.3 * fixed["bytes_stored"]

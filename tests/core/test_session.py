@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from fakeapi import FakeAPI
 from cwtrain.errors import ConfigError, CWTrainError, HotLoadFailedError, SnapshotError, UsageError
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.loader import HotLoader
+from cwtrain.hotload.publish.cadence import CutReason
 from cwtrain.hotload.publish.distributed import (
     RankShare,
     SharePlan,
@@ -85,7 +87,8 @@ def test_settings_read_every_variable_and_name_the_label_in_errors() -> None:
             {**env, "CWTRAIN_HOTLOAD_TIMEOUT": "-1"},
             labels={"CWTRAIN_HOTLOAD_TIMEOUT": "coreweave_cfg.hotload_timeout"},
         )
-    assert default_of("timeout") == 1800.0 and default_of("full_every") == 20
+    assert default_of("timeout") == 1800.0 and default_of("full_every") == "auto"
+    assert (default_of("full_share"), default_of("replay_budget")) == (0.9, 2.0)
     assert set(FIELD_VARIABLES) == {name for name in HotLoadSettings.__dataclass_fields__}
 
 
@@ -143,17 +146,25 @@ def test_full_then_deltas_then_a_cut_then_an_empty_delta(
     assert all(key.startswith("hotload/") and isinstance(value, float) for key, value in metrics.items())
 
 
+@pytest.mark.parametrize("policy", ["stop", "reactivate"])
 def test_a_failed_hot_load_makes_the_next_version_full_and_still_reaches_the_sink(
-    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, policy: str
 ) -> None:
-    session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0)
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0, on_failure=policy)
     weights = _weights(1)
     session.publish_tensors(session.begin(), weights, extra_files=CONFIG)
     fake.fail_identities.add("run-v000001")
     changed = {name: array + 1 for name, array in weights.items()}
-    with pytest.raises(HotLoadFailedError):
-        session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
+    if policy == "stop":
+        with pytest.raises(HotLoadFailedError):
+            session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
+    else:  # the fleet is brought back to v0 and the run goes on
+        outcome = session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
+        assert outcome.reactivated and outcome.served_version == 0
+        again = [spec for spec in (h["spec"] for h in fake.hot_loads.values()) if spec["identity"] == "run-v000000"]
+        assert len(again) == 2  # the re-activation: a second hot-load of v0
     assert outcomes[-1].failed and not outcomes[-1].completed and outcomes[-1].version == 1
+    assert outcomes[-1].reactivated is (policy == "reactivate")
     plan = session.begin()
     assert plan.version == 2 and plan.full  # FULL; the failed identity (its objects may be stored) is not reused
     assert session.served_identity == "run-v000000"
@@ -234,6 +245,7 @@ class _Threads:
         self.n = n
         self.slots: list[Any] = [None] * n
         self.barrier = threading.Barrier(n)
+        self.calls: list[tuple[int, str]] = []  # (rank, collective) in the order they ran
 
     def view(self, rank: int) -> Any:
         world = self
@@ -245,6 +257,7 @@ class _Threads:
                 self.rank = rank
 
             def all_gather_object(self, obj: Any) -> list[Any]:
+                world.calls.append((rank, "all_gather"))
                 world.slots[rank] = obj
                 world.barrier.wait()
                 out = list(world.slots)
@@ -252,13 +265,24 @@ class _Threads:
                 return out
 
             def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-                return self.all_gather_object(obj)[src]
+                world.calls.append((rank, "broadcast"))
+                world.slots[rank] = obj
+                world.barrier.wait()
+                out = world.slots[src]
+                world.barrier.wait()
+                return out
 
         return View()
 
 
-def _spmd(session: PublishSession, shares: list[RankShare], parts: list[dict[str, Any]], full: bool = False) -> Any:
-    world = _Threads(len(shares))
+def _spmd(
+    session: PublishSession,
+    shares: list[RankShare],
+    parts: list[dict[str, Any]],
+    full: bool = False,
+    world: _Threads | None = None,
+) -> Any:
+    world = world if world is not None else _Threads(len(shares))
     plan = session.begin(full=full)
     results: list[Any] = [None] * len(shares)
     errors: list[BaseException] = []
@@ -349,3 +373,255 @@ def test_a_single_process_world_needs_no_collective(fake: FakeAPI, s3_bucket: tu
     assert outcome is not None and outcome.completed and set(share.served) == set(_weights(6))
     with pytest.raises(SnapshotError, match="no served copy"):
         RankShare().encode(SharePlan("x-v000001", False, "x-v000000", "b", "p"), [[("w", np.zeros(2, np.float32))]])
+
+
+# ------------------------------------------------------------------------------ auto: the cost rule (issue 25)
+
+
+def _model(seed: int = 0) -> dict[str, np.ndarray]:
+    """Four 64 KiB tensors: big enough that a sparse delta is a small share of a FULL."""
+    rng = np.random.default_rng(seed)
+    return {f"layer{i}.weight": rng.standard_normal((128, 128)).astype(np.float32) for i in range(4)}
+
+
+def _sparse(weights: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+    out = {name: array.copy() for name, array in weights.items()}
+    out["layer0.weight"][step % 128, :4] += 1.0
+    return out
+
+
+def _dense(weights: dict[str, np.ndarray], fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """``fraction`` of every tensor's values replaced by random ones (an XOR that does not compress)."""
+    rng = np.random.default_rng(seed)
+    out = {name: array.copy() for name, array in weights.items()}
+    for array in out.values():
+        flat = array.reshape(-1)
+        count = int(flat.size * fraction)
+        flat[:count] = rng.standard_normal(count).astype(np.float32)
+    return out
+
+
+def _stored(s3: Any, bucket: str, identity: str) -> int:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"hotload/{identity}/")
+    return sum(item["Size"] for item in listed.get("Contents", []))
+
+
+def test_auto_publishes_full_when_a_delta_is_nearly_a_full_and_logs_why(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    s3, bucket = s3_bucket
+    session, outcomes = _session(fake, s3, tmp_path)  # full_every defaults to auto
+    assert session.settings.full_every == "auto"
+    served = _model()
+    session.publish_tensors(session.begin(), served, extra_files=CONFIG)
+    full_bytes = outcomes[-1].snapshot_bytes
+    new = _sparse(served, 1)
+    session.publish_tensors(session.begin(), new, base=served, extra_files=CONFIG)
+    served = new
+    dense = _dense(served, 1.0, 7)
+    with caplog.at_level(logging.INFO, logger="cwtrain.hotload.publish.session"):
+        plan = session.begin()
+        assert not plan.full and plan.cut_at_bytes == math.ceil(0.9 * full_bytes)
+        outcome = session.publish_tensors(plan, dense, base=served, extra_files=CONFIG)
+    assert [(o.chain_cut, o.cut_reason) for o in outcomes] == [(True, 1), (False, 0), (True, 6)]
+    assert _objects(s3, bucket, "run-v000002") == sorted([INDEX_NAME, "config.json", "model.safetensors"])
+    assert (
+        outcome.completed and outcome.chain_length == 0 and outcome.snapshot_bytes == _stored(s3, bucket, plan.identity)
+    )
+    assert outcome.replay_bytes == outcome.snapshot_bytes  # a cold replica reads this FULL only
+    assert outcomes[1].replay_bytes == full_bytes + outcomes[1].snapshot_bytes
+    assert outcome.metrics()["hotload/cut_reason"] == 6.0 and "hotload/replay_bytes" in outcome.metrics()
+    assert any("FULL instead of a delta (share: delta" in r.getMessage() for r in caplog.records)
+    manifest = session.loader.read_manifest("run-v000002")
+    assert manifest is not None and len(manifest["tensors"]) == 4
+    assert session.begin().previous_identity == "run-v000002"  # the chain restarts at the cut
+
+
+def test_auto_cuts_when_a_cold_replica_would_replay_more_than_the_budget(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    s3, bucket = s3_bucket
+    session, outcomes = _session(fake, s3, tmp_path, replay_budget=1.0)
+    served = _model(1)
+    session.publish_tensors(session.begin(), served, extra_files=CONFIG)
+    full_bytes = outcomes[-1].snapshot_bytes
+    for step in range(1, 5):  # each delta about 40 % of a FULL: the third would pass one FULL of deltas
+        new = _dense(served, 0.4, step)
+        session.publish_tensors(session.begin(), new, base=served, extra_files=CONFIG)
+        served = new
+    assert [o.cut_reason for o in outcomes] == [1, 0, 0, 7, 0]
+    assert all(0.25 < o.snapshot_bytes / full_bytes < 0.5 for o in outcomes[1:3])
+    assert [o.chain_length for o in outcomes] == [0, 1, 2, 0, 1]
+    # no version's cold replay passes the FULL plus the budget's one FULL of deltas
+    assert all(o.replay_bytes <= 2 * full_bytes for o in outcomes)
+    assert outcomes[2].replay_bytes == full_bytes + outcomes[1].snapshot_bytes + outcomes[2].snapshot_bytes
+    assert "model.safetensors" in _objects(s3, bucket, "run-v000003")  # FULL
+
+
+def test_a_run_below_the_share_encodes_each_version_once(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cwtrain.hotload.codec.encode import DeltaEncoder
+
+    calls = {"encode": 0, "plan_full": 0}
+    encode, plan_full = DeltaEncoder.encode, DeltaEncoder.plan_full
+
+    def counted_encode(self: DeltaEncoder, *args: Any, **kwargs: Any) -> Any:
+        calls["encode"] += 1
+        return encode(self, *args, **kwargs)
+
+    def counted_plan_full(self: DeltaEncoder, *args: Any, **kwargs: Any) -> Any:
+        calls["plan_full"] += 1
+        return plan_full(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaEncoder, "encode", counted_encode)
+    monkeypatch.setattr(DeltaEncoder, "plan_full", counted_plan_full)
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path)
+    served = _model(2)
+    session.publish_tensors(session.begin(), served, extra_files=CONFIG)
+    for step in range(1, 7):
+        new = _sparse(served, step)
+        session.publish_tensors(session.begin(), new, base=served, extra_files=CONFIG)
+        served = new
+    assert [o.cut_reason for o in outcomes] == [1, 0, 0, 0, 0, 0, 0] and all(o.completed for o in outcomes)
+    assert calls == {"encode": 6, "plan_full": 1}  # one encode per delta, the baseline's FULL; no second one
+    dense = _dense(served, 1.0, 3)
+    session.publish_tensors(session.begin(), dense, base=served, extra_files=CONFIG)
+    assert outcomes[-1].cut_reason == 6 and calls == {"encode": 7, "plan_full": 2}  # the cut builds its FULL
+
+
+def test_publish_diff_cuts_to_the_new_checkpoints_directory(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    from codec_helpers import save_checkpoint
+
+    s3, bucket = s3_bucket
+    session, outcomes = _session(fake, s3, tmp_path)
+    weights = _model(3)
+    base = save_checkpoint(tmp_path / "v0", weights)
+    session.publish_directory(session.begin(), base)
+    sparse = save_checkpoint(tmp_path / "v1", _sparse(weights, 1))
+    session.publish_diff(session.begin(), sparse, base)
+    dense = save_checkpoint(tmp_path / "v2", _dense(weights, 1.0, 5))
+    outcome = session.publish_diff(session.begin(), dense, sparse)
+    assert [(o.incremental, o.cut_reason) for o in outcomes] == [(False, 1), (True, 0), (False, 6)]
+    assert outcome.completed and outcome.snapshot_bytes == _stored(s3, bucket, "run-v000002")
+    assert _objects(s3, bucket, "run-v000002") == sorted([INDEX_NAME, *(p.name for p in dense.iterdir())])  # its files
+    manifest = session.loader.read_manifest("run-v000002")  # from the delta's encode: every tensor's Adler-32
+    assert manifest is not None and len(manifest["tensors"]) == 4
+
+
+def test_weigh_directory_keeps_half_a_full_as_a_delta_and_cuts_a_dense_one(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    from codec_helpers import save_checkpoint
+
+    from cwtrain.hotload.files.write import write_delta
+
+    s3, _bucket = s3_bucket
+    session, outcomes = _session(fake, s3, tmp_path)
+    weights = _model(4)
+    base = save_checkpoint(tmp_path / "v0", weights)
+    session.publish_directory(session.begin(), base)
+    half = save_checkpoint(tmp_path / "v1", _dense(weights, 0.5, 1))
+    write_delta(base, half, tmp_path / "d1", version="000001", base_version="000000")
+    plan = session.begin()
+    assert session.weigh_directory(plan, tmp_path / "d1") is plan  # about half a FULL: a delta
+    session.publish_directory(plan, tmp_path / "d1")
+    assert outcomes[-1].incremental and session.cadence.chain_bytes == outcomes[-1].snapshot_bytes
+    dense = save_checkpoint(tmp_path / "v2", _dense(weights, 1.0, 2))
+    write_delta(half, dense, tmp_path / "d2", version="000002", base_version="000001")
+    cut = session.weigh_directory(session.begin(), tmp_path / "d2")
+    assert cut.full and cut.cut_reason is CutReason.SHARE and cut.previous_identity is None
+    with pytest.raises(UsageError, match="must be >= 0"):
+        session.weigh(session.begin(), -1)
+
+
+def test_weigh_directory_sizes_equal_the_stored_bytes(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    from codec_helpers import save_checkpoint
+
+    from cwtrain.hotload.files.validate import inspect_snapshot
+    from cwtrain.hotload.files.write import write_delta
+    from cwtrain.hotload.publish.session import _directory_bytes
+
+    s3, bucket = s3_bucket
+    session, outcomes = _session(fake, s3, tmp_path)
+    weights = _model(5)
+    base = save_checkpoint(tmp_path / "v0", weights)
+    session.publish_directory(session.begin(), base)
+    write_delta(base, save_checkpoint(tmp_path / "v1", _sparse(weights, 3)), tmp_path / "d1", version="000001",
+                base_version="000000")  # fmt: skip
+    info = inspect_snapshot(tmp_path / "d1", previous_identity="run-v000000")
+    size = _directory_bytes(info, "run-v000001")
+    session.publish_directory(session.begin(), tmp_path / "d1")
+    assert size == outcomes[-1].snapshot_bytes == _stored(s3, bucket, "run-v000001")
+
+
+def test_a_skipped_baseline_gives_the_cost_rule_its_stored_size(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    from codec_helpers import save_checkpoint
+
+    s3, bucket = s3_bucket
+    checkpoint = save_checkpoint(tmp_path / "base", _model(6))
+    first, _ = _session(fake, s3, tmp_path)
+    first.publish_baseline(checkpoint)
+    again, _outcomes = _session(fake, s3, tmp_path)
+    skipped = again.publish_baseline(checkpoint)
+    assert skipped.baseline_skipped and skipped.snapshot_bytes == 0
+    assert again.cadence.full_bytes == _stored(s3, bucket, "run-v000000") == skipped.replay_bytes
+    assert again.begin().cut_at_bytes == math.ceil(0.9 * _stored(s3, bucket, "run-v000000"))
+
+
+def test_a_fixed_count_weighs_nothing(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=20)
+    served = _model(7)
+    session.publish_tensors(session.begin(), served, extra_files=CONFIG)
+    plan = session.begin()
+    assert plan.cut_at_bytes is None and session.weigh(plan, 10**12) is plan
+    session.publish_tensors(plan, _dense(served, 1.0, 1), base=served, extra_files=CONFIG)
+    assert outcomes[-1].incremental and outcomes[-1].cut_reason == 0  # as large as a FULL, still a delta
+
+
+def test_two_ranks_cut_to_full_from_their_served_copies_with_no_extra_broadcast(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    s3, bucket = s3_bucket
+    weights = _model(8)
+    names = sorted(weights)
+
+    def parts(tensors: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+        return [{n: tensors[n] for n in names[:2]}, {n: tensors[n] for n in names[2:]}]
+
+    session, _outcomes = _session(fake, s3, tmp_path)
+    shares = [RankShare(0, 2), RankShare(1, 2)]
+    _spmd(session, shares, parts(weights))
+    sparse = _sparse(weights, 2)
+    delta_world = _Threads(2)
+    outcome, errors = _spmd(session, shares, parts(sparse), world=delta_world)
+    assert not errors and outcome.incremental
+    dense = _dense(sparse, 1.0, 9)
+    cut_world = _Threads(2)
+    outcome, errors = _spmd(session, shares, parts(dense), world=cut_world)
+    assert not errors and outcome.chain_cut and outcome.cut_reason == 6 and outcome.completed
+    # the weighing costs a delta no collective; a cut one all-gather (the FULL shards' numbers), no broadcast
+    rank0 = [[kind for rank, kind in world.calls if rank == 0] for world in (delta_world, cut_world)]
+    assert rank0[0] == ["broadcast", "all_gather", "all_gather", "broadcast"]
+    assert rank0[1] == ["broadcast", "all_gather", "all_gather", "all_gather", "broadcast"]
+    cut = _objects(s3, bucket, "run-v000002")
+    assert cut == sorted([INDEX_NAME, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"])
+    # byte for byte the FULL snapshot a FULL plan of the same tensors stores
+    other, _ = _session(fake, s3, tmp_path)
+    other.settings = HotLoadSettings("dep-1", "other", state_dir=str(tmp_path / "other"))
+    _spmd(other, [RankShare(0, 2), RankShare(1, 2)], parts(dense))
+    for name in cut:
+        if name != INDEX_NAME:
+            ours = s3.get_object(Bucket=bucket, Key=f"hotload/run-v000002/{name}")["Body"].read()
+            theirs = s3.get_object(Bucket=bucket, Key=f"hotload/other-v000000/{name}")["Body"].read()
+            assert ours == theirs, name
+    # the served copies moved to the cut's weights: the next delta goes against them
+    after = _sparse(dense, 5)
+    outcome, errors = _spmd(session, shares, parts(after))
+    assert not errors and outcome.incremental and outcome.tensors_changed == 1

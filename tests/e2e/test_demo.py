@@ -52,10 +52,23 @@ def test_demo_cli_handler_publishes_deltas_and_fulls(cli_run: dict[str, Any]) ->
     types = [r["snapshot_type"] for r in summary["steps"]]
     assert types == ["FULL", "INCREMENTAL", "FULL", "INCREMENTAL"]
     assert (summary["full_snapshots"], summary["delta_snapshots"]) == (2, 2)
+    # --full-every 2: each FULL says why it was cut; the replay is the chain's FULL and its deltas
+    records = summary["steps"]
+    assert [r["cut_reason"] for r in records] == ["first", "none", "count", "none"]
+    assert summary["full_reasons"] == {"first": 1, "count": 1} and "replay_budget_bytes" not in summary
+    sizes = [r["snapshot_bytes"] for r in records]
+    assert [r["replay_bytes"] for r in records] == [sizes[0], sizes[0] + sizes[1], sizes[2], sizes[2] + sizes[3]]
+    assert (summary["max_replay_bytes"], summary["max_replay_step"]) in (
+        (sizes[0] + sizes[1], 1),
+        (sizes[2] + sizes[3], 3),
+    )
     delta = summary["steps"][1]
     assert 0 < delta["snapshot_bytes"] < summary["steps"][0]["snapshot_bytes"]
     assert delta["tensors_changed"] > 0
     assert "step   3/3" in err and "median publish" in err and "everything torn down" in err
+    assert (
+        "FULL/first" in err and "FULL/count" in err and "FULL snapshots by reason" in err and "count 1, first 1" in err
+    )
     assert f"report: {cli_run['report']}" in err and cli_run["report"].is_file()
     assert f"figures (JSON): {cli_run['json_file']}" in err
     # the summary comes last: the table, then the verdict and nothing after it
@@ -71,15 +84,13 @@ def test_demo_cli_handler_publishes_deltas_and_fulls(cli_run: dict[str, Any]) ->
 def test_demo_is_reproducible_with_seed(
     cli_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Same seed, other replica count and cadence: the same rollouts, rewards and weights.
+    """Same seed, other replica count and cadence (``auto``, the default): the same rollouts, rewards and weights.
 
     This run goes through the handler without ``--json``: nothing on stdout, the summary last on stderr.
     """
     first = json.loads(cli_run["out"])
     figures = tmp_path / "second.json"
-    code = demo.main(
-        _args("--steps", "2", "--replicas", "1", "--full-every", "10", "--no-check", "--json-file", str(figures))
-    )
+    code = demo.main(_args("--steps", "2", "--replicas", "1", "--no-check", "--json-file", str(figures)))
     out, err = capsys.readouterr()
     assert code == 0 and out == ""  # the JSON only where it was asked for
     assert err.rstrip("\n").splitlines()[-1].endswith("; everything torn down.")
@@ -89,6 +100,12 @@ def test_demo_is_reproducible_with_seed(
     assert [[r[k] for k in keys] for r in second["steps"]] == [[r[k] for k in keys] for r in first["steps"][:3]]
     # step 1 is a delta in both runs: byte-identical snapshots
     assert second["steps"][1]["snapshot_bytes"] == first["steps"][1]["snapshot_bytes"]
+    # auto: deltas of about half a FULL stay deltas for two steps; the budget is the FULL and two FULLs of deltas
+    assert (
+        second["config"]["full_every"] == "auto"
+        and [r["cut_reason"] for r in second["steps"]] == ["first"] + ["none"] * 2
+    )
+    assert second["replay_budget_bytes"] == 3 * second["steps"][0]["snapshot_bytes"]
 
 
 def test_bad_options_are_refused() -> None:
@@ -96,8 +113,14 @@ def test_bad_options_are_refused() -> None:
 
     with pytest.raises(ConfigError, match="--group-size"):
         demo.main(_args("--group-size", "1"))
+    assert _args().full_every == "auto" and _args("--full-every", " AUTO ").full_every == "auto"
+    assert _args("--full-every", "0").full_every == 0
+    for bad in ("65", "-1", "sometimes"):
+        with pytest.raises(SystemExit) as exit_info:  # argparse: a usage line naming the option, exit 2
+            _args("--full-every", bad)
+        assert exit_info.value.code == 2
     with pytest.raises(ConfigError, match="--full-every"):
-        demo.main(_args("--full-every", "65"))
+        demo.main(argparse.Namespace(**{**vars(_args()), "full_every": 65}))
 
 
 def test_bad_output_paths_are_refused_before_the_run(tmp_path: Path) -> None:

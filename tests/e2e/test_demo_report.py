@@ -1,10 +1,10 @@
-"""``cwtrain demo --report``: the page opens in headless Chromium and shows four plots of the run.
+"""``cwtrain demo --report``: the page opens in headless Chromium and shows five plots of the run.
 
 The run is :mod:`test_demo`'s ``cli_run`` (3 steps, FULL every 2, two replicas). Chromium
 (Debian's ``chromium`` package; CI installs it) loads the file with no network, once to
 dump the DOM after the page's script ran and once for a screenshot. The DOM must hold the
-configuration table (task, pass rule, settings) and the four plots with the run's own
-figures as text; the screenshot must show ink, and each series' colour, inside every
+configuration table (task, pass rule, settings) and the five plots with the run's own
+figures as text (each FULL bar labelled with its reason, the replay bytes per version); the screenshot must show ink, and each series' colour, inside every
 plot's rectangle. In a narrow window the grid is one column and every plot fits it.
 ``CWTRAIN_REPORT_SCREENSHOT=path`` keeps a copy of the screenshot.
 """
@@ -30,13 +30,15 @@ from cwtrain.local.demo.page import identity_lag
 
 pytestmark = pytest.mark.e2e
 
-WINDOW = (1360, 1000)
-NARROW = (560, 2000)
+WINDOW = (1360, 1400)
+NARROW = (560, 2400)
 SERIES_COLORS = {
     "reward": ["#1f77b4"],
     "latency": ["#ff7f0e", "#2ca02c"],
     "bytes": ["#d62728", "#9467bd"],
     "time": ["#17becf", "#e377c2", "#ff7f0e", "#2ca02c"],
+    "fleet": ["#bcbd22"],
+    "replay": ["#8c564b"],
 }
 
 
@@ -144,6 +146,11 @@ def _expected_captions(summary: dict[str, Any]) -> dict[str, str]:
         "time": f"median rollout {_ms(statistics.median(r['rollout_seconds'] for r in sampled))}, "
         f"train {_ms(statistics.median(r['train_seconds'] for r in sampled))}; "
         f"{lags.count(0)}/{len(lags)} steps on the newest weights",
+        "fleet": f"canary gap after each hot-load: max "
+        f"{_fixed(max(s['canary_gap'] for s in published), 4)} nats (bound 0.05); served-version spread: "
+        f"{sum(1 for lag in lags if lag > 0)} of {len(lags)} steps sampled older weights",
+        "replay": f"largest cold-start replay {_size(summary['max_replay_bytes'])} at step {summary['max_replay_step']}"
+        + (f"; budget {_size(summary['replay_budget_bytes'])}" if summary.get("replay_budget_bytes") else ""),
     }
 
 
@@ -157,14 +164,14 @@ def test_report_is_one_self_contained_file(cli_run: dict[str, Any]) -> None:
     assert [s["bytes"] for s in data["steps"]] == [s["snapshot_bytes"] for s in summary["steps"]]
 
 
-def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: dict[str, Any], tmp_path: Path) -> None:
+def test_report_opens_in_headless_chromium_with_five_plots_of_the_run(cli_run: dict[str, Any], tmp_path: Path) -> None:
     summary = json.loads(cli_run["out"])
     url = cli_run["report"].resolve().as_uri()
     dom = _chromium(tmp_path / "profile-dom", "--dump-dom", url=url).stdout
     page = _Page()
     page.feed(dom)
-    assert page.body.get("data-drawn") == "4", "the page's script did not finish"
-    assert list(page.plots) == ["reward", "latency", "bytes", "time"]
+    assert page.body.get("data-drawn") == "6", "the page's script did not finish"
+    assert list(page.plots) == ["reward", "latency", "bytes", "time", "fleet", "replay"]
     # the configuration rows: what was trained, when it passes, with which settings
     assert page.config[:2] == ["task", summary["task"]] and page.config[2:4] == ["pass rule", summary["pass_rule"]]
     assert page.config[4] == "configuration" and page.config[5].startswith("steps 3, seed 0, replicas 2, FULL every 2")
@@ -188,6 +195,13 @@ def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: d
     expected = [(key.removesuffix("_seconds"), s["step"]) for s in steps for key in stages if s[key] > 0]
     assert [(m[1], m[2]) for m in marks["time"]] == expected
     assert {m[1] for m in marks["time"] if m[2] == 0} == {"publish", "hot_load"}
+    # fleet truth: the canary after every hot-load (issue 24), no step sampled older weights
+    assert [(m[1], m[2]) for m in marks["fleet"]] == [("canary", s) for s in published]
+    assert all(s["canary_gap"] is not None and s["canary_gap"] < 0.05 for s in steps)
+    # each FULL bar names why the chain was cut; one replay bar per version
+    fulls = [s["cut_reason"] for s in steps if s["snapshot_type"] == "FULL"]
+    assert fulls == ["first", "count"] and [t for t in page.plots["bytes"]["texts"] if t in fulls] == fulls
+    assert [(m[1], m[2]) for m in marks["replay"]] == [("replay", s["step"]) for s in steps]
 
     # the screenshot: ink and each series' colour inside every plot
     shot = tmp_path / "report.png"
@@ -198,7 +212,8 @@ def test_report_opens_in_headless_chromium_with_four_plots_of_the_run(cli_run: d
     pixels = read_png(shot)[:, :, :3].astype(np.int16)
     assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
     rects = {name: [int(v) for v in str(plot["rect"]).split(",")] for name, plot in page.plots.items()}
-    assert rects["reward"][1] == rects["latency"][1] < rects["bytes"][1] == rects["time"][1]  # two columns here
+    assert rects["reward"][1] == rects["latency"][1] < rects["bytes"][1] == rects["time"][1] < rects["fleet"][1]
+    assert rects["fleet"][1] == rects["replay"][1]
     for name, plot in page.plots.items():
         x, y, w, h = (int(v) for v in str(plot["rect"]).split(","))
         assert w >= 600 and h >= 300 and x + w <= WINDOW[0] and y + h <= WINDOW[1], (name, plot["rect"])
@@ -217,10 +232,10 @@ def test_report_grid_is_one_column_in_a_narrow_window(cli_run: dict[str, Any], t
     url = cli_run["report"].resolve().as_uri()
     page = _Page()
     page.feed(_chromium(tmp_path / "profile-narrow", "--dump-dom", url=url, window=NARROW).stdout)
-    assert page.body.get("data-drawn") == "4"
+    assert page.body.get("data-drawn") == "6"
     rects = [tuple(int(v) for v in str(plot["rect"]).split(",")) for plot in page.plots.values()]
     for x, _, w, h in rects:
         assert x >= 0 and x + w <= NARROW[0] and w >= NARROW[0] * 0.8, rects
         assert abs(h / w - 340 / 640) < 0.02, rects  # scaled, not cropped
     tops = [y for _, y, _, _ in rects]
-    assert tops == sorted(tops) and len(set(tops)) == 4  # one column: one plot under the other
+    assert tops == sorted(tops) and len(set(tops)) == len(rects)  # one column: one plot under the other

@@ -81,6 +81,14 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "hot-load COMPLETED; its replica row names the old identity and verification refuses it; a re-activation "
         "brings the replica onto the new identity",
     ),
+    "fleet-convergence": (
+        "a replica fails to load, stays behind, or serves wrong weights at a random version of a 20-version run",
+        "one of the replica faults above at a version drawn at random; the run publishes through PublishSession "
+        "(on_failure=reactivate, verify and the canary on)",
+        "the publish reports failed and reactivated; every replica serves one identity within the budget; a fresh "
+        "batch holds no sample of the failed identity; the next version is FULL and the run reaches its last; "
+        "with on_failure=stop the publish raises as before",
+    ),
     "wrong-weights": (
         "a replica serves a corrupted or an old FULL under the new identity",
         "the local stack's replica fault `serve_wrong_weights` (corrupt: lm_head's exponent and mantissa bits "

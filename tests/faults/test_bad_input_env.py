@@ -73,6 +73,16 @@ def _expect_bool(value: str, default: bool) -> bool | None:
     return default if not text else True if text in _TRUE else False if text in _FALSE else None
 
 
+def _expect_full_every(value: str) -> int | str | None:
+    """``auto`` (any case, the default when blank) or a strict integer in 0..64 (issue 25)."""
+    return "auto" if value.strip().lower() in ("", "auto") else _expect_int(value, 20, 0, 64)
+
+
+def _expect_share(value: str) -> float | None:
+    number = _expect_float(value, 0.9)
+    return number if number is not None and number <= 1 else None
+
+
 def _expect_run_id(value: str) -> str | None:
     """The one run-id rule: 1-120 characters, one path segment, nothing that hides or reorders text."""
     import unicodedata
@@ -93,7 +103,9 @@ ROLLOUT_VARS: dict[str, tuple[str, Any]] = {
     "CWTRAIN_ROLLOUT_SEEDS": ("seeds", lambda v: _expect_bool(v, True)),
 }
 HOOK_VARS: dict[str, tuple[str, Any]] = {
-    "CWTRAIN_HOTLOAD_FULL_EVERY": ("full_every", lambda v: _expect_int(v, 20, 0, 64)),
+    "CWTRAIN_HOTLOAD_FULL_EVERY": ("full_every", _expect_full_every),
+    "CWTRAIN_HOTLOAD_FULL_SHARE": ("full_share", _expect_share),
+    "CWTRAIN_HOTLOAD_REPLAY_BUDGET": ("replay_budget", lambda v: _expect_float(v, 2.0)),
     "CWTRAIN_HOTLOAD_TIMEOUT": ("timeout", lambda v: _expect_float(v, 1800.0)),
     "CWTRAIN_HOTLOAD_UPLOAD_WORKERS": ("upload_workers", lambda v: _expect_int(v, 8, 1, None)),
     "CWTRAIN_HOTLOAD_WAIT": ("wait", lambda v: _expect_bool(v, True)),
@@ -109,7 +121,7 @@ CORE_READERS: dict[str, tuple[Any, Any]] = {
             .HotLoadSettings.from_env(env, default_run_id="r", require_deployment=False)
             .full_every
         ),
-        lambda v: _expect_int(v, 20, 0, 64),
+        _expect_full_every,
     ),
     "CWTRAIN_HOTLOAD_MEMORY_BUDGET": (
         lambda env: __import__("cwtrain.hotload.codec.common", fromlist=["x"]).memory_budget_from_env(env),
@@ -186,6 +198,8 @@ def test_rollout_variables(variable: str, value: str) -> None:
 @FUZZ
 @given(variable=st.sampled_from(sorted(HOOK_VARS)), value=ENV_TEXT)
 @example(variable="CWTRAIN_HOTLOAD_FULL_EVERY", value="abc")
+@example(variable="CWTRAIN_HOTLOAD_FULL_EVERY", value=" AUTO ")
+@example(variable="CWTRAIN_HOTLOAD_FULL_SHARE", value="1.5")
 @example(variable="CWTRAIN_HOTLOAD_TIMEOUT", value="-5")
 @example(variable="CWTRAIN_HOTLOAD_TIMEOUT", value="inf")
 @example(variable="CWTRAIN_HOTLOAD_WAIT", value="maybe")
@@ -202,6 +216,7 @@ def test_slime_hook_variables(variable: str, value: str) -> None:
 @FUZZ
 @given(variable=st.sampled_from(sorted(CORE_READERS)), value=ENV_TEXT)
 @example(variable="CWTRAIN_HOTLOAD_FULL_EVERY", value="abc")
+@example(variable="CWTRAIN_HOTLOAD_FULL_EVERY", value=" AUTO ")
 @example(variable="CWTRAIN_HOTLOAD_MEMORY_BUDGET", value="-1")
 @example(variable="CWTRAIN_HOTLOAD_PART_SIZE", value="1024")
 @example(variable="CWTRAIN_HOTLOAD_PART_SIZE", value="52428800")

@@ -52,7 +52,7 @@ def test_the_page_carries_the_run_and_fetches_nothing(tmp_path: Path) -> None:
     assert [s["lag"] for s in data["steps"]] == [None, 0, 0, 0, None]
     assert data["steps"][4]["served"] == ["</script><b>x"]
     assert [s["type"] for s in data["steps"]] == ["FULL", "INCREMENTAL", "SKIPPED", "INCREMENTAL", "INCREMENTAL"]
-    for plot in ("reward", "latency", "bytes", "time"):
+    for plot in ("reward", "latency", "bytes", "time", "replay"):
         assert f'<figure id="{plot}">' in page
     assert '<figure id="lag">' not in page  # always 0 in the demo: a figure of the time plot's caption now
 
@@ -72,3 +72,23 @@ def test_the_page_states_the_task_pass_rule_and_settings() -> None:
     data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)[1])
     assert data["task"] == TASK and data["pass_rule"] == PASS_RULE
     assert "grid-template-columns: repeat(auto-fit" in page and "640px" not in page  # no fixed-width grid
+
+
+def test_the_page_carries_each_fulls_reason_and_the_replay_per_version() -> None:
+    """Issue 25: the report marks why each FULL was cut and plots what a cold replica replays."""
+    steps = [
+        {**STEPS[0], "cut_reason": "first", "replay_bytes": 100},
+        {**STEPS[1], "replay_bytes": 300},
+        {**STEPS[2], "replay_bytes": 300},  # skipped: the served chain is unchanged
+        {**STEPS[3], "snapshot_type": "FULL", "cut_reason": "replay", "replay_bytes": 400},
+    ]
+    page = render_report({"config": {"steps": 3, "full_every": "auto"}, "steps": steps, "replay_budget_bytes": 300})
+    data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)[1])
+    assert [(s["type"], s["reason"], s["replay"]) for s in data["steps"]] == [
+        ("FULL", "first", 100), ("INCREMENTAL", "none", 300), ("SKIPPED", "none", 300), ("FULL", "replay", 400),
+    ]  # fmt: skip
+    assert data["replay_budget"] == 300 and "FULL every auto" in page
+    assert 'class: "reason"' in page and "largest cold-start replay" in page  # drawn by the page's script
+    old = render_report({"config": {"steps": 1}, "steps": [STEPS[0]]})  # a summary from before issue 25
+    old_data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', old, re.S)[1])
+    assert old_data["steps"][0]["reason"] == "none" and old_data["replay_budget"] is None

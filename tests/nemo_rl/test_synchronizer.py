@@ -71,7 +71,13 @@ def fake(s3_bucket: tuple[Any, str], s3_env: dict[str, str]) -> FakeAPI:
 
 
 def _synchronizer(
-    fake: FakeAPI, s3: Any, tmp_path: Path, *, config_json: bool = True, **cfg: Any
+    fake: FakeAPI,
+    s3: Any,
+    tmp_path: Path,
+    *,
+    config_json: bool = True,
+    weights: dict[str, torch.Tensor] | None = None,
+    **cfg: Any,
 ) -> tuple[Any, InProcessPolicy, list[dict[str, float]]]:
     from cwtrain_test_workers import HalfWorker  # type: ignore[import-not-found]
 
@@ -90,7 +96,7 @@ def _synchronizer(
         }
     }  # fmt: skip
     generation = CoreWeaveGeneration(config, _Tok(), environ={})
-    weights = _model()
+    weights = weights if weights is not None else _model()
     policy = InProcessPolicy([HalfWorker(rank, 2, weights) for rank in range(2)])
     loader = HotLoader(fake.client(), "dep-1", s3=s3, poll_interval=0.0, timeout=30)
     sunk: list[dict[str, float]] = []
@@ -199,15 +205,20 @@ def test_a_failing_worker_fails_the_version_and_the_next_one_is_full(
     assert sync.served_identity == "nemo-v000002" and not sync.is_stale
 
 
+@pytest.mark.parametrize("on_failure", ["stop", "reactivate"])
 def test_a_failed_hot_load_is_recorded_and_the_next_version_is_full(
-    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, on_failure: str
 ) -> None:
-    sync, policy, sunk = _synchronizer(fake, s3_bucket[0], tmp_path, full_every=0)
+    sync, policy, sunk = _synchronizer(fake, s3_bucket[0], tmp_path, full_every=0, on_failure=on_failure)
     sync.sync_weights()
     policy.train(1)
     fake.fail_identities.add("nemo-v000001")
-    with pytest.raises(HotLoadFailedError):
+    if on_failure == "stop":
+        with pytest.raises(HotLoadFailedError):
+            sync.sync_weights()
+    else:  # the default: every replica brought back to v0, the run goes on
         sync.sync_weights()
+        assert sunk[-1]["hotload/reactivated"] == 1.0 and sunk[-1]["hotload/served_version"] == 0.0
     assert sunk[-1]["hotload/failed"] == 1.0 and policy.calls[-1] == "cwtrain_discard_share"
     assert sync.served_identity == "nemo-v000000" and sync.version == 2
     sync.sync_weights()  # the stored delta v1 stays as it is; v2 is FULL from every worker's current tensors
@@ -229,3 +240,41 @@ def test_a_full_version_without_config_json_is_refused_and_recorded(
     assert sunk[-1]["hotload/failed"] == 1.0 and _stored(s3, bucket, "nemo-v000000") == {}
     assert "cwtrain_publish_share" not in policy.calls and policy.calls == ["cwtrain_discard_share"]
     assert sync.version == 1 and sync.served_identity is None  # each identity is tried once
+
+
+def test_auto_weighs_the_workers_delta_between_encode_and_store(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    """``full_every: auto``: the workers encode, the driver weighs their shard bytes, then they store (issue 25)."""
+    s3, bucket = s3_bucket
+    gen = torch.Generator().manual_seed(4)
+    big = {f"layers.{i}.weight": torch.randn((128, 64), generator=gen) for i in range(6)}  # headers a small share
+    sync, policy, _ = _synchronizer(fake, s3, tmp_path, weights=big, full_every="auto")
+    sync.sync_weights()
+    assert policy.calls == ["cwtrain_publish_share", "cwtrain_commit_share"]  # a FULL plan: nothing to weigh
+    policy.calls.clear()
+    worker = policy.workers[0]
+    name = sorted(worker.mine)[0]
+    worker.mine[name] = worker.mine[name].clone()
+    worker.mine[name][0, 0] += 1.0  # one value: a small delta
+    sync.sync_weights()
+    assert policy.calls == ["cwtrain_encode_share", "cwtrain_store_share", "cwtrain_commit_share"]
+    assert (sync.last_metrics["hotload/incremental"], sync.last_metrics["hotload/cut_reason"]) == (1.0, 0.0)
+    gen = torch.Generator().manual_seed(5)
+    for each in policy.workers:  # every value new: the delta is as large as a FULL
+        each.mine = {n: torch.randn(t.shape, generator=gen) for n, t in each.mine.items()}
+    sync.sync_weights()
+    metrics = sync.last_metrics
+    assert (metrics["hotload/chain_cut"], metrics["hotload/cut_reason"], metrics["hotload/completed"]) == (1, 6, 1)
+    stored = _stored(s3, bucket, "nemo-v000002")
+    assert "config.json" in stored and metrics["hotload/replay_bytes"] == sum(stored.values())  # FULL: side files
+    manifest = sync.loader.read_manifest("nemo-v000002")
+    trainer = policy.weights()
+    assert manifest is not None and manifest["tensors"] == {
+        n: f"{zlib.adler32(trainer[n].contiguous().view(torch.uint8).numpy().tobytes()):08x}" for n in sorted(trainer)
+    }
+    for each in policy.workers:  # the FULL shares came from the served copies, which now hold the new weights
+        assert all(torch.equal(each.cwtrain_share().served[n], t) for n, t in each.mine.items())
+    worker.mine[name][1, 1] += 1.0
+    sync.sync_weights()
+    assert sync.last_metrics["hotload/incremental"] == 1.0 and sync.last_metrics["hotload/tensors_changed"] == 1.0

@@ -201,11 +201,15 @@ def test_hook_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     config = HookConfig.from_env(env, default_run_id="run")
     assert (config.run_id, config.wait, config.full_every, config.use_mirror) == ("run", False, 3, True)
+    assert HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": ""}, default_run_id="run").full_every == "auto"
     assert config.prompt_cache_policy is PromptCachePolicy.RESET_ALL
     assert "s3cr3t" not in repr(config)
     assert HookConfig.from_env(env, default_run_id="run", wait=True).wait is True
     fields = [f for f in HookConfig.__dataclass_fields__]
-    assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[-1] == "api_insecure"
+    # interface.md's positional order; issue 24's failure policy and issue 25's two settings
+    # of the cost rule come after it
+    assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[13] == "api_insecure"
+    assert fields[14:] == ["on_failure", "full_share", "replay_budget"]
     with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
         HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": "65"}, default_run_id="run")
     with pytest.raises(ConfigError, match="MIRROR"):
@@ -511,3 +515,33 @@ def test_every_process_of_a_run_derives_the_same_run_id(monkeypatch: pytest.Monk
     assert rollout_run_id(args, {"CWTRAIN_HOTLOAD_RUN_ID": "explicit"}) == "explicit"
     no_wandb = argparse.Namespace(update_weight_disk_dir="/nowhere/weights", wandb_run_id=None)
     assert rollout_run_id(no_wandb, {}) is None  # a per-process stamp cannot be shared
+
+
+def test_auto_weighs_each_delta_directory_and_cuts_from_the_served_copy(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    """``CWTRAIN_HOTLOAD_FULL_EVERY=auto``: a directory nearly as large as a FULL is published FULL from the mirror."""
+    from cwtrain.integrations.slime import HookConfig, SlimePublisher, SlimeRuntime
+
+    rng = np.random.default_rng(3)
+    base = {f"model.layers.{i}.weight": rng.standard_normal((128, 128)).astype(np.float32) for i in range(3)}
+    hf = write_hf_checkpoint(tmp_path / "hf", base)
+    args = slime_args(tmp_path, hf)
+    config = HookConfig("dep-1", "grpo-a", full_every="auto").with_state_dir(args)
+    assert config.use_mirror  # auto cuts from the mirror
+    SlimeRuntime.current().use_publisher(SlimePublisher(config, loader=recording_loader))
+    run = SlimeRun(args, base, _load(args.custom_update_weight_post_write_path))
+    run.baseline()
+    sparse = nudge(base, ["model.layers.0.weight"], 1)
+    run.step(sparse)
+    dense = {name: rng.standard_normal(array.shape).astype(np.float32) for name, array in sparse.items()}
+    directory = run.step(dense)
+    kinds = [(p[0], p[1]) for p in recording_loader.published]
+    assert kinds == [("grpo-a-v000000", "FULL"), ("grpo-a-v000001", "INCREMENTAL"), ("grpo-a-v000002", "FULL")]
+    assert [m["hotload/cut_reason"] for m in run.results] == [1.0, 0.0, 6.0]
+    assert "config.json" in recording_loader.published[2][3]  # the served copy's tensors and the base's files
+    assert sorted(recording_loader.published[2][4]["weight_map"]) == sorted(base)
+    assert sum(f.stat().st_size for f in directory.iterdir()) > 0.9 * run.results[0]["hotload/snapshot_bytes"]
+    assert run.results[2]["hotload/replay_bytes"] == run.results[2]["hotload/snapshot_bytes"]
+    manifest = recording_loader.manifests["grpo-a-v000002"]
+    assert manifest["tensors"] == _adler(dense)  # the mirror holds exactly the new weights

@@ -52,12 +52,33 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar("CWTRAIN_HOTLOAD_WAIT", "true", "wait for each hot-load to complete; false = one step ahead"),
     EnvVar("CWTRAIN_HOTLOAD_TIMEOUT", "1800", "seconds > 0; one budget per publish"),
     EnvVar("CWTRAIN_HOTLOAD_PUBLISH_BASELINE", "true", "publish <run>-v000000 unless an identical one completed"),
-    EnvVar("CWTRAIN_HOTLOAD_FULL_EVERY", "20", "integer 0-64; a FULL snapshot every N versions; 0 = never"),
-    EnvVar("CWTRAIN_HOTLOAD_MIRROR", "on iff FULL_EVERY > 0", "keep a byte-exact copy of the served weights"),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_FULL_EVERY",
+        "auto",
+        "auto (FULL when a delta costs nearly a FULL, when a cold start would replay too much, or after 19 "
+        "deltas) or an integer 0-64 (a FULL snapshot every N versions; 0 = never)",
+    ),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_FULL_SHARE",
+        "0.9",
+        "auto: a delta of at least this share of the last FULL's bytes is published FULL, in (0, 1]",
+    ),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_REPLAY_BUDGET",
+        "2",
+        "auto: the deltas since the last FULL hold at most this many FULLs' bytes, > 0",
+    ),
+    EnvVar("CWTRAIN_HOTLOAD_MIRROR", "on unless FULL_EVERY=0", "keep a byte-exact copy of the served weights"),
     EnvVar("CWTRAIN_HOTLOAD_VERIFY", "false", "require every replica READY on the identity after completion"),
     EnvVar("CWTRAIN_HOTLOAD_STATE_DIR", "framework dependent", "local working directory of the integrations"),
     EnvVar("CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY", "unset", "preserve or reset_all"),
     EnvVar("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", "8", "files uploaded in parallel, >= 1"),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_ON_FAILURE",
+        "reactivate",
+        "reactivate or stop: after a FAILED, CANCELED or unverified hot-load, bring every replica back to the "
+        "newest intact identity that completed (the integrations' default), or raise as before",
+    ),
     EnvVar("CWTRAIN_HOTLOAD_PART_SIZE", "67108864", "multipart part size in bytes, >= 50 MB"),
     EnvVar(
         "CWTRAIN_HOTLOAD_MEMORY_BUDGET",

@@ -46,6 +46,7 @@ from cwtrain.cli.options import (
 )
 from cwtrain.cli.output import emit
 from cwtrain.errors import ConfigError, HotLoadFailedError
+from cwtrain.hotload.settings import FAILURE_POLICIES
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
 from cwtrain.infra.models import HotLoad
@@ -158,6 +159,13 @@ def _identity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
     parser.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds, one budget (1800)")
     parser.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
+    parser.add_argument(
+        "--on-failure",
+        choices=FAILURE_POLICIES,
+        default="stop",
+        help="when the hot-load ends FAILED or CANCELED: stop (exit 1) or reactivate (first bring every replica "
+        "back to the newest intact identity that completed, then exit 1) (stop)",
+    )
 
 
 def _progress_option(parser: argparse.ArgumentParser) -> None:
@@ -232,6 +240,7 @@ def _publish(args: argparse.Namespace) -> int:
             "timeout": args.timeout,
             "workers": args.workers,
             "on_progress": progress,
+            "on_failure": args.on_failure,
         }
         if args.base is not None:
             return _print_outcome(
@@ -262,7 +271,9 @@ def _trigger(args: argparse.Namespace) -> int:
                 timeout=budget.remaining,
                 verify=not args.no_verify,
             )
-            return hot_load if args.no_wait else loader.wait(hot_load.id, timeout=max(budget.remaining, 1e-3))
+            if args.no_wait:
+                return hot_load
+            return loader.wait(hot_load.id, timeout=max(budget.remaining, 1e-3), on_failure=args.on_failure)
 
         return _print_outcome(trigger_and_wait)
 

@@ -59,7 +59,14 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     from cwtrain.hotload.format.safetensors import header_of_bytes
     from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
     from cwtrain.hotload.loader import HotLoader
-    from cwtrain.hotload.publish.cadence import MAX_FULL_EVERY, ChainCadence
+    from cwtrain.hotload.publish.cadence import (
+        MAX_FULL_EVERY,
+        ChainCadence,
+        CutReason,
+        FullEvery,
+        check_full_every,
+        parse_full_every,
+    )
     from cwtrain.hotload.publish.distributed import (
         Collective,
         RankShare,
@@ -83,7 +90,14 @@ _MODULES = {
     "cwtrain.hotload.follow": ("HotLoadStatus", "ProgressEvent"),
     "cwtrain.hotload.settings": ("HotLoadSettings", "parse_prompt_cache_policy", "validate_run_id"),
     "cwtrain.hotload.publish.session": ("PublishOutcome", "PublishSession", "VersionPlan", "build_loader"),
-    "cwtrain.hotload.publish.cadence": ("MAX_FULL_EVERY", "ChainCadence"),
+    "cwtrain.hotload.publish.cadence": (
+        "MAX_FULL_EVERY",
+        "ChainCadence",
+        "CutReason",
+        "FullEvery",
+        "check_full_every",
+        "parse_full_every",
+    ),
     "cwtrain.hotload.publish.spmd": ("publish_spmd",),
     "cwtrain.hotload.publish.distributed": (
         "Collective",
@@ -134,11 +148,13 @@ _MODULES = {
 __all__ = [
     "ChainCadence",
     "Collective",
+    "CutReason",
     "DEFAULT_SHARD_BYTES",
     "DeltaEncoder",
     "DeltaReport",
     "DtypeWarning",
     "FileRegion",
+    "FullEvery",
     "HotLoadSettings",
     "HotLoadStatus",
     "HotLoader",
@@ -170,6 +186,7 @@ __all__ = [
     "as_tensor_data",
     "build_loader",
     "check_delta_metadata",
+    "check_full_every",
     "check_snapshot_access",
     "checkpoint_checksums",
     "delta_index_for_upload",
@@ -184,6 +201,7 @@ __all__ = [
     "load_full",
     "open_checkpoint",
     "open_snapshot_dir",
+    "parse_full_every",
     "parse_index",
     "parse_prompt_cache_policy",
     "publish_spmd",

@@ -274,6 +274,7 @@ class HotLoader:
         poll_interval: float | None = None,
         raise_on_failure: bool = True,
         on_progress: Callable[[ProgressEvent], None] | None = None,
+        on_failure: str = "stop",
     ) -> HotLoad:
         """Poll until the hot-load ends and every replica serves its identity.
 
@@ -283,10 +284,19 @@ class HotLoader:
         is returned (:meth:`verify_served` is the strict check). ``on_progress`` gets a
         hot-load :class:`ProgressEvent` on every poll.
 
+        With ``on_failure="reactivate"``, a hot-load that ends FAILED or CANCELED is followed
+        by :meth:`reactivate` before its error is raised.
+
         Raises:
             HotLoadFailedError: FAILED or CANCELED (unless ``raise_on_failure=False``).
             HotLoadTimeoutError: the budget ran out before the hot-load ended.
         """
+        if on_failure != "stop" and raise_on_failure:
+            target = self.target
+            target.poll_interval = self.poll_interval if poll_interval is None else poll_interval
+            return cycle.follow(
+                target, hot_load_id, self._budget(timeout), on_failure=on_failure, on_progress=on_progress
+            )
         return wait_for_hot_load(
             self.client,
             hot_load_id,
@@ -380,6 +390,7 @@ class HotLoader:
         base: Mapping[str, Any] | None = None,
         hot_load_id: str | None = None,
         extra_files: Mapping[str, bytes] | None = None,
+        on_failure: str = "stop",
     ) -> HotLoad:
         """Upload a snapshot, create its hot-load and (by default) wait for it.
 
@@ -408,6 +419,9 @@ class HotLoader:
             hot_load_id: the hot-load's permanent id (default a new UUID4).
             extra_files: for tensors: other files of the snapshot, name → bytes, uploaded
                 beside the shards; a FULL snapshot needs ``config.json`` (the served model's).
+            on_failure: ``stop`` raises when the hot-load ends FAILED or CANCELED;
+                ``reactivate`` first brings every replica back to the newest intact identity
+                that completed (:func:`cwtrain.hotload.publish.cycle.reactivate`), then raises.
         """
         return cycle.publish_snapshot(
             self.target,
@@ -422,7 +436,16 @@ class HotLoader:
             base=base,
             hot_load_id=hot_load_id,
             extra_files=extra_files,
+            on_failure=on_failure,
         )
+
+    def reactivate(self, failed_identity: str, *, timeout: float | None = None) -> HotLoad:
+        """Bring every replica back to the newest intact identity that completed, other than ``failed_identity``.
+
+        Raises:
+            CWTrainError: nothing to go back to, or the re-activation failed.
+        """
+        return cycle.reactivate(self.target, failed_identity, budget=self._budget(timeout))
 
     def publish_diff(
         self,
@@ -438,6 +461,7 @@ class HotLoader:
         workers: int = 8,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         hot_load_id: str | None = None,
+        on_failure: str = "stop",
     ) -> HotLoad:
         """Publish the XOR delta from checkpoint ``base`` to checkpoint ``checkpoint`` in one pass.
 
@@ -476,6 +500,7 @@ class HotLoader:
             "workers": workers,
             "on_progress": on_progress,
             "hot_load_id": hot_load_id,
+            "on_failure": on_failure,
         }
         if keep is not None:
             cycle.check_chain(target, identity, previous_identity)  # before the delta is written

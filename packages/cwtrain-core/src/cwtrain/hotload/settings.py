@@ -29,12 +29,22 @@ from typing import Any, Self
 from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
 from cwtrain.errors import ConfigError, SnapshotError
 from cwtrain.hotload.format.identity import validate_identity, version_identity
-from cwtrain.hotload.publish.cadence import DEFAULT_FULL_EVERY, MAX_FULL_EVERY, check_full_every
+from cwtrain.hotload.publish.cadence import (
+    DEFAULT_FULL_EVERY,
+    DEFAULT_FULL_SHARE,
+    DEFAULT_REPLAY_BUDGET,
+    FullEvery,
+    check_full_every,
+    check_full_share,
+    check_replay_budget,
+    parse_full_every,
+)
 from cwtrain.infra.enums import PromptCachePolicy
 
 __all__ = [
     "DEFAULT_API_BASE_URL",
     "DEFAULT_TIMEOUT",
+    "FAILURE_POLICIES",
     "FIELD_VARIABLES",
     "MAX_RUN_ID",
     "HotLoadSettings",
@@ -49,6 +59,8 @@ DEFAULT_API_BASE_URL = "https://api.coreweave.com"
 DEFAULT_TIMEOUT = 1800.0
 #: The longest run id: identities ``<run>-vNNNNNN`` stay within 128 characters.
 MAX_RUN_ID = 120
+#: What a failed hot-load leads to (``HotLoadSettings.on_failure``).
+FAILURE_POLICIES = ("reactivate", "stop")
 
 #: The variable each setting is read from (its default is the field's, declared once below;
 #: ``docs/configuration.md`` is rendered from both).
@@ -64,9 +76,12 @@ FIELD_VARIABLES: Mapping[str, str] = {
     "state_dir": "CWTRAIN_HOTLOAD_STATE_DIR",
     "prompt_cache_policy": "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY",
     "upload_workers": "CWTRAIN_HOTLOAD_UPLOAD_WORKERS",
+    "on_failure": "CWTRAIN_HOTLOAD_ON_FAILURE",
     "api_base_url": "COREWEAVE_API_URL",
     "api_headers": "CWTRAIN_API_HEADERS",
     "api_insecure": "CWTRAIN_API_INSECURE",
+    "full_share": "CWTRAIN_HOTLOAD_FULL_SHARE",
+    "replay_budget": "CWTRAIN_HOTLOAD_REPLAY_BUDGET",
 }
 
 
@@ -140,8 +155,10 @@ class HotLoadSettings:
             readiness, single-flight, completion and verification.
         publish_baseline: publish the base checkpoint as ``<run>-v000000`` (skipped when an
             identical one completed); ``False`` asserts that it exists.
-        full_every: a FULL snapshot every N versions (0-64; 0 never cuts the chain by count).
-        mirror: keep a byte-exact copy of the served weights; ``None`` = on iff ``full_every > 0``.
+        full_every: ``"auto"`` (FULL when a delta costs nearly as much as a FULL, or the chain
+            would make a cold start replay too much: :mod:`~cwtrain.hotload.publish.cadence`),
+            or a FULL snapshot every N versions (0-64; 0 never cuts the chain by count).
+        mirror: keep a byte-exact copy of the served weights; ``None`` = on unless ``full_every`` is 0.
         verify: require every replica READY on the identity after completion.
         state_dir: the local working directory (the served-identity file, staging); empty =
             the framework's default.
@@ -150,6 +167,15 @@ class HotLoadSettings:
         api_base_url: the API origin.
         api_headers: extra API headers (may hold secrets; never shown in ``repr``).
         api_insecure: skip TLS verification of the API.
+        on_failure: what a hot-load that ends FAILED or CANCELED, or completes with replicas
+            not caught up (``verify``) or serving weights the canary refuses, leads to:
+            ``reactivate`` brings every replica back to the newest intact identity that
+            completed and the publish returns a failed outcome (the next version is FULL);
+            ``stop`` raises.
+        full_share: ``auto``: a delta of at least this share of the last FULL's bytes is
+            published FULL (0-1].
+        replay_budget: ``auto``: the deltas since the last FULL hold at most this many FULLs'
+            bytes (a cold start reads at most ``1 + replay_budget`` FULLs).
     """
 
     deployment_id: str
@@ -157,7 +183,7 @@ class HotLoadSettings:
     wait: bool = True
     timeout: float = DEFAULT_TIMEOUT
     publish_baseline: bool = True
-    full_every: int = DEFAULT_FULL_EVERY
+    full_every: FullEvery = DEFAULT_FULL_EVERY
     mirror: bool | None = None
     verify: bool = False
     state_dir: str = ""
@@ -166,6 +192,9 @@ class HotLoadSettings:
     api_base_url: str = DEFAULT_API_BASE_URL
     api_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     api_insecure: bool = False
+    on_failure: str = "reactivate"
+    full_share: float = DEFAULT_FULL_SHARE
+    replay_budget: float = DEFAULT_REPLAY_BUDGET
 
     def __post_init__(self) -> None:
         validate_run_id(self.run_id, "run_id")
@@ -173,20 +202,24 @@ class HotLoadSettings:
             raise ConfigError(f"timeout={self.timeout!r} must be a finite number of seconds > 0")
         if not math.isfinite(self.timeout):
             raise ConfigError(f"timeout={self.timeout!r} must be a finite number of seconds > 0")
-        check_full_every(self.full_every)
-        if self.mirror is False and self.full_every > 0:
+        object.__setattr__(self, "full_every", check_full_every(self.full_every))
+        object.__setattr__(self, "full_share", check_full_share(self.full_share))
+        object.__setattr__(self, "replay_budget", check_replay_budget(self.replay_budget))
+        if self.mirror is False and self.full_every != 0:
             raise ConfigError(
                 f"CWTRAIN_HOTLOAD_MIRROR is off but CWTRAIN_HOTLOAD_FULL_EVERY={self.full_every}: "
                 "FULL cuts are written from the mirror; turn the mirror on or set FULL_EVERY=0"
             )
+        if self.on_failure not in FAILURE_POLICIES:
+            raise ConfigError(f"on_failure={self.on_failure!r} must be one of {', '.join(FAILURE_POLICIES)}")
         if isinstance(self.upload_workers, bool) or self.upload_workers < 1:
             raise ConfigError(f"upload_workers={self.upload_workers!r} must be >= 1")
         object.__setattr__(self, "prompt_cache_policy", PromptCachePolicy.parse(self.prompt_cache_policy))
 
     @property
     def use_mirror(self) -> bool:
-        """Whether the served copy is kept (the explicit setting, else ``full_every > 0``)."""
-        return self.full_every > 0 if self.mirror is None else self.mirror
+        """Whether the served copy is kept (the explicit setting, else unless ``full_every`` is 0)."""
+        return self.full_every != 0 if self.mirror is None else self.mirror
 
     @classmethod
     def from_env(
@@ -256,9 +289,12 @@ def _read(
     values["wait"] = env_bool("CWTRAIN_HOTLOAD_WAIT", default_of("wait"), env)
     values["timeout"] = env_float("CWTRAIN_HOTLOAD_TIMEOUT", default_of("timeout"), env)
     values["publish_baseline"] = env_bool("CWTRAIN_HOTLOAD_PUBLISH_BASELINE", default_of("publish_baseline"), env)
-    values["full_every"] = env_int(
-        "CWTRAIN_HOTLOAD_FULL_EVERY", default_of("full_every"), env, minimum=0, maximum=MAX_FULL_EVERY
+    full_every = env_str("CWTRAIN_HOTLOAD_FULL_EVERY", env)
+    values["full_every"] = default_of("full_every") if full_every is None else parse_full_every(full_every)
+    values["full_share"] = check_full_share(
+        env_float("CWTRAIN_HOTLOAD_FULL_SHARE", default_of("full_share"), env), "CWTRAIN_HOTLOAD_FULL_SHARE"
     )
+    values["replay_budget"] = env_float("CWTRAIN_HOTLOAD_REPLAY_BUDGET", default_of("replay_budget"), env)
     mirror = env_str("CWTRAIN_HOTLOAD_MIRROR", env)
     values["mirror"] = None if mirror is None else env_bool("CWTRAIN_HOTLOAD_MIRROR", False, env)
     values["verify"] = env_bool("CWTRAIN_HOTLOAD_VERIFY", default_of("verify"), env)
@@ -274,4 +310,11 @@ def _read(
     if headers:
         values["api_headers"] = headers
     values["api_insecure"] = env_bool("CWTRAIN_API_INSECURE", default_of("api_insecure"), env)
+    policy = env_str("CWTRAIN_HOTLOAD_ON_FAILURE", env)
+    if policy is not None:
+        if policy.lower() not in FAILURE_POLICIES:
+            raise ConfigError(
+                f"CWTRAIN_HOTLOAD_ON_FAILURE={policy!r} is not a failure policy (use {' or '.join(FAILURE_POLICIES)})"
+            )
+        values["on_failure"] = policy.lower()
     return values

@@ -150,6 +150,11 @@ class EncodedSnapshot:
         """Shards, then the index (the upload order)."""
         return [*self.files, self.index]
 
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of the shards and the index: what storing it takes (the side files of a FULL aside)."""
+        return sum(file.size for file in self.all_files)
+
 
 @dataclass
 class TensorResult:

@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import (
     APIError,
+    CWTrainError,
     FailedPreconditionError,
+    HotLoadFailedError,
     HotLoadInProgressError,
     HotLoadVerificationError,
     SnapshotError,
@@ -63,8 +65,10 @@ __all__ = [
     "check_chain",
     "completed_hot_load",
     "create_hot_load",
+    "follow",
     "hot_loads_newest_first",
     "publish_snapshot",
+    "reactivate",
     "rollback",
     "upload_directory",
     "verify_served",
@@ -350,10 +354,13 @@ def publish_snapshot(
     base: Mapping[str, Any] | None = None,
     hot_load_id: str | None = None,
     extra_files: Mapping[str, bytes] | None = None,
+    on_failure: str = "stop",
 ) -> HotLoad:
     """Upload a snapshot (a directory, its ``SnapshotInfo``, or in-memory tensors), create its hot-load, wait.
 
-    See :meth:`cwtrain.hotload.loader.HotLoader.publish` for the arguments.
+    See :meth:`cwtrain.hotload.loader.HotLoader.publish` for the arguments. With
+    ``on_failure="reactivate"`` a hot-load that ends FAILED or CANCELED is followed by
+    :func:`reactivate` before its error is raised.
     """
     validate_identity(identity)
     if previous_identity:  # before anything is listed, encoded or uploaded
@@ -388,7 +395,35 @@ def publish_snapshot(
     )
     if not wait:
         return hot_load
-    return wait_for_hot_load(target.client, hot_load.id, budget, interval=target.poll_interval, on_progress=on_progress)
+    return follow(target, hot_load.id, budget, on_failure=on_failure, on_progress=on_progress)
+
+
+def follow(
+    target: Target,
+    hot_load_id: str,
+    budget: Budget,
+    *,
+    on_failure: str = "stop",
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+) -> HotLoad:
+    """Wait for hot-load ``hot_load_id`` to end; with ``on_failure="reactivate"``, bring the fleet back if it failed.
+
+    Raises:
+        HotLoadFailedError: it ended FAILED or CANCELED (after the re-activation, which the
+            message names, when asked for).
+        HotLoadTimeoutError: the budget ran out first.
+    """
+    try:
+        return wait_for_hot_load(
+            target.client, hot_load_id, budget, interval=target.poll_interval, on_progress=on_progress
+        )
+    except HotLoadFailedError as error:
+        if on_failure != "reactivate":
+            raise
+        back = reactivate(target, error.hot_load.identity, budget=Budget(budget.total))
+        raise HotLoadFailedError(
+            error.hot_load, error.replicas, f"{error}; every replica serves {back.identity!r} again (re-activated)"
+        ) from error
 
 
 def rollback(
@@ -411,9 +446,8 @@ def rollback(
             f"no COMPLETED hot-load of {identity!r} on deployment {target.deployment_id}; "
             "only identities that were served can be rolled back to (see `cwtrain hotload list`)"
         )
-    identities = [ref.identity for ref in prior.snapshot_chain] or [identity]
+    missing = _missing_objects(target, prior)
     store = target.store
-    missing = [ident for ident in identities if not store.index_exists(ident)]
     if missing:
         raise SnapshotError(
             f"cannot roll back to {identity!r}: the snapshot objects of {', '.join(map(repr, missing))} are gone "
@@ -432,3 +466,50 @@ def rollback(
     if not wait:
         return hot_load
     return wait_for_hot_load(target.client, hot_load.id, budget, interval=target.poll_interval)
+
+
+def _missing_objects(target: Target, hot_load: HotLoad) -> list[str]:
+    """The identities of ``hot_load``'s chain (itself, for a FULL) whose index is no longer stored."""
+    identities = [ref.identity for ref in hot_load.snapshot_chain] or [hot_load.identity]
+    return [identity for identity in identities if not target.store.index_exists(identity)]
+
+
+def reactivate(target: Target, failed_identity: str, *, budget: Budget) -> HotLoad:
+    """Bring every replica back to one identity after a failed hot-load of ``failed_identity``.
+
+    The newest identity other than ``failed_identity`` that completed on this deployment and
+    whose objects (and its chain's) are still in the bucket is hot-loaded again
+    (:func:`rollback`), waited for, and checked: every replica READY on it.
+
+    Returns:
+        the completed re-activation.
+
+    Raises:
+        CWTrainError: no completed identity to go back to (the error of each candidate tried
+            is named), or the re-activation itself failed.
+    """
+    tried: list[str] = []
+    seen: set[str] = set()
+    for hot_load in hot_loads_newest_first(target):
+        identity = hot_load.identity
+        if hot_load.state is not HotLoadState.COMPLETED or identity == failed_identity or identity in seen:
+            continue
+        seen.add(identity)
+        missing = _missing_objects(target, hot_load)
+        if missing:
+            tried.append(f"{identity} (objects gone: {', '.join(missing)})")
+            continue
+        log.warning(
+            "hot-load of %r failed: re-activating %r, the newest intact identity that completed, on every replica",
+            failed_identity,
+            identity,
+        )
+        done = rollback(target, identity, budget=budget)
+        verify_served(target, done.id, identity)
+        return done
+    raise CWTrainError(
+        f"the hot-load of {failed_identity!r} failed and no completed identity of deployment {target.deployment_id} "
+        "can be re-activated"
+        + (f" (tried: {'; '.join(tried)})" if tried else " (none completed before)")
+        + "; publish a FULL snapshot"
+    )

@@ -16,6 +16,13 @@ or a driver) writes the index over every rank's shards and runs the hot-load cyc
   every tensor on every rank); :func:`number_by_counts` numbers each rank's files once the
   ranks' file counts are all-gathered (slime).
 * :func:`commit_shares` writes the index last, refusing until every shard it names is stored.
+* The cost rule of ``CWTRAIN_HOTLOAD_FULL_EVERY=auto``: a delta plan carries
+  ``cut_at_bytes``; the ranks encode their delta shares and report their shard bytes
+  (the file-count all-gather of :func:`~cwtrain.hotload.publish.spmd.publish_spmd`, or the
+  driver's :meth:`RankShare.encode_owned` round); when their sum reaches ``cut_at_bytes`` the
+  version is FULL and every rank builds its FULL share from its served copy
+  (:meth:`RankShare.full_from_served`: the new weights are the served copy plus the changed
+  tensors; the checksums are the delta encode's), so nothing is gathered or encoded twice.
 * :class:`Collective`: the two collectives a distributed publish needs, which a plug-in
   implements over its own process group (``torch.distributed`` in slime); :class:`SingleProcess`
   is a world of one. :func:`cwtrain.hotload.publish.spmd.publish_spmd` runs one version over them.
@@ -38,7 +45,7 @@ import math
 import sys
 import time
 from collections.abc import Buffer, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from cwtrain.errors import SnapshotError
@@ -94,6 +101,11 @@ class PlannedVersion(Protocol):
         """The predecessor of a delta."""
         ...
 
+    @property
+    def cut_at_bytes(self) -> int | None:
+        """A delta of at least this many bytes is published FULL (``None``: no cost rule)."""
+        ...
+
 
 class Collective(Protocol):
     """The collectives of a distributed publish (a plug-in implements them over its process group)."""
@@ -137,6 +149,8 @@ class SharePlan:
         path_prefix: the deployment's hot-load path prefix.
         upload_workers: objects uploaded in parallel per rank.
         shard_bytes: payload limit of one shard.
+        cut_at_bytes: a delta whose shards, all ranks together, hold at least this many
+            bytes is published FULL instead (``auto``); ``None``: no cost rule.
     """
 
     identity: str
@@ -146,11 +160,23 @@ class SharePlan:
     path_prefix: str
     upload_workers: int = 8
     shard_bytes: int = DEFAULT_SHARD_BYTES
+    cut_at_bytes: int | None = None
 
     @classmethod
     def of(cls, plan: PlannedVersion, store: SnapshotStore, *, upload_workers: int = 8) -> SharePlan:
         """The share plan of a session's version plan, for the deployment's store."""
-        return cls(plan.identity, plan.full, plan.previous_identity, store.bucket, store.path_prefix, upload_workers)
+        return cls(
+            plan.identity, plan.full, plan.previous_identity, store.bucket, store.path_prefix, upload_workers,
+            cut_at_bytes=None if plan.full else plan.cut_at_bytes,
+        )  # fmt: skip
+
+    def cuts(self, delta_bytes: int) -> bool:
+        """Whether a delta of ``delta_bytes`` (every rank's shards) makes this version FULL."""
+        return not self.full and self.cut_at_bytes is not None and delta_bytes >= self.cut_at_bytes
+
+    def as_full(self) -> SharePlan:
+        """This version as a FULL snapshot."""
+        return replace(self, full=True, previous_identity=None, cut_at_bytes=None)
 
 
 @dataclass
@@ -360,6 +386,7 @@ class RankShare:
         self.on_device = on_device
         self.served: dict[str, Any] = {}
         self._pending: dict[str, Any] | None = None
+        self._encoded: tuple[EncodedShare, list[tuple[str, int]], bool] | None = None
 
     def seed(self, served: Mapping[str, Any]) -> None:
         """Start from ``served`` (the weights the replicas hold, byte-exact), e.g. the base checkpoint's.
@@ -372,6 +399,7 @@ class RankShare:
             for name, value in served.items()
         }
         self._pending = None
+        self._encoded = None
 
     def _keep(self, name: str, tensor: Any) -> Any:
         if self.on_device and _is_torch(tensor):
@@ -418,6 +446,33 @@ class RankShare:
         return EncodedShare(
             files, weight_map, state.checksums, state.total, state.changed_bytes, time.perf_counter() - started
         )
+
+    def full_from_served(
+        self, plan: SharePlan, encoded: EncodedShare, *, layout: Mapping[str, str] | None = None
+    ) -> EncodedShare:
+        """This rank's FULL share of a version whose delta share :meth:`encode` made (the cost rule cut it).
+
+        The new weights are the served copy with the changed tensors waiting for
+        :meth:`commit`; the checksums are the ones the delta's encode computed. Nothing is
+        gathered or XORed again: only the FULL's shards are laid out (host copies of
+        tensors kept on the device).
+
+        Args:
+            plan: the version, FULL.
+            encoded: this rank's delta share of it.
+            layout: tensor → shard name fixed in advance (FULL names); default: the
+                encoder's own, to be numbered with :func:`number_by_counts`.
+        """
+        started = time.perf_counter()
+        pending = self._pending or {}
+        host: dict[str, TensorData] = {}
+        for name in encoded.checksums:
+            value = pending[name] if name in pending else self.served[name]
+            host[name] = host_copy(name, value) if _is_torch(value) else as_tensor_data(name, value)
+        with DeltaEncoder(shard_bytes=plan.shard_bytes) as encoder:
+            files, weight_map = self._full_files(encoder, host, encoded.checksums, layout)
+        seconds = encoded.stage_seconds + time.perf_counter() - started
+        return EncodedShare(files, weight_map, dict(encoded.checksums), encoded.total_size, encoded.total_size, seconds)
 
     def _encode_chunk(
         self, plan: SharePlan, chunk: Chunk, encoder: DeltaEncoder, device: Any, state: _Encoding
@@ -524,7 +579,20 @@ class RankShare:
 
         Tensor ``i`` belongs to rank ``i % world_size``; shard names come from
         :func:`layout_by_sizes`. Errors are reported in the result, never raised, so the
-        committing process sees every rank's.
+        committing process sees every rank's. :meth:`encode_owned` then :meth:`store_encoded`
+        is the same in two rounds, with the committing process weighing the delta between.
+        """
+        encoded = self.encode_owned(plan, params)
+        if encoded.error:
+            return encoded
+        return self.store_encoded(plan, s3)
+
+    def encode_owned(self, plan: SharePlan, params: Iterable[tuple[str, Any]]) -> ShareResult:
+        """The first half of :meth:`publish_owned`: encode this rank's share and keep it; report its sizes.
+
+        The result carries ``payload_bytes`` (this rank's shard bytes: the committing process
+        sums them and weighs the delta, :meth:`~cwtrain.hotload.publish.session.PublishSession.weigh`),
+        ``tensors_changed``, ``bytes_changed`` and ``stage_seconds``, or the error.
         """
         try:
             sizes: list[tuple[str, int]] = []
@@ -535,6 +603,37 @@ class RankShare:
                     owned[name] = tensor.detach().contiguous() if _is_torch(tensor) else tensor
             layout = layout_by_sizes(sizes, self.rank, self.world_size, full=plan.full, shard_bytes=plan.shard_bytes)
             encoded = self.encode(plan, [list(owned.items())], layout=layout)
+        except Exception as exc:
+            self.discard()
+            return ShareResult(rank=self.rank, error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
+        self._encoded = (encoded, sizes, plan.full)
+        return ShareResult(
+            rank=self.rank,
+            tensors_changed=len(encoded.weight_map),
+            bytes_changed=encoded.bytes_changed,
+            payload_bytes=sum(f.size for f in encoded.files),
+            stage_seconds=encoded.stage_seconds,
+        )
+
+    def store_encoded(self, plan: SharePlan, s3: Any) -> ShareResult:
+        """The second half of :meth:`publish_owned`: store what :meth:`encode_owned` kept, as ``plan`` says.
+
+        ``plan`` FULL for a share encoded as a delta (the committing process cut the chain):
+        the FULL share is built from the served copy (:meth:`full_from_served`) with the
+        FULL layout of the same tensor sizes. Errors are reported in the result.
+        """
+        kept, self._encoded = self._encoded, None
+        try:
+            if kept is None:
+                raise SnapshotError(f"nothing encoded for {plan.identity}: call encode_owned first")
+            encoded, sizes, full = kept
+            if plan.full and not full:
+                layout = layout_by_sizes(sizes, self.rank, self.world_size, full=True, shard_bytes=plan.shard_bytes)
+                encoded = self.full_from_served(plan, encoded, layout=layout)
+            elif full and not plan.full:
+                raise SnapshotError(
+                    f"{plan.identity} was encoded FULL on rank {self.rank}; it cannot be stored as a delta"
+                )
             return self.store(plan, encoded, s3)
         except Exception as exc:
             self.discard()
@@ -545,10 +644,12 @@ class RankShare:
         if self._pending is not None:
             self.served.update(self._pending)
             self._pending = None
+        self._encoded = None
 
     def discard(self) -> None:
         """The publish failed: keep the previous served copy (the next version is FULL)."""
         self._pending = None
+        self._encoded = None
 
 
 def _device_encoder(encoder: DeltaEncoder) -> Any:

@@ -19,8 +19,35 @@ Distributed publishers make a plan on the committing process, let every rank sto
 share (:mod:`cwtrain.hotload.publish.distributed`), and finish with
 :meth:`PublishSession.commit_shares`.
 
-After a failed publish the replicas keep what they served, so the cadence makes the next
-version FULL; the error is raised after the outcome (``failed=1``) reached the sink.
+**When a hot-load fails.** A hot-load that ends FAILED or CANCELED, that completes while
+``verify`` finds replicas not caught up, or whose served weights the optional canary refuses,
+may leave the fleet serving a mix. With ``on_failure="reactivate"`` (the integrations'
+default) the session re-activates the newest intact identity that completed, waits until
+every replica serves it (:func:`cwtrain.hotload.publish.cycle.reactivate`), logs why, and
+returns an outcome with ``failed=1`` and ``reactivated=1``: the run goes on, and its next
+version is FULL. With ``stop`` the error is raised (after the outcome reached the sink), as
+is any failure before a hot-load was created (the fleet did not change then).
+
+**The canary** (``canary=``): after each hot-load the deployment scores a fixed probe and
+the integration's trainer scores it too (:class:`cwtrain.integrations.rollout.Canary`); a gap
+above the bound fails the publish, as above (``hotload/canary_gap``).
+
+**Followers** (``followers=``) are told ``(run_id, version)`` whenever the fleet serves a
+version of the run: a rollout sampler in the same process learns the newest version it may
+sample from (``cwtrain.integrations.rollout.note_published``).
+
+**FULL or delta.** :meth:`PublishSession.begin` decides what needs no measurement (nothing
+served yet, after a failure, the count, the 63-delta limit). With
+``CWTRAIN_HOTLOAD_FULL_EVERY=auto`` a delta plan is then weighed once its size is known and
+before any byte of it is uploaded (:meth:`PublishSession.weigh`): at least 90 % of the last
+FULL's bytes, or a chain that would make a cold replica replay more than two FULLs' bytes,
+publishes the version FULL instead. No source encodes twice to decide: ``publish_tensors``
+and ``publish_diff`` encode the delta in memory and upload it or build the FULL (from the
+tensors, or the new checkpoint's directory); a delta directory is weighed by its files'
+sizes (:meth:`PublishSession.weigh_directory`; slime's FULL then comes from its mirror); a
+distributed publish weighs the sum of the ranks' shard bytes (:func:`~cwtrain.hotload.publish.spmd.publish_spmd`).
+The decision and its reason are logged and reach the metrics as ``hotload/cut_reason``
+(:class:`~cwtrain.hotload.publish.cadence.CutReason`'s code) and ``hotload/replay_bytes``.
 """
 
 from __future__ import annotations
@@ -29,16 +56,16 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.closing import Closing
-from cwtrain.errors import CWTrainError, SnapshotError, UsageError
+from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError, SnapshotError, UsageError
 from cwtrain.hotload.follow import ProgressEvent, wait_for_hot_load
 from cwtrain.hotload.format.identity import identity_version, version_identity
 from cwtrain.hotload.publish import cycle
-from cwtrain.hotload.publish.cadence import ChainCadence
+from cwtrain.hotload.publish.cadence import ChainCadence, CutReason
 from cwtrain.hotload.publish.manifest import snapshot_manifest
 from cwtrain.hotload.settings import HotLoadSettings
 from cwtrain.infra.enums import HotLoadState, SnapshotType
@@ -46,11 +73,22 @@ from cwtrain.infra.models import HotLoad
 from cwtrain.polling import Budget
 
 if TYPE_CHECKING:
+    from cwtrain.hotload.codec.encode import EncodedSnapshot
+    from cwtrain.hotload.files.validate import SnapshotInfo
     from cwtrain.hotload.loader import HotLoader
     from cwtrain.hotload.publish.distributed import ShareResult
     from cwtrain.hotload.publish.store import StoredSnapshot
 
-__all__ = ["METRIC_PREFIX", "POLL_INTERVAL", "PublishOutcome", "PublishSession", "VersionPlan", "build_loader"]
+__all__ = [
+    "METRIC_PREFIX",
+    "POLL_INTERVAL",
+    "CheckResult",
+    "PublishOutcome",
+    "PublishSession",
+    "ServedCheck",
+    "VersionPlan",
+    "build_loader",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +112,32 @@ def build_loader(settings: HotLoadSettings) -> HotLoader:
     return HotLoader(client, settings.deployment_id, timeout=settings.timeout, poll_interval=POLL_INTERVAL)
 
 
+class CheckResult(Protocol):
+    """What a served-weights check answers (:class:`cwtrain.integrations.rollout.CanaryResult` is one)."""
+
+    @property
+    def passed(self) -> bool:
+        """The deployment serves the trainer's weights, within the bound."""
+        ...
+
+    @property
+    def gap(self) -> float:
+        """The largest gap found (nats)."""
+        ...
+
+    def summary(self) -> str:
+        """One line on what was found."""
+        ...
+
+
+class ServedCheck(Protocol):
+    """A check of what the fleet serves after a hot-load (the canary)."""
+
+    def check(self, *, identity: str | None = None) -> CheckResult:
+        """Check the deployment; every answer should come from ``identity``."""
+        ...
+
+
 @dataclass(frozen=True)
 class VersionPlan:
     """One version about to be published: what :meth:`PublishSession.begin` decided.
@@ -87,6 +151,10 @@ class VersionPlan:
         measured: outcome fields a publisher measured before the session took over (its
             served copy's figures: ``mirror_seconds``, ``tensors_verified``, ...), set with
             :meth:`measure`.
+        cut_reason: why the version is FULL (``NONE`` for a delta).
+        cut_at_bytes: a delta plan under ``auto``: a delta of at least this many bytes (as
+            stored) is published FULL instead (:meth:`PublishSession.weigh`); ``None``: no
+            cost rule applies.
     """
 
     version: int
@@ -95,6 +163,8 @@ class VersionPlan:
     previous_identity: str | None
     budget: Budget = field(compare=False)
     measured: dict[str, float] = field(default_factory=dict, compare=False)
+    cut_reason: CutReason = field(default=CutReason.NONE, compare=False)
+    cut_at_bytes: int | None = field(default=None, compare=False)
 
     @property
     def snapshot_type(self) -> SnapshotType:
@@ -112,6 +182,10 @@ class VersionPlan:
             raise UsageError(f"not PublishOutcome figures: {unknown}")
         self.measured.update(figures)
         return self
+
+    def cut(self, reason: CutReason) -> VersionPlan:
+        """This version as a FULL snapshot (chain cut) for ``reason``; the budget and measured figures carry over."""
+        return replace(self, full=True, previous_identity=None, cut_reason=reason, cut_at_bytes=None)
 
 
 @dataclass
@@ -145,8 +219,17 @@ class PublishOutcome:
         replicas_ready: replicas serving the identity at the end of the wait.
         replicas_total: replicas of the deployment.
         replicas_verified: replicas checked READY on the identity (``CWTRAIN_HOTLOAD_VERIFY``).
+        reactivated: after a failed hot-load, every replica was brought back to the
+            identity of ``served_version`` (the policy ``reactivate``).
+        canary_checked: the canary ran after the hot-load.
+        canary_gap: its largest gap (nats; 0 when it did not run).
         served_version: the version the replicas serve afterwards (-1: none of this run).
         chain_length: deltas since the chain's FULL snapshot, after this version.
+        cut_reason: why the snapshot is FULL, as :class:`~cwtrain.hotload.publish.cadence.CutReason`'s
+            code (0 none: a delta or nothing; 1 first, 2 requested, 3 failed, 4 count,
+            5 chain_limit, 6 share, 7 replay).
+        replay_bytes: bytes a cold replica reads to serve the served version afterwards: the
+            chain's FULL snapshot and every delta since.
         hot_load: the hot-load as last read (``None`` when none was created).
     """
 
@@ -172,8 +255,13 @@ class PublishOutcome:
     replicas_ready: int = 0
     replicas_total: int = 0
     replicas_verified: int = 0
+    reactivated: bool = False
+    canary_checked: bool = False
+    canary_gap: float = 0.0
     served_version: int = -1
     chain_length: int = 0
+    cut_reason: int = 0
+    replay_bytes: int = 0
     hot_load: HotLoad | None = field(default=None, repr=False)
 
     def metrics(self) -> dict[str, float]:
@@ -198,6 +286,9 @@ class PublishSession(Closing):
         loader: the :class:`~cwtrain.hotload.loader.HotLoader` to use (default: built from
             ``settings`` on first use).
         sink: called with every :class:`PublishOutcome` (the plug-in's logger), failures included.
+        canary: checked after every hot-load (when waiting); a failed check fails the publish.
+        followers: called with ``(run_id, version)`` whenever the fleet serves a version of
+            this run (a rollout sampler's ``note_published``).
 
     Attributes:
         settings: the settings.
@@ -216,11 +307,15 @@ class PublishSession(Closing):
         *,
         loader: HotLoader | None = None,
         sink: Callable[[PublishOutcome], None] | None = None,
+        canary: ServedCheck | None = None,
+        followers: Sequence[Callable[[str, int], None]] = (),
     ) -> None:
         self.settings = settings
         self._loader = loader
         self.sink = sink
-        self.cadence = ChainCadence(settings.full_every)
+        self.canary = canary
+        self.followers: list[Callable[[str, int], None]] = list(followers)
+        self.cadence = ChainCadence(settings.full_every, settings.full_share, settings.replay_budget)
         self.served_identity: str | None = None
         self.last_version = -1
         self.last_attempted = -1
@@ -278,14 +373,65 @@ class PublishSession(Closing):
                 "versions must increase (a failed version's identity is not published again)"
             )
         position = number if cadence_position is None else cadence_position
-        cut = full or self.served_identity is None or self.cadence.is_full(position)
-        return VersionPlan(
+        if self.served_identity is None:
+            reason = CutReason.FIRST
+        elif full:
+            reason = CutReason.REQUESTED
+        else:
+            reason = self.cadence.reason(position)
+        cut = reason is not CutReason.NONE
+        plan = VersionPlan(
             version=number,
             identity=self.identity(number),
             full=cut,
             previous_identity=None if cut else self.served_identity,
             budget=Budget(self.settings.timeout),
+            cut_reason=reason,
+            cut_at_bytes=None if cut else self.cadence.delta_limit(),
         )
+        if cut:
+            log.info("%s: FULL (%s)", plan.identity, reason.label)
+        elif plan.cut_at_bytes is None:
+            log.info("%s: a delta on %s (chain of %d deltas)", plan.identity, plan.previous_identity,
+                     self.cadence.deltas_in_chain)  # fmt: skip
+        else:
+            log.debug("%s: a delta on %s unless it reaches %d bytes", plan.identity, plan.previous_identity,
+                      plan.cut_at_bytes)  # fmt: skip
+        return plan
+
+    def weigh(self, plan: VersionPlan, delta_bytes: int) -> VersionPlan:
+        """The cost rule of ``auto``: ``plan``, or its FULL cut when its delta of ``delta_bytes`` costs too much.
+
+        Call it once the delta's size is known (as it would be stored: shards and index) and
+        before any byte of it is uploaded. A FULL plan, or one no cost rule applies to
+        (a fixed count, or no FULL of known size yet), comes back unchanged. The decision
+        and its reason are logged.
+
+        Raises:
+            UsageError: ``delta_bytes`` is negative.
+        """
+        if delta_bytes < 0:
+            raise UsageError(f"delta_bytes={delta_bytes} of {plan.identity} must be >= 0")
+        if plan.full or plan.cut_at_bytes is None:
+            return plan
+        described = self.cadence.describe(delta_bytes)
+        reason = self.cadence.cost_reason(delta_bytes) if delta_bytes >= plan.cut_at_bytes else CutReason.NONE
+        if reason is CutReason.NONE:
+            log.info("%s: a delta on %s (%s)", plan.identity, plan.previous_identity, described)
+            return plan
+        log.info("%s: FULL instead of a delta (%s: %s)", plan.identity, reason.label, described)
+        return plan.cut(reason)
+
+    def weigh_directory(self, plan: VersionPlan, directory: str | os.PathLike[str]) -> VersionPlan:
+        """:meth:`weigh` a delta directory by what uploading it stores (its files and the uploaded index); nothing is encoded."""
+        if plan.full or plan.cut_at_bytes is None:
+            return plan
+        from cwtrain.hotload.files.validate import inspect_snapshot
+
+        info = inspect_snapshot(os.fspath(directory), previous_identity=plan.previous_identity, allow_empty_delta=True)
+        if not info.incremental or info.empty_delta:
+            return plan
+        return self.weigh(plan, _directory_bytes(info, plan.identity))
 
     # ------------------------------------------------------------------ sources
 
@@ -300,22 +446,25 @@ class PublishSession(Closing):
             checksums: the Adler-32 of every tensor of the full weights at this version
                 (for the manifest; none is written without them).
         """
+        with self._run(plan, checksums) as run:
+            self._publish_directory(run, directory)
+        return run.outcome
+
+    def _publish_directory(self, run: _Run, directory: str | os.PathLike[str]) -> None:
         from cwtrain.hotload.files.validate import inspect_snapshot
 
-        with self._run(plan, checksums) as run:
-            started = time.perf_counter()
-            info = inspect_snapshot(os.fspath(directory), previous_identity=plan.previous_identity)
-            if (info.type == "INCREMENTAL") == plan.full:
-                raise SnapshotError(
-                    f"{directory} is a {info.type} snapshot but version {plan.version} is planned "
-                    f"{plan.snapshot_type.name}"
-                )
-            run.outcome.stage_seconds += time.perf_counter() - started
-            started = time.perf_counter()
-            stored = cycle.upload_directory(self._target, info, plan.identity, workers=self.settings.upload_workers)
-            run.stored(stored, time.perf_counter() - started)
-            self._hot_load(run, info=info)
-        return run.outcome
+        plan = run.plan
+        started = time.perf_counter()
+        info = inspect_snapshot(os.fspath(directory), previous_identity=plan.previous_identity)
+        if (info.type == "INCREMENTAL") == plan.full:
+            raise SnapshotError(
+                f"{directory} is a {info.type} snapshot but version {plan.version} is planned {plan.snapshot_type.name}"
+            )
+        run.outcome.stage_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        stored = cycle.upload_directory(self._target, info, plan.identity, workers=self.settings.upload_workers)
+        run.stored(stored, time.perf_counter() - started)
+        self._hot_load(run, info=info)
 
     def publish_tensors(
         self,
@@ -329,7 +478,10 @@ class PublishSession(Closing):
         """Publish in-memory tensors: FULL, or an XOR delta against ``base`` (what the replicas serve).
 
         An empty delta publishes nothing (the version is recorded as skipped). The encode
-        overlaps the upload, so its time is part of ``upload_seconds``.
+        overlaps the upload, so its time is part of ``upload_seconds``. Under ``auto`` a
+        delta is encoded in memory and weighed (:meth:`weigh`) before any byte is uploaded;
+        when it costs too much the version is published FULL from ``tensors`` instead (so
+        pass ``extra_files`` with a delta plan too).
 
         Args:
             plan: from :meth:`begin`.
@@ -341,34 +493,63 @@ class PublishSession(Closing):
         """
         with self._run(plan, checksums) as run:
             started = time.perf_counter()
-            stored = self._target.store.upload_tensors(
-                tensors,
-                plan.identity,
-                previous_identity=plan.previous_identity,
-                base=None if plan.full else base,
-                workers=self.settings.upload_workers,
-                extra_files=extra_files if plan.full else None,
-                allow_empty=True,
-            )
+            stored = self._upload_tensors(run, tensors, base, extra_files)
+            if stored.declined:
+                run.outcome.stage_seconds += time.perf_counter() - started  # the delta's encode
+                started = time.perf_counter()
+                stored = self._upload_tensors(run, tensors, base, extra_files)
             if stored.empty:
                 return run.skip_empty()
             run.stored(stored, time.perf_counter() - started)
             self._hot_load(run)
         return run.outcome
 
+    def _upload_tensors(
+        self,
+        run: _Run,
+        tensors: Mapping[str, Any],
+        base: Mapping[str, Any] | None,
+        extra_files: Mapping[str, bytes] | None,
+    ) -> StoredSnapshot:
+        """Upload ``run``'s version from tensors; a delta weighed under ``auto`` may come back declined (``run`` cut)."""
+        plan = run.plan
+        return self._target.store.upload_tensors(
+            tensors,
+            plan.identity,
+            previous_identity=plan.previous_identity,
+            base=None if plan.full else base,
+            workers=self.settings.upload_workers,
+            extra_files=extra_files if plan.full else None,
+            allow_empty=True,
+            accept=None if plan.full or plan.cut_at_bytes is None else run.accept,
+        )
+
     def publish_diff(
         self, plan: VersionPlan, checkpoint: str | os.PathLike[str], base: str | os.PathLike[str]
     ) -> PublishOutcome:
         """Publish checkpoint ``checkpoint``: FULL from its directory, or as the delta from checkpoint ``base``.
 
-        ``base`` holds the weights the replicas serve (byte-exact). An empty delta publishes nothing.
+        ``base`` holds the weights the replicas serve (byte-exact). An empty delta publishes
+        nothing. Under ``auto`` the delta is encoded in memory and weighed (:meth:`weigh`);
+        when it costs too much, ``checkpoint``'s directory is published FULL instead.
         """
         if plan.full:
             return self.publish_directory(plan, checkpoint)
         from cwtrain.hotload.files.checkpoint import open_checkpoint
 
-        with open_checkpoint(os.fspath(base)) as old, open_checkpoint(os.fspath(checkpoint)) as new:
-            return self.publish_tensors(plan, new.tensors, base=old.tensors)
+        with self._run(plan, None) as run:
+            started = time.perf_counter()
+            with open_checkpoint(os.fspath(base)) as old, open_checkpoint(os.fspath(checkpoint)) as new:
+                stored = self._upload_tensors(run, new.tensors, old.tensors, None)
+            if stored.declined:
+                run.outcome.stage_seconds += time.perf_counter() - started  # the delta's encode
+                self._publish_directory(run, checkpoint)
+                return run.outcome
+            if stored.empty:
+                return run.skip_empty()
+            run.stored(stored, time.perf_counter() - started)
+            self._hot_load(run)
+        return run.outcome
 
     def commit_shares(
         self,
@@ -380,7 +561,8 @@ class PublishSession(Closing):
         """Finish a distributed publish: every rank stored its share; write the index and hot-load.
 
         An empty delta (no rank wrote a shard) publishes nothing. The manifest gets the
-        checksums every rank reported.
+        checksums every rank reported. Under ``auto`` ``plan`` is the one :meth:`weigh`
+        returned for the sum of the ranks' shard bytes (the ranks stored FULL shares for a cut).
 
         Raises:
             CWTrainError: a rank reported an error (nothing is committed).
@@ -448,6 +630,7 @@ class PublishSession(Closing):
         log.info("baseline %s already completed with the same weights; not published again", plan.identity)
         with self._run(plan, None, manifest=False) as run:
             run.outcome.baseline_skipped = True
+            run.full_bytes = self._stored_bytes(plan.identity)
             if self.loader.current_identity() != plan.identity:
                 started = time.perf_counter()
                 hot_load = cycle.rollback(self._target, plan.identity, wait=False, budget=plan.budget)
@@ -457,7 +640,8 @@ class PublishSession(Closing):
     def skip(self, plan: VersionPlan) -> PublishOutcome:
         """Record ``plan``'s version as an empty delta (nothing changed): nothing is published."""
         with self._run(plan, None) as run:
-            return run.skip_empty()
+            run.skip_empty()
+        return run.outcome
 
     # ------------------------------------------------------------------ the cycle
 
@@ -503,29 +687,63 @@ class PublishSession(Closing):
         outcome.hot_load = hot_load
         outcome.completed = hot_load.state is HotLoadState.COMPLETED
         outcome.hot_load_seconds = time.perf_counter() - started
+        if self.canary is not None and outcome.completed:
+            result = self.canary.check(identity=plan.identity)
+            outcome.canary_checked, outcome.canary_gap = True, float(result.gap)
+            if not result.passed:
+                raise HotLoadVerificationError(hot_load, [], [f"canary: {result.summary()}"])
 
-    def _ended(self, run: _Run, error: BaseException | None) -> None:
-        """The bookkeeping after a version's work: the cadence, the served identity, the manifest, the sink."""
+    def _ended(self, run: _Run, error: BaseException | None) -> bool:
+        """The bookkeeping after a version's work: the cadence, the served identity, the manifest, the sink.
+
+        Returns ``True`` when a failed hot-load was answered by re-activating what was served
+        (the error is then not raised).
+        """
         plan, outcome = run.plan, run.outcome
         self.last_attempted = max(self.last_attempted, plan.version)
+        handled = False
         if error is not None:
-            self.cadence.failed()  # the replicas keep what they served: the next version is FULL
+            self.cadence.failed()  # the replicas keep (or get back) what they served: the next version is FULL
             outcome.failed = True
+            handled = self._reactivate(run, error)
         else:
             self.last_version = max(self.last_version, plan.version)
             if not outcome.skipped_empty:
-                self.cadence.published(full=plan.full)
+                self.cadence.published(full=plan.full, snapshot_bytes=run.cadence_bytes)
                 self.record_served(plan.identity)
                 if run.manifest and run.checksums is not None:
                     self.write_manifest(plan.identity, plan.version, run.checksums)
         outcome.publish_seconds = time.perf_counter() - run.started
         outcome.served_version = self.served_version if self.served_version is not None else -1
         outcome.chain_length = self.cadence.deltas_in_chain
+        outcome.replay_bytes = self.cadence.replay_bytes
         if self.sink is not None:
             try:
                 self.sink(outcome)
             except Exception:  # a logger must never fail a publish
                 log.warning("the metrics sink failed on version %d", outcome.version, exc_info=True)
+        if (error is None or handled) and outcome.served_version >= 0:
+            for follower in self.followers:
+                follower(self.run_id, outcome.served_version)
+        return handled
+
+    def _reactivate(self, run: _Run, error: BaseException) -> bool:
+        """After a failed hot-load, the policy's answer: bring every replica back to one identity (or not)."""
+        failed_hot_load = isinstance(error, HotLoadFailedError | HotLoadVerificationError) and run.outcome.published
+        if self.settings.on_failure != "reactivate" or not failed_hot_load:
+            return False
+        log.warning("publishing %s failed (%s); re-activating what the fleet served", run.plan.identity, error)
+        try:
+            back = cycle.reactivate(self._target, run.plan.identity, budget=Budget(self.settings.timeout))
+        except Exception as exc:
+            raise CWTrainError(
+                f"publishing {run.plan.identity} failed ({error}), and so did bringing the fleet back: {exc}"
+            ) from exc
+        self.served_identity = back.identity
+        run.outcome.reactivated = True
+        if self.settings.state_dir:
+            self.record_served(back.identity)
+        return True
 
     # ------------------------------------------------------------------ records
 
@@ -555,6 +773,16 @@ class PublishSession(Closing):
         except Exception as exc:  # manifests only help resumes: warn, never fail the step
             log.warning("could not write the manifest of %s: %s", identity, exc)
 
+    def _stored_bytes(self, identity: str) -> int | None:
+        """The stored size of a snapshot published before (the cadence's FULL size); ``None`` when unreadable."""
+        try:
+            return self._target.store.stored_bytes(identity)
+        except Exception as exc:  # the cost rules wait for the next FULL
+            log.warning(
+                "could not list %s to learn its size (%s); the cost rules wait for the next FULL", identity, exc
+            )
+            return None
+
     def _manifest_matches(self, identity: str, checksums: Mapping[str, str]) -> bool:
         try:
             manifest = self.loader.read_manifest(identity)
@@ -575,11 +803,37 @@ class _Run:
         self.checksums = dict(checksums) if checksums is not None else None
         self.manifest = manifest
         self.started = time.perf_counter()
+        #: The stored size of a FULL published before (a skipped baseline), for the cadence.
+        self.full_bytes: int | None = None
         self.outcome = PublishOutcome(
-            version=plan.version, identity=plan.identity, chain_cut=plan.full, incremental=not plan.full
+            version=plan.version,
+            identity=plan.identity,
+            chain_cut=plan.full,
+            incremental=not plan.full,
+            cut_reason=int(plan.cut_reason),
         )
         for name, value in plan.measured.items():
             setattr(self.outcome, name, type(getattr(self.outcome, name))(value))
+
+    @property
+    def cadence_bytes(self) -> int:
+        """The version's stored bytes, as the cadence counts them."""
+        return self.full_bytes if self.full_bytes is not None else self.outcome.snapshot_bytes
+
+    def accept(self, snap: EncodedSnapshot) -> bool:
+        """``SnapshotStore.upload_tensors``' question: upload this delta, or cut (the plan becomes FULL)?"""
+        plan = self.session.weigh(self.plan, snap.stored_bytes)
+        if plan.full:
+            self.cut(plan)
+            if self.checksums is None:  # the delta's encode checksummed every new tensor: the manifest's
+                self.checksums = dict(snap.checksums)
+        return not plan.full
+
+    def cut(self, plan: VersionPlan) -> None:
+        """The version is published FULL after all (``plan``: its cut)."""
+        self.plan = plan
+        outcome = self.outcome
+        outcome.chain_cut, outcome.incremental, outcome.cut_reason = True, False, int(plan.cut_reason)
 
     def stored(self, stored: StoredSnapshot, seconds: float) -> None:
         """Record what the upload stored."""
@@ -602,10 +856,20 @@ class _Run:
         outcome.identity = None
         outcome.skipped_empty = True
         outcome.chain_cut = outcome.incremental = False
+        outcome.cut_reason = int(CutReason.NONE)
         return outcome
 
     def __enter__(self) -> _Run:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
-        self.session._ended(self, error)
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> bool:
+        return self.session._ended(self, error)
+
+
+def _directory_bytes(info: SnapshotInfo, identity: str) -> int:
+    """What uploading a snapshot directory under ``identity`` stores: its files, the index in its uploaded form."""
+    from cwtrain.hotload.files.validate import delta_index_for_upload
+    from cwtrain.hotload.format.index import INDEX_NAME
+
+    files = sum(path.stat().st_size for path in info.files if path.name != INDEX_NAME)
+    return files + len(delta_index_for_upload(info, identity))

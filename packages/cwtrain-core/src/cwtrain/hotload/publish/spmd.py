@@ -8,6 +8,15 @@ number the shards; every rank stores its share; rank 0 commits the index and run
 cycle; the outcome is broadcast, so every rank commits or discards its new served copy and a
 failure anywhere raises on every rank. No rank leaves the collectives early: an error on one
 rank travels through them.
+
+The cost rule of ``CWTRAIN_HOTLOAD_FULL_EVERY=auto`` adds no collective: the plan every rank
+receives carries ``cut_at_bytes``, the file-count all-gather also carries each rank's shard
+bytes, and every rank compares their sum with it, so all reach rank 0's verdict
+(:meth:`~cwtrain.hotload.publish.session.PublishSession.weigh`) without a broadcast. On a cut
+each rank builds its FULL share from its served copy
+(:meth:`~cwtrain.hotload.publish.distributed.RankShare.full_from_served`) and one more
+all-gather numbers the FULL shards: the only extra collective, and only for a cut. The delta
+is weighed by its shards' bytes (the index, written by rank 0 at the commit, is left out).
 """
 
 from __future__ import annotations
@@ -86,14 +95,32 @@ def publish_spmd(
         encoded = share.encode(target, chunks)
     except Exception as exc:  # every rank must reach the collectives below, then all raise
         problem = f"rank {rank}: {type(exc).__name__}: {exc}"
-    counts = collective.all_gather_object((len(encoded.files) if encoded else 0, problem))
-    problems = [p for _, p in counts if p]
+    payload = sum(f.size for f in encoded.files) if encoded else 0
+    counts = collective.all_gather_object((len(encoded.files) if encoded else 0, payload, problem))
+    problems = [p for _, _, p in counts if p]
+    delta_bytes = sum(size for _, size, _ in counts)
+    if not problems and target.cuts(delta_bytes):  # every rank sees the same sum: no broadcast needed
+        target = target.as_full()
+        try:
+            if rank == 0:
+                assert session is not None and plan is not None
+                plan = session.weigh(plan, delta_bytes)
+                if not plan.full:
+                    raise CWTrainError(
+                        f"the session kept {plan.identity} a delta of {delta_bytes} bytes; the ranks cut"
+                    )
+            assert encoded is not None
+            encoded = share.full_from_served(target, encoded)
+        except Exception as exc:
+            problem = f"rank {rank}: {type(exc).__name__}: {exc}"
+        counts = collective.all_gather_object((len(encoded.files) if encoded and not problem else 0, 0, problem))
+        problems = [p for _, _, p in counts if p]
     result: ShareResult
     if problems:
         result = ShareResult(rank=rank, error=problems[0])
     else:
         assert encoded is not None
-        number_by_counts(encoded, [count for count, _ in counts], rank, full=target.full)
+        number_by_counts(encoded, [count for count, _, _ in counts], rank, full=target.full)
         try:
             if rank == 0 and session is not None:
                 objects = session.loader.store.s3
@@ -104,16 +131,20 @@ def publish_spmd(
             result = ShareResult(rank=rank, error=f"rank {rank}: {type(exc).__name__}: {exc}")
     results = collective.all_gather_object(result)
     outcome: PublishOutcome | None = None
-    status: str | None = None
+    status: tuple[str, str] = ("served", "")
     if rank == 0:
         assert session is not None and plan is not None
         try:
             outcome = session.commit_shares(plan, results, extra_files=extra_files if target.full else None)
+            if outcome.failed:  # the hot-load failed and the fleet was brought back: the run goes on
+                status = ("reverted", "")
         except Exception as exc:
-            status = f"{type(exc).__name__}: {exc}"
-    status = collective.broadcast_object(status)
-    if status is not None:
-        share.discard()
-        raise CWTrainError(f"publishing {target.identity} failed: {status}")
-    share.commit()
+            status = ("failed", f"{type(exc).__name__}: {exc}")
+    kind, message = collective.broadcast_object(status)
+    if kind == "served":
+        share.commit()
+        return outcome
+    share.discard()  # the new served copy was never served: the next version is FULL
+    if kind == "failed":
+        raise CWTrainError(f"publishing {target.identity} failed: {message}")
     return outcome

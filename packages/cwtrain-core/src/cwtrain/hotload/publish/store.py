@@ -38,6 +38,7 @@ from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 if TYPE_CHECKING:
+    from cwtrain.hotload.codec.encode import EncodedSnapshot
     from cwtrain.hotload.codec.stages import StageStats
     from cwtrain.hotload.files.validate import SnapshotInfo
     from cwtrain.hotload.publish.upload import SnapshotUpload, UploadedFile
@@ -59,6 +60,7 @@ class StoredSnapshot:
         checksums: the Adler-32 (8 hex) of every tensor of the full weights at this
             snapshot, when the encoder computed them.
         info: the inspected directory, for a directory upload.
+        declined: the delta was encoded but not uploaded: ``accept`` said no (nothing stored).
     """
 
     uri: str | None
@@ -69,11 +71,12 @@ class StoredSnapshot:
     bytes_changed: int = 0
     checksums: Mapping[str, str] | None = field(default=None, repr=False)
     info: SnapshotInfo | None = field(default=None, repr=False)
+    declined: bool = False
 
     @property
     def empty(self) -> bool:
-        """Nothing was stored (an empty delta is never published)."""
-        return self.uri is None
+        """Nothing changed, so nothing was stored (an empty delta is never published)."""
+        return self.uri is None and not self.declined
 
     @staticmethod
     def sizes(files: Iterable[UploadedFile]) -> tuple[int, int]:
@@ -171,6 +174,7 @@ class SnapshotStore:
         extra_files: Mapping[str, bytes] | None = None,
         stats: StageStats | None = None,
         allow_empty: bool = False,
+        accept: Callable[[EncodedSnapshot], bool] | None = None,
     ) -> StoredSnapshot:
         """Encode in-memory tensors and upload them under ``identity``; returns what was stored.
 
@@ -200,6 +204,10 @@ class SnapshotStore:
                 and ``sha256`` stages (:mod:`cwtrain.hotload.codec.stages`).
             allow_empty: an empty delta stores nothing and returns an empty result
                 instead of raising.
+            accept: asked with a (non-empty) delta once it is encoded, before any byte of
+                it is uploaded; ``False`` stores nothing and returns a ``declined`` result
+                (a publisher that publishes this version FULL instead: the cadence's cost
+                rule, :meth:`~cwtrain.hotload.publish.session.PublishSession.weigh`).
 
         Before anything is encoded, :func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`
         checks the dtypes against the served ones and a FULL snapshot's ``config.json``
@@ -235,6 +243,8 @@ class SnapshotStore:
                         f"no tensor changed between {previous_identity!r} and {identity!r}: an empty delta is never "
                         "published; keep serving the previous identity"
                     )
+                if accept is not None and not accept(snap):
+                    return StoredSnapshot(None, kind, tensors_changed=len(snap.changed), declined=True)
                 shards: Iterable[SnapshotFile] = snap.files
                 index = snap.index
                 changed = snap.changed
@@ -263,6 +273,10 @@ class SnapshotStore:
         )
 
     # ------------------------------------------------------------------ reads
+
+    def stored_bytes(self, identity: str) -> int:
+        """Bytes of every object stored under ``identity`` (one listing): what a cold replica reads of it."""
+        return sum(item.size for item in self.s3.list_objects(self.bucket, f"{self.prefix(identity)}/"))
 
     def index_exists(self, identity: str) -> bool:
         """Whether ``identity``'s index object is stored (its snapshot is complete)."""

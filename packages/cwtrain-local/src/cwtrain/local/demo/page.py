@@ -1,4 +1,4 @@
-"""``cwtrain demo --report PATH``: the run as one self-contained HTML page with four plots.
+"""``cwtrain demo --report PATH``: the run as one self-contained HTML page with six plots.
 
 ::
 
@@ -9,7 +9,7 @@ Under the title, a configuration table (``<table id="config">``) says what the r
 trained (the task), when it passes (the pass rule; :data:`~cwtrain.local.demo.report.TASK`,
 :data:`~cwtrain.local.demo.report.PASS_RULE`) and with which settings. The page holds the
 run's figures as JSON in a ``<script type="application/json">`` block and an inline script
-that draws four SVG plots from them when the page opens, in a grid of as many columns of at
+that draws six SVG plots from them when the page opens, in a grid of as many columns of at
 least 480 px as the window holds (two on a laptop, one on a phone; each plot scales to its
 column):
 
@@ -17,16 +17,24 @@ column):
 2. **latency**: per published step, the publish time (encode + upload + create the
    hot-load) and the hot-load time (until every replica serves the identity), in ms;
 3. **snapshot bytes**: the bytes stored per published step, FULL and delta in two colours;
+   each FULL bar is labelled with why the chain was cut there (``first``, ``count``,
+   ``share``, ``replay``, ``failed``, ...: :class:`~cwtrain.hotload.CutReason`);
 4. **time per step**: where each step's wall time went, stacked: sampling the rollouts,
    the training step, the publish and the hot-load. Its caption also says on how many steps
-   every rollout came from the newest weights (:func:`identity_lag` 0).
+   every rollout came from the newest weights (:func:`identity_lag` 0);
+5. **fleet truth**: the canary's gap after each hot-load (the deployment's and the trainer's
+   log-probs of a fixed probe, bound dashed), and a mark on each step that sampled older
+   weights than the newest published;
+6. **cold-start replay**: per version, the bytes a replica starting cold would read to serve
+   it (the chain's FULL and every delta since, ``hotload/replay_bytes``); with
+   ``--full-every auto`` a dashed line marks the budget (the FULL and two FULLs of deltas).
 
 The fourth plot used to be the served identity lag per step; the demo waits for every
 hot-load before sampling, so that lag is 0 on every step of every run and drew a flat
 line: it is a figure of the caption now.
 
 Each plot has a caption with its figures (first and final reward, median and maximum
-latencies, median sizes, median time per stage). Nothing is fetched: no stylesheet,
+latencies, median sizes, median time per stage, the largest replay and where). Nothing is fetched: no stylesheet,
 script, font or image comes from anywhere else, so the file opens without a network. Once
 drawn, each plot's ``<svg>`` carries ``data-rect="x,y,width,height"`` (its place on the
 page, in CSS pixels), which the tests use to look at each plot in a screenshot.
@@ -51,6 +59,8 @@ PLOTS = (
     ("latency", "Publish and hot-load latency per step"),
     ("bytes", "Snapshot bytes per step (FULL vs delta)"),
     ("time", "Time per step, by stage"),
+    ("fleet", "Fleet truth: the canary after each hot-load, samples from older weights"),
+    ("replay", "Cold-start replay bytes per version"),
 )
 #: The settings the configuration table shows, in order, and their labels.
 _SETTINGS = (
@@ -104,6 +114,7 @@ def _page_data(summary: Mapping[str, Any]) -> dict[str, Any]:
         "final_identity": summary.get("final_identity", ""),
         "total_seconds": summary.get("total_seconds"),
         "reward_goal_met": bool(summary.get("reward_goal_met")),
+        "replay_budget": summary.get("replay_budget_bytes"),
         "steps": [
             {
                 "step": r.get("step", i),
@@ -117,6 +128,9 @@ def _page_data(summary: Mapping[str, Any]) -> dict[str, Any]:
                 "train": r.get("train_seconds", 0.0),
                 "served": list(r.get("served_identities") or []),
                 "lag": lags[i],
+                "canary": r.get("canary_gap"),
+                "reason": r.get("cut_reason", "none"),
+                "replay": r.get("replay_bytes", 0),
             }
             for i, r in enumerate(steps)
         ],
@@ -140,6 +154,8 @@ svg text { font: 12px system-ui, sans-serif; fill: #1d2330; }
 svg text.caption { font-size: 13px; font-weight: 600; }
 svg .grid { stroke: #e3e7ef; }
 svg .axis { stroke: #7a8396; }
+svg text.reason { font-size: 11px; fill: #8a1c1c; }
+svg .budget { stroke: #7f7f7f; stroke-width: 2; stroke-dasharray: 6 4; }
 """
 
 _SCRIPT = r"""
@@ -148,7 +164,8 @@ const data = JSON.parse(document.getElementById("run-data").textContent);
 const NS = "http://www.w3.org/2000/svg";
 const W = 640, H = 340, M = {left: 80, right: 16, top: 48, bottom: 40};
 const COLORS = {reward: "#1f77b4", publish: "#ff7f0e", hot_load: "#2ca02c",
-                FULL: "#d62728", INCREMENTAL: "#9467bd", rollout: "#17becf", train: "#e377c2"};
+                FULL: "#d62728", INCREMENTAL: "#9467bd", rollout: "#17becf", train: "#e377c2", canary: "#bcbd22",
+                replay: "#8c564b", budget: "#7f7f7f"};
 
 function el(parent, name, attrs, text) {
   const node = document.createElementNS(NS, name);
@@ -269,9 +286,13 @@ plot("bytes", {
   legend: [["FULL", COLORS.FULL], ["delta", COLORS.INCREMENTAL]],
   draw(svg, x, y, bar) {
     for (const s of published) {
+      const why = s.type === "FULL" ? ` (${s.reason})` : "";
       el(svg, "rect", {x: x(s.step) - bar / 2, y: y(s.bytes), width: bar, height: y(0) - y(s.bytes),
                        fill: COLORS[s.type] || "#888", "data-series": s.type, "data-step": s.step})
-        .appendChild(document.createElementNS(NS, "title")).textContent = `step ${s.step}: ${s.type} ${fmtBytes(s.bytes)}`;
+        .appendChild(document.createElementNS(NS, "title")).textContent = `step ${s.step}: ${s.type}${why} ${fmtBytes(s.bytes)}`;
+      if (s.type === "FULL")  // why the chain was cut here
+        el(svg, "text", {x: x(s.step), y: y(s.bytes) - 4, "text-anchor": "middle", class: "reason",
+                         "data-reason": s.reason}, s.reason);
     }
   },
 });
@@ -304,12 +325,56 @@ plot("time", {
   },
 });
 
+// 5. fleet truth: the canary's gap after each hot-load, and steps sampled from older weights
+const checked = steps.filter(s => s.canary !== null && s.canary !== undefined);
+const behind = lagged.filter(s => s.lag > 0);
+const gapMax = Math.max(0, ...checked.map(s => s.canary));
+plot("fleet", {
+  caption: checked.length
+    ? `canary gap after each hot-load: max ${gapMax.toFixed(4)} nats (bound 0.05); ` +
+      `served-version spread: ${behind.length} of ${lagged.length} steps sampled older weights`
+    : `canary off; served-version spread: ${behind.length} of ${lagged.length} steps sampled older weights`,
+  unit: "nats", ymin: 0, ymax: niceMax(Math.max(gapMax, 0.05)), tick: v => v.toFixed(3),
+  legend: [["canary gap", COLORS.canary], ["older weights", COLORS.FULL]],
+  draw(svg, x, y) {
+    el(svg, "line", {x1: x(0), x2: x(steps.length ? steps[steps.length - 1].step : 1), y1: y(0.05), y2: y(0.05),
+                     stroke: COLORS.canary, "stroke-dasharray": "4 3"});
+    line(svg, checked.map(s => [x(s.step), y(s.canary), s.step, `step ${s.step}: canary gap ${s.canary.toFixed(4)}`]),
+         COLORS.canary, "canary");
+    for (const s of behind) {
+      el(svg, "circle", {cx: x(s.step), cy: y(0), r: 5, fill: COLORS.FULL, "data-series": "lag", "data-step": s.step})
+        .appendChild(document.createElementNS(NS, "title")).textContent = `step ${s.step}: sampled ${s.lag} version(s) behind`;
+    }
+  },
+});
+
+// 6. what a replica starting cold would read at each version: the chain's FULL and every delta since
+const worst = steps.reduce((a, s) => (a === null || s.replay > a.replay ? s : a), null);
+const budget = data.replay_budget;
+plot("replay", {
+  caption: worst ? `largest cold-start replay ${fmtBytes(worst.replay)} at step ${worst.step}` +
+                   (budget ? `; budget ${fmtBytes(budget)}` : "")
+                 : "no versions",
+  unit: "bytes replayed", ymin: 0, ymax: niceBytes(Math.max(0, budget || 0, ...steps.map(s => s.replay))),
+  tick: tickBytes,
+  legend: budget ? [["replay", COLORS.replay], ["budget", COLORS.budget]] : [["replay", COLORS.replay]],
+  draw(svg, x, y, bar) {
+    for (const s of steps) {
+      el(svg, "rect", {x: x(s.step) - bar / 2, y: y(s.replay), width: bar, height: Math.max(y(0) - y(s.replay), 0.5),
+                       fill: COLORS.replay, "data-series": "replay", "data-step": s.step})
+        .appendChild(document.createElementNS(NS, "title")).textContent =
+          `step ${s.step}: a cold replica reads ${fmtBytes(s.replay)}` + (s.type === "FULL" ? ` (FULL: ${s.reason})` : "");
+    }
+    if (budget) el(svg, "line", {x1: M.left, x2: W - M.right, y1: y(budget), y2: y(budget), class: "budget"});
+  },
+});
+
 for (const svg of document.querySelectorAll("svg[data-plot]")) {
   const r = svg.getBoundingClientRect();
   svg.setAttribute("data-rect", [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]
     .map(v => Math.round(v)).join(","));
 }
-document.body.setAttribute("data-drawn", "4");
+document.body.setAttribute("data-drawn", String(document.querySelectorAll("svg[data-plot]").length));
 """
 
 

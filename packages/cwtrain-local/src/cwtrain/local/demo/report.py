@@ -6,7 +6,7 @@ into the JSON document (``cwtrain demo --json`` prints it on stdout, ``--json-fi
 it), and :func:`print_summary` prints its table and verdict on stderr, last::
 
     display = LiveDisplay(sys.stderr, total=40)
-    display.row(record)                               # step   3/40  reward  0.250 █████···  ...
+    display.row(record)                               # step   3/40  reward  0.250 █████···  FULL/share ...
     summary = summarize(asdict(config), records, seconds, teardown, deployment_id)
     print_summary(summary, sys.stderr)                # summary  value / -------  ----- / ...
 
@@ -38,7 +38,12 @@ PASS_RULE = (
 
 @dataclass
 class StepRecord:
-    """One row of the live display and the summary."""
+    """One row of the live display and the summary.
+
+    ``cut_reason`` is why a FULL snapshot was published (``first``, ``count``, ``share``,
+    ``replay``, ...; ``none`` for a delta or nothing), ``replay_bytes`` what a replica starting
+    cold at this version would read (the chain's FULL and every delta since).
+    """
 
     step: int
     identity: str
@@ -54,6 +59,14 @@ class StepRecord:
     rollout_seconds: float = 0.0
     train_seconds: float = 0.0
     rollout_retries: int = 0
+    canary_gap: float | None = None
+    cut_reason: str = "none"
+    replay_bytes: int = 0
+
+    @property
+    def kind(self) -> str:
+        """``FULL/share``, ``INCREMENTAL``, ``SKIPPED``: the snapshot type, with a FULL's reason."""
+        return f"FULL/{self.cut_reason}" if self.snapshot_type == "FULL" else self.snapshot_type
 
 
 def _bar(value: float, width: int = 20) -> str:
@@ -86,7 +99,7 @@ class LiveDisplay:
         reward = "   —  " if rec.mean_reward is None else f"{rec.mean_reward:6.3f}"
         bar = _bar(rec.mean_reward or 0.0)
         self.say(
-            f"step {rec.step:>3}/{self.total}  reward {reward} {bar}  {rec.snapshot_type:<11} "
+            f"step {rec.step:>3}/{self.total}  reward {reward} {bar}  {rec.kind:<16} "
             f"{_kib(rec.snapshot_bytes)}  publish {rec.publish_seconds * 1000:6.0f} ms  "
             f"hot-load {rec.hot_load_seconds * 1000:5.0f} ms  rollout {rec.rollout_seconds * 1000:5.0f} ms  "
             f"train {rec.train_seconds * 1000:4.0f} ms  serving {rec.identity} on {rec.replicas_serving}"
@@ -109,6 +122,10 @@ def summarize(
     published = [r for r in records if r.snapshot_type != "SKIPPED"]
     deltas = [r for r in published if r.snapshot_type == "INCREMENTAL"]
     fulls = [r for r in published if r.snapshot_type == "FULL"]
+    reasons: dict[str, int] = {}
+    for r in fulls:
+        reasons[r.cut_reason] = reasons.get(r.cut_reason, 0) + 1
+    worst = max(records, key=lambda r: r.replay_bytes, default=None)
     first = rewards[0] if rewards else 0.0
     final = rewards[-1] if rewards else 0.0
     met = final >= 0.5 and final >= 2 * first
@@ -121,6 +138,9 @@ def summarize(
         "rewards": rewards,
         "published": len(published),
         "full_snapshots": len(fulls),
+        "full_reasons": reasons,
+        "max_replay_bytes": worst.replay_bytes if worst is not None else 0,
+        "max_replay_step": worst.step if worst is not None else None,
         "delta_snapshots": len(deltas),
         "median_delta_bytes": statistics.median(r.snapshot_bytes for r in deltas) if deltas else None,
         "median_full_bytes": statistics.median(r.snapshot_bytes for r in fulls) if fulls else None,
@@ -137,6 +157,7 @@ def summarize(
             r.served_identities == [records[i - 1].identity] for i, r in enumerate(records) if i > 0
         ),
         "rollout_retries": sum(r.rollout_retries for r in records),
+        "max_canary_gap": max((r.canary_gap for r in records if r.canary_gap is not None), default=None),
         "teardown_seconds": teardown,
         "total_seconds": seconds,
         "steps": [asdict(r) for r in records],
@@ -158,6 +179,13 @@ def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
         ("first mean reward", f"{summary['first_reward']:.3f}"),
         ("final mean reward", f"{summary['final_reward']:.3f}"),
         ("snapshots (FULL / delta)", f"{summary['full_snapshots']} / {summary['delta_snapshots']}"),
+        ("FULL snapshots by reason", ", ".join(f"{k} {v}" for k, v in sorted(summary["full_reasons"].items())) or "—"),
+        (
+            "largest cold-start replay",
+            f"{size(summary['max_replay_bytes'])} (step {summary['max_replay_step']})"
+            if summary["max_replay_step"] is not None
+            else "—",
+        ),
         ("median delta size", size(summary["median_delta_bytes"])),
         ("median FULL size", size(summary["median_full_bytes"])),
         ("median publish", ms(summary["median_publish_seconds"])),
@@ -169,6 +197,10 @@ def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
         ("final identity", summary["final_identity"]),
         ("every replica on every version", "yes" if summary["every_replica_served_every_version"] else "NO"),
         ("rollouts from the latest version", "yes" if summary["rollouts_served_by_latest"] else "NO"),
+        (
+            "canary: largest gap after a hot-load",
+            "off" if summary["max_canary_gap"] is None else f"{summary['max_canary_gap']:.4f} nats (bound 0.05)",
+        ),
         ("total time", f"{summary['total_seconds']:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -2,7 +2,7 @@
 
 What it does, all on loopback::
 
-    cwtrain demo [--steps 40] [--seed 0] [--replicas 2] [--full-every 10] [--group-size 8] [--report PATH]
+    cwtrain demo [--steps 40] [--seed 0] [--replicas 2] [--full-every auto|N] [--group-size 8] [--report PATH]
 
 1. Starts :class:`~cwtrain.local.LocalStack` (moto S3, control plane, gateway, replicas) and
    uploads the tiny model's base weights.
@@ -16,7 +16,10 @@ What it does, all on loopback::
    - scores them on :class:`~cwtrain.local.demo.grpo.ParityTask` and takes one GRPO step in torch,
    - publishes the new BF16 weights from memory through core's publish session
      (:class:`cwtrain.hotload.PublishSession`, as every integration does): an XOR+zstd delta
-     against what replicas serve, a FULL snapshot every ``--full-every`` versions,
+     against what replicas serve, or a FULL snapshot when the cadence cuts the chain: with
+     ``--full-every auto`` (the default) when a delta would be at least 90 % of a FULL, when a
+     cold replica would replay more than two FULLs' bytes of deltas, or after 19 deltas; with
+     ``--full-every N`` every N versions,
    - waits until every replica serves the new identity (verified).
 
 4. Deletes the deployment and gateway and stops the stack (also on Ctrl-C or an error).
@@ -26,12 +29,14 @@ What it does, all on loopback::
 completion's reward is the fraction of its ``--max-tokens`` slots holding a digit of that
 parity, from 0 to 1. A fresh model scores about 0.07; it has to read the prompt to do well.
 
-stderr shows one line per step (reward, snapshot type and size, publish and hot-load
-latency) and, last, the summary table and the verdict (:mod:`cwtrain.local.demo.report`).
+stderr shows one line per step (reward, snapshot type and size, why a FULL was cut, publish
+and hot-load latency) and, last, the summary table and the verdict
+(:mod:`cwtrain.local.demo.report`).
 Every figure as one JSON document goes to stdout only with ``--json``, and to a file with
 ``--json-file PATH``; nothing is printed on stdout otherwise. ``--report PATH`` also writes
-the run as one self-contained HTML page with its configuration and four plots (reward,
-publish and hot-load latency, snapshot bytes FULL vs delta, time per step;
+the run as one self-contained HTML page with its configuration and six plots (reward,
+publish and hot-load latency, snapshot bytes FULL vs delta with each FULL's reason, time
+per step, the canary's gap after each hot-load, the bytes a cold replica would replay at each version;
 :mod:`cwtrain.local.demo.page`), which opens offline in any browser. The run is
 reproducible: ``--seed`` fixes the base weights, the prompts and every sampling seed
 (groups are sent as ``n = 1`` requests with seeds drawn from it; ``--group-requests`` sends
@@ -53,13 +58,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from cwtrain.hotload import MAX_FULL_EVERY
+from cwtrain.errors import ConfigError
+from cwtrain.hotload import FullEvery, check_full_every, parse_full_every
 from cwtrain.local.demo.report import PASS_RULE, TASK, LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from cwtrain.infra import Deployment, Gateway, InferenceClient
-    from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
+    from cwtrain.integrations.rollout import Canary, RolloutConfig, SamplingParams
     from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
+    from cwtrain.local.engine.model import Tokenizer
     from cwtrain.local.stack import LocalStack
 
 __all__ = ["PASS_RULE", "TASK", "DemoConfig", "StepRecord", "add_arguments", "main", "run_demo"]
@@ -76,7 +85,7 @@ class DemoConfig:
     steps: int = 40
     seed: int = 0
     replicas: int = 2
-    full_every: int = 10
+    full_every: FullEvery = "auto"
     group_size: int = 8
     prompts_per_step: int = 4
     max_tokens: int = 16
@@ -85,6 +94,7 @@ class DemoConfig:
     group_requests: bool = False
     check: bool = True
     timeout: float = 120.0
+    canary: bool = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,9 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=d.replicas, help=f"engine replicas (default {d.replicas})")
     parser.add_argument(
         "--full-every",
-        type=int,
+        type=_full_every,
         default=d.full_every,
-        help=f"a FULL snapshot every N versions (default {d.full_every})",
+        metavar="auto|N",
+        help="when to cut the chain with a FULL snapshot: auto (when a delta costs nearly a FULL, when a cold "
+        "replica would replay more than two FULLs of deltas, or after 19 deltas) or every N versions, 0-64 "
+        f"(default {d.full_every})",
     )
     parser.add_argument(
         "--group-size", type=int, default=d.group_size, help=f"GRPO group size (default {d.group_size})"
@@ -120,6 +133,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--group-requests",
         action="store_true",
         help="one unseeded n=group-size request per group (faster, not reproducible)",
+    )
+    parser.add_argument(
+        "--no-canary",
+        dest="canary",
+        action="store_false",
+        help="skip the canary after each hot-load (the deployment's prompt log-probs of a fixed probe, compared "
+        "with the trainer's: a replica serving wrong weights fails the publish and the fleet is brought back)",
     )
     parser.add_argument(
         "--no-check", dest="check", action="store_false", help="exit 0 even if the reward did not climb"
@@ -141,6 +161,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _full_every(text: str) -> FullEvery:
+    """``--full-every``: ``auto`` or 0..64 (argparse turns the error into a usage line)."""
+    try:
+        return parse_full_every(text, "--full-every")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _config_from_args(args: argparse.Namespace) -> DemoConfig:
     fields = DemoConfig.__dataclass_fields__
     values = {name: getattr(args, name) for name in fields if hasattr(args, name)}
@@ -150,15 +178,15 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
         problems.append("--steps must be >= 1")
     if config.replicas < 1:
         problems.append("--replicas must be >= 1")
-    if not 0 <= config.full_every <= MAX_FULL_EVERY:
-        problems.append(f"--full-every must be in 0..{MAX_FULL_EVERY}")
+    try:
+        check_full_every(config.full_every)
+    except ConfigError:
+        problems.append("--full-every must be auto or an integer in 0..64")
     if config.group_size < 2:
         problems.append("--group-size must be >= 2 (GRPO compares samples within a group)")
     if config.prompts_per_step < 1 or not 1 <= config.max_tokens <= 200:
         problems.append("--prompts-per-step must be >= 1 and --max-tokens in 1..200")
     if problems:
-        from cwtrain.errors import ConfigError
-
         raise ConfigError("; ".join(problems))
     return config
 
@@ -238,11 +266,28 @@ def _rollout_and_train(
     )
 
 
+#: The canary's probe: prompts in the task's own form, a parity word and digits after it.
+_PROBE = ("even: 0 2 4 6 8", "odd: 1 3 5 7 9", "even: 8 6 4 2", "odd: 9 7 5 3")
+
+
+def _canary(rollout_config: RolloutConfig, tokenizer: Tokenizer, trainer: GRPOTrainer) -> Canary:
+    """The canary of the demo: the deployment's log-probs of :data:`_PROBE` against the trainer's model's."""
+    from cwtrain.integrations.rollout import Canary, CanaryProbe
+    from cwtrain.local.engine.model import token_logprobs
+
+    def trainer_logprobs(prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+        weights = trainer.served_weights()  # what was just published
+        return [token_logprobs(weights, prompt[:1], prompt[1:]) for prompt in prompts]
+
+    probe = CanaryProbe.from_prompts([tokenizer.encode(text) for text in _PROBE], count=len(_PROBE))
+    return Canary(rollout_config, probe, trainer_logprobs)
+
+
 def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, Any]:
     """Run the demo and return its summary (what ``cwtrain demo`` prints as JSON)."""
     import torch
 
-    from cwtrain.hotload import HotLoader, HotLoadSettings, PublishSession
+    from cwtrain.hotload import CutReason, HotLoader, HotLoadSettings, PublishSession
     from cwtrain.infra import InferenceClient, lifecycle
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack
@@ -273,8 +318,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         settings = HotLoadSettings(
             deployment.id, run_id, timeout=config.timeout, full_every=config.full_every, verify=True
         )
-        session = PublishSession(settings, loader=loader)
         rollout_config = RolloutConfig(base_url=base_url, model=_MODEL, api_key=stack.token, concurrency=16)
+        canary = _canary(rollout_config, tokenizer, trainer) if config.canary else None
+        session = PublishSession(settings, loader=loader, canary=canary)
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
         try:
@@ -285,7 +331,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                 new = trainer.served_weights()
                 plan = session.begin(step)
                 outcome = session.publish_tensors(plan, new, base=served, extra_files={"config.json": config_json})
-                if outcome.published:
+                if outcome.published and not outcome.failed:
                     served = new
                 records.append(
                     StepRecord(
@@ -297,6 +343,9 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                         publish_seconds=outcome.upload_seconds,
                         hot_load_seconds=outcome.hot_load_seconds,
                         replicas_serving=outcome.replicas_verified,
+                        canary_gap=outcome.canary_gap if outcome.canary_checked else None,
+                        cut_reason=CutReason(outcome.cut_reason).label,
+                        replay_bytes=outcome.replay_bytes,
                         **asdict(stats),
                     )
                 )
@@ -311,6 +360,8 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
             client.close()
             teardown_seconds = time.monotonic() - teardown
     summary = summarize(asdict(config), records, time.monotonic() - started, teardown_seconds, deployment.id)
+    if settings.full_every == "auto" and records:  # a cold start reads at most the FULL and this many FULLs of deltas
+        summary["replay_budget_bytes"] = round((1 + settings.replay_budget) * records[0].snapshot_bytes)
     summary["rollout_base_url"] = base_url
     summary["task"], summary["pass_rule"] = TASK, PASS_RULE
     return summary
@@ -324,8 +375,6 @@ def main(args: argparse.Namespace) -> int:
     json_file = getattr(args, "json_file", None)
     for option, path in (("--json-file", json_file), ("--report", getattr(args, "report", None))):
         if path and Path(path).is_dir():  # found now, not after the run
-            from cwtrain.errors import ConfigError
-
             raise ConfigError(f"{option} {path} is a directory; give a file path")
     quiet = [] if getattr(args, "verbose", False) else [logging.getLogger(name) for name in _QUIET]
     levels = [(logger, logger.level) for logger in quiet]

@@ -33,8 +33,8 @@ Entry points (miles loads ``module.attr``; a class is built with
 
 * ``cwtrain.integrations.miles.hook`` - the post-write hook, the very function of
   ``cwtrain.integrations.slime.hook`` (same call pattern and delta format in miles): baseline
-  ``<run>-v000000`` from ``--hf-checkpoint``, then a delta per version, FULL every
-  ``CWTRAIN_HOTLOAD_FULL_EVERY``, empty deltas skipped, rank 0 only. miles' ``update_weights``
+  ``<run>-v000000`` from ``--hf-checkpoint``, then a delta per version, FULL when
+  ``CWTRAIN_HOTLOAD_FULL_EVERY`` cuts the chain, empty deltas skipped, rank 0 only. miles' ``update_weights``
   does not skip when there are no engines, so no patch is needed.
 * ``cwtrain.integrations.miles.actor_hook`` - the same through a publishing Ray actor, one
   step ahead.

@@ -8,8 +8,11 @@ deployment only at checkpoints rather than at every ``update_weights``.
 Version ``rollout_id + 1`` is published: the first call publishes ``--hf-checkpoint`` as the
 baseline ``<run>-v000000``; each export then becomes an XOR delta over the previous published
 export, encoded from the two checkpoints in one pass with nothing staged on disk (empty
-deltas skipped), or a FULL snapshot of the export itself when the cadence cuts the chain.
-``CWTRAIN_HOTLOAD_FULL_EVERY`` counts the exports published, not rollout ids: with
+deltas skipped), or a FULL snapshot of the export itself when the cadence cuts the chain:
+with ``CWTRAIN_HOTLOAD_FULL_EVERY=auto`` (the default) the delta is encoded in memory and
+weighed before anything is uploaded (at least 90 % of the last FULL, or a chain past two
+FULLs' bytes, publishes the export's directory FULL instead; nothing is encoded twice). A
+fixed ``FULL_EVERY`` counts the exports published, not rollout ids: with
 ``--save-interval 20`` and ``FULL_EVERY=20`` every 20th export is FULL, not every one. The
 previous export directory must still exist at the next save (miles keeps them). The cycle of
 each version is core's :class:`~cwtrain.hotload.PublishSession`.
@@ -126,9 +129,11 @@ class PostSavePublisher:
             records.append({**skipped.metrics(), "hotload/skipped_incomplete": 1.0})
             return records
         plan = session.begin(version, cadence_position=self.exports_published + 1)
-        records.append(session.publish_diff(plan, export, self._previous).metrics())
+        outcome = session.publish_diff(plan, export, self._previous)
+        records.append(outcome.metrics())
         self.exports_published += 1
-        self._previous = export
+        if not outcome.failed:  # a failed one (the fleet brought back) makes the next version FULL anyway
+            self._previous = export
         return records
 
 

@@ -13,7 +13,7 @@ Install in the NeMo-RL (v0.7.0) image from a cwtrain checkout (``pip install
           base_url: https://.../v1             # or CWTRAIN_ROLLOUT_BASE_URL
           model: qwen3-4b                      # or CWTRAIN_ROLLOUT_MODEL
           max_model_len: 8192
-          full_every: 20
+          full_every: auto
     grpo:
       async_grpo: {enabled: false}
 
@@ -24,8 +24,8 @@ In the launcher, before ``setup``::
     install()   # register the worker, wrap grpo.setup (policy worker + synchronizer), route refit
 
 Pieces: :class:`CoreWeaveGeneration` (the ``GenerationInterface``),
-:class:`HotLoadWeightSynchronizer` (refit by hot-load: FULL at step 0 and every
-``full_every``, XOR deltas otherwise, published by every worker from its GPU tensors),
+:class:`HotLoadWeightSynchronizer` (refit by hot-load: FULL at step 0 and when
+``full_every`` cuts the chain, XOR deltas otherwise, published by every worker from its GPU tensors),
 ``CoreWeaveDTensorPolicyWorker`` / ``CoreWeaveMegatronPolicyWorker`` (in
 :mod:`~cwtrain.integrations.nemo_rl.worker`), :func:`install_refit`, :func:`register_workers`
 (cwtrain's workers get the prebuilt environments of the NeMo-RL workers they extend,

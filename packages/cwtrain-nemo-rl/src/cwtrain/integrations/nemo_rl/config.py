@@ -19,12 +19,13 @@ config, and ``state_dir`` must be an absolute path.
 | `max_model_len` | – | none (prompt + generation cap) |
 | `deployment_id` | `CWTRAIN_HOTLOAD_DEPLOYMENT_ID` | required to publish |
 | `run_id` | `CWTRAIN_HOTLOAD_RUN_ID` | `nemo-rl-<UTC %Y%m%dT%H%M%SZ>` |
-| `full_every` | `CWTRAIN_HOTLOAD_FULL_EVERY` | 20 (0–64) |
+| `full_every` | `CWTRAIN_HOTLOAD_FULL_EVERY` | auto (or 0–64) |
 | `verify`, `wait` | `CWTRAIN_HOTLOAD_VERIFY`, `_WAIT` | false, true |
 | `hotload_timeout` | `CWTRAIN_HOTLOAD_TIMEOUT` | `timeout` when set in the config, else 1800 |
 | `state_dir` | `CWTRAIN_HOTLOAD_STATE_DIR` | none |
 | `prompt_cache_policy` | `CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY` | unset (field omitted) |
 | `upload_workers` | `CWTRAIN_HOTLOAD_UPLOAD_WORKERS` | 8 |
+| `on_failure` | `CWTRAIN_HOTLOAD_ON_FAILURE` | `reactivate` (or `stop`) |
 
 The other hot-load and API variables (``CWTRAIN_HOTLOAD_MIRROR``, ``COREWEAVE_API_URL``,
 ``CWTRAIN_API_HEADERS``, ...) are read as core reads them for every framework
@@ -65,6 +66,7 @@ _HOTLOAD_VARS = {
     "state_dir": "CWTRAIN_HOTLOAD_STATE_DIR",
     "prompt_cache_policy": "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY",
     "upload_workers": "CWTRAIN_HOTLOAD_UPLOAD_WORKERS",
+    "on_failure": "CWTRAIN_HOTLOAD_ON_FAILURE",
 }
 _OWN_KEYS = {"require_logprobs", "importance_sampling", "max_model_len"}
 KNOWN_KEYS = frozenset(_ROLLOUT_VARS) | frozenset(_HOTLOAD_VARS) | _OWN_KEYS

@@ -3,8 +3,14 @@
 Each :meth:`~HotLoadWeightSynchronizer.sync_weights` publishes one version ``N``
 (snapshot-format.md §10) through core's ``PublishSession``, the cycle every publisher
 shares: FULL with checksums when ``N = 0``, when nothing was published yet in this
-process, after a failed publish, or when ``N % full_every == 0``; else an XOR delta
-against what the replicas serve. A failed version's identity is not used again (it may hold
+process, after a failed publish, or when the cadence cuts the chain; else an XOR delta
+against what the replicas serve. With ``full_every: auto`` (the default) the workers first
+encode their delta shares and report their shard bytes; the session weighs the delta
+(a share of 90 % of the last FULL, or a chain past two FULLs' bytes, makes it FULL) and the
+workers then store the delta, or a FULL share built from their served copies (one more
+round of calls on the workers; nothing is gathered or encoded twice). With a fixed
+``full_every: N``, version ``N % full_every == 0`` is FULL and each worker encodes and
+stores in one call. A failed version's identity is not used again (it may hold
 objects of the failed attempt): the sync after a failure publishes ``N + 1``, FULL. Every policy worker encodes and uploads its share from
 the tensors on its device (core's ``RankShare``, through
 :mod:`~cwtrain.integrations.nemo_rl.worker_mixin`); the session commits the index (with
@@ -115,10 +121,15 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         self.hf_checkpoint = Path(hf_checkpoint)
         self.metrics_sink = metrics_sink
         self.last_metrics: dict[str, float] = {}
-        self.session = PublishSession(self.settings, loader=loader, sink=self._record)
+        # the generation's samplers fence their samples by the newest version the fleet serves
+        self.session = PublishSession(
+            self.settings,
+            loader=loader,
+            sink=self._record,
+            followers=[lambda _run, version: generation.note_published(version)],
+        )
         self._own_loader = loader is None
         self._stale = True
-        self._next_version = 0
         generation.weight_synchronizer = self
 
     # ------------------------------------------------------------ NeMo-RL API
@@ -148,7 +159,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
     @property
     def version(self) -> int:
         """The version the next sync publishes (a failed one is not tried again: the next is FULL)."""
-        return self._next_version
+        return self.session.last_attempted + 1
 
     @property
     def served_identity(self) -> str | None:
@@ -178,26 +189,45 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
 
     def _sync(self) -> None:
         session = self.session
-        plan = session.begin(self._next_version)
-        # Each identity is tried once: a failed attempt may have stored objects under it (shards,
-        # or a whole snapshot whose hot-load failed), and identities are immutable.
-        self._next_version = plan.version + 1
+        plan = session.begin()  # a failed version's identity is not tried again (its objects may be stored)
         try:
-            share_plan = SharePlan.of(plan, session.loader.store, upload_workers=self.settings.upload_workers)
+            plan, results = self._publish_shares(plan)
             extra_files = self._side_files() if plan.full else None
-            results: list[ShareResult] = run_on_all_workers(self.policy, "cwtrain_publish_share", plan=share_plan)
         except BaseException as exc:  # nothing reached the session: record the failed version there
             with suppress(CWTrainError):  # the session raises once the sink has the outcome
                 session.commit_shares(plan, [ShareResult(rank=0, error=f"{type(exc).__name__}: {exc}")])
             self._discard(plan)
             raise
         try:
-            session.commit_shares(plan, results, extra_files=extra_files)
+            outcome = session.commit_shares(plan, results, extra_files=extra_files)
         except BaseException:
             self._discard(plan)
             raise
+        if outcome.failed:  # the hot-load failed and every replica was brought back: the next sync is FULL
+            self._discard(plan)
+            return
         run_on_all_workers(self.policy, "cwtrain_commit_share")
         self._stale = False
+
+    def _publish_shares(self, plan: VersionPlan) -> tuple[VersionPlan, list[ShareResult]]:
+        """Every worker stores its share of ``plan``'s version; under ``auto``, weighed between encode and store."""
+        session = self.session
+        store, workers = session.loader.store, self.settings.upload_workers
+        if plan.cut_at_bytes is None:
+            if plan.full:
+                self._side_files()  # a FULL without config.json fails before any upload
+            share_plan = SharePlan.of(plan, store, upload_workers=workers)
+            return plan, run_on_all_workers(self.policy, "cwtrain_publish_share", plan=share_plan)
+        encoded: list[ShareResult] = run_on_all_workers(
+            self.policy, "cwtrain_encode_share", plan=SharePlan.of(plan, store, upload_workers=workers)
+        )
+        if any(result.error for result in encoded):
+            return plan, encoded  # the session records the version failed
+        plan = session.weigh(plan, sum(result.payload_bytes for result in encoded))
+        if plan.full:
+            self._side_files()  # a FULL without config.json fails before any upload
+        share_plan = SharePlan.of(plan, store, upload_workers=workers)
+        return plan, run_on_all_workers(self.policy, "cwtrain_store_share", plan=share_plan)
 
     def _discard(self, plan: VersionPlan) -> None:
         """The version failed (the next one is FULL): every worker keeps its previous served copy."""

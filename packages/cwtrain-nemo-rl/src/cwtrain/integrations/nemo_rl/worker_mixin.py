@@ -8,6 +8,10 @@ through ``policy.run_all_workers_single_data(...)`` on every rank:
   every rank must) through core's ``RankShare.publish_owned``: tensor ``i`` is this rank's
   when ``i % world_size == rank``, XORed against its served copy on the device and
   uploaded; returns core's ``ShareResult`` (an error is reported in it, not raised).
+- ``cwtrain_encode_share(plan)`` then ``cwtrain_store_share(plan)`` — the same in two
+  rounds, for ``CWTRAIN_HOTLOAD_FULL_EVERY=auto``: the driver sums the shard bytes the
+  first round reports and weighs the delta; the second stores the delta, or the FULL share
+  built from the served copy when the driver cut the chain (nothing is gathered again).
 - ``cwtrain_commit_share()`` / ``cwtrain_discard_share()`` — after the hot-load
   completed / failed.
 - ``export_hf_checkpoint(path, ...)`` — the same tensors as an HF checkpoint on disk, for
@@ -87,6 +91,15 @@ class HotLoadWorkerMixin:
         """Encode and upload this rank's share of the weights (called on every rank; the object store from the environment)."""
         with self.cwtrain_model_on_device():
             return self.cwtrain_share().publish_owned(plan, self.cwtrain_params(), None)
+
+    def cwtrain_encode_share(self, plan: SharePlan) -> ShareResult:
+        """Encode this rank's share and keep it; report its shard bytes (the driver weighs the delta)."""
+        with self.cwtrain_model_on_device():
+            return self.cwtrain_share().encode_owned(plan, self.cwtrain_params())
+
+    def cwtrain_store_share(self, plan: SharePlan) -> ShareResult:
+        """Store the share :meth:`cwtrain_encode_share` kept: the delta, or a FULL share when ``plan`` is FULL."""
+        return self.cwtrain_share().store_encoded(plan, None)
 
     def cwtrain_commit_share(self) -> None:
         """The hot-load completed: the published weights are now the served copy."""

@@ -35,9 +35,10 @@ Entry points, all loadable the way slime loads them (``module.attr``):
 * ``cwtrain.integrations.slime.hook`` - the post-write hook, ``hook(args, version_dir,
   rollout_engines)``. The first call (slime's delta root, rank 0) publishes ``--hf-checkpoint``
   as ``<run>-v000000``; each ``weight_vNNNNNN`` is then published as a delta over what the
-  replicas serve, empty deltas are skipped, and a FULL snapshot cuts the chain every
-  ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions (default 20) from the served copy kept in the state
-  directory. Only rank 0 publishes; its ``hotload/*`` metrics go to the run's logger
+  replicas serve, empty deltas are skipped, and a FULL snapshot from the served copy kept in
+  the state directory cuts the chain when ``CWTRAIN_HOTLOAD_FULL_EVERY`` says (``auto``, the
+  default: when a delta costs nearly a FULL, when a cold start would replay more than two
+  FULLs of deltas, or after 19 deltas; or every N versions). Only rank 0 publishes; its ``hotload/*`` metrics go to the run's logger
   (slime's wandb/TensorBoard, :mod:`~cwtrain.integrations.slime.tracking`), since slime
   discards what the hook returns. See :mod:`~cwtrain.integrations.slime.publisher`.
 * ``cwtrain.integrations.slime.actor_hook`` - the same, handed to a long-lived Ray actor on

@@ -14,8 +14,10 @@ variable                                default                       meaning
 ``CWTRAIN_HOTLOAD_WAIT``                true                          wait for each hot-load to complete
 ``CWTRAIN_HOTLOAD_TIMEOUT``             1800                          seconds per publish
 ``CWTRAIN_HOTLOAD_PUBLISH_BASELINE``    true                          publish ``<run>-v000000``
-``CWTRAIN_HOTLOAD_FULL_EVERY``          20                            FULL every N versions (0-64, 0 = never)
-``CWTRAIN_HOTLOAD_MIRROR``              on iff FULL_EVERY > 0         keep the served copy
+``CWTRAIN_HOTLOAD_FULL_EVERY``          auto                          ``auto`` (by cost) or every N (0-64)
+``CWTRAIN_HOTLOAD_FULL_SHARE``          0.9                           ``auto``: a delta this share of a FULL
+``CWTRAIN_HOTLOAD_REPLAY_BUDGET``       2                             ``auto``: FULLs of deltas in a chain
+``CWTRAIN_HOTLOAD_MIRROR``              on unless FULL_EVERY=0        keep the served copy
 ``CWTRAIN_HOTLOAD_VERIFY``              false                         every replica READY on the identity
 ``CWTRAIN_HOTLOAD_STATE_DIR``           ``<disk dir>-hotload``        local working directory
 ``CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY`` unset                         ``preserve`` or ``reset_all``
@@ -139,9 +141,9 @@ class HookConfig(HotLoadSettings):
     """Settings of the slime/miles post-write hook: core's hot-load settings, fields in the same order.
 
     ``HookConfig(deployment_id, run_id, wait=True, timeout=1800.0, publish_baseline=True,
-    full_every=20, mirror=None, verify=False, state_dir="", prompt_cache_policy=UNSPECIFIED,
+    full_every="auto", mirror=None, verify=False, state_dir="", prompt_cache_policy=UNSPECIFIED,
     upload_workers=8, api_base_url="https://api.coreweave.com", api_headers={},
-    api_insecure=False)``; :meth:`from_env` (core's) reads the variables of the module
+    api_insecure=False, full_share=0.9, replay_budget=2.0)``; :meth:`from_env` (core's) reads the variables of the module
     docstring, an explicit value always winning. ``state_dir`` empty means
     ``<--update-weight-disk-dir>-hotload`` (:meth:`with_state_dir`).
     """

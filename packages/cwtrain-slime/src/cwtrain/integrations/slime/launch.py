@@ -12,7 +12,7 @@ The first argument is slime's training script (``train.py`` or ``train_async.py`
 are its arguments, unchanged. Before the script runs, ``slime.ray.placement_group.create_training_models``
 is rebound so that its ``actor_cls`` defaults to :func:`~cwtrain.integrations.slime.train_actor.make_actor_cls`'s
 ``MegatronTrainRayActor`` subclass: every ``actor_model.update_weights()`` then publishes the
-model's tensors by hot-load (baseline first, deltas, FULL every ``CWTRAIN_HOTLOAD_FULL_EVERY``),
+model's tensors by hot-load (baseline first, deltas, FULL cuts as ``CWTRAIN_HOTLOAD_FULL_EVERY`` says),
 without slime's disk updaters, patches or local engines. The script runs as ``__main__``
 with ``sys.argv`` set as if it had been started directly. After it returns, a publishing
 actor (``...slime.actor_hook``), if one was used, is drained so the last publish is not lost.

@@ -12,6 +12,8 @@ root (baseline)                            ``<run>-v000000`` FULL from ``--hf-ch
                                            manifest exists (resume)
 ``weight_vN`` the cadence cuts             ``<run>-vN`` FULL from the served copy (the
                                            mirror) after applying and verifying the delta
+                                           (by count, or with ``auto`` when the delta's
+                                           files weigh too much against the last FULL)
 ``weight_vN`` with an empty ``weight_map`` nothing; the next delta goes against the last
                                            published version, whose bytes are identical
 other ``weight_vN``                        ``<run>-vN`` INCREMENTAL over the last published
@@ -196,6 +198,8 @@ class SlimePublisher:
         else:
             plan.measure(tensors_changed=len(weight_map))
         self._version = version
+        if weight_map:  # auto: weighed by the directory's files (as uploaded) against the last FULL
+            plan = self.session.weigh_directory(plan, directory)
         if plan.full:
             if mirror is None:
                 raise CWTrainError(

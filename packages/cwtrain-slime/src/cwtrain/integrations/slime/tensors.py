@@ -13,8 +13,10 @@ hands the HF-named tensors each rank gathers, chunk by chunk, to a :class:`Tenso
 * shard numbers are agreed over ``torch.distributed`` (slime's gloo group), every rank
   uploads its own shards, and rank 0 commits the index and runs the hot-load;
 * the first call publishes ``--hf-checkpoint`` as ``<run>-v000000`` (rank 0) and seeds
-  every rank's served copy from it; a FULL snapshot cuts the chain every
-  ``CWTRAIN_HOTLOAD_FULL_EVERY`` versions; empty deltas are skipped; the outcome is
+  every rank's served copy from it; a FULL snapshot cuts the chain when
+  ``CWTRAIN_HOTLOAD_FULL_EVERY`` says (``auto``: the ranks' shard bytes, summed through the
+  all-gather that numbers the shards, are weighed against the last FULL, and on a cut each
+  rank writes its FULL share from its served copy); empty deltas are skipped; the outcome is
   broadcast, so a failure raises on every rank.
 
 All of that is core's distributed publisher (:class:`~cwtrain.hotload.RankShare`,

@@ -29,6 +29,8 @@ metric                     meaning
 ``hotload/incremental``     1 for an INCREMENTAL snapshot, 0 for FULL (or nothing published)
 ``hotload/chain_cut``       1 for a FULL snapshot (the baseline, a FULL cut, or after a failure)
 ``hotload/chain_length``    deltas since the chain's FULL snapshot, after this version
+``hotload/cut_reason``      why it is FULL: 0 none, 1 first, 2 requested, 3 failed, 4 count, 5 chain_limit, 6 share, 7 replay
+``hotload/replay_bytes``    bytes a cold replica reads to serve it (its chain's FULL and every delta since)
 ``hotload/served_version``  the version the replicas serve afterwards
 ``hotload/skipped_empty``   1 when nothing changed (nothing published)
 ========================== ===================================================================
