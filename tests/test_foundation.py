@@ -121,7 +121,9 @@ def test_console_script_bad_subcommand_exits_2() -> None:
     assert "invalid choice" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("module_name", ["cwtrain", "cwtrain.hotload", "cwtrain.infra", "cwtrain.errors"])
+@pytest.mark.parametrize(
+    "module_name", ["cwtrain", "cwtrain.hotload", "cwtrain.infra", "cwtrain.errors", "cwtrain.cli"]
+)
 def test_every_public_name_resolves(module_name: str) -> None:
     import importlib
 
@@ -148,3 +150,27 @@ def test_top_level_names_pinned() -> None:
     from cwtrain.hotload.format.tensors import TensorData as Original
 
     assert TensorData is HotLoadTensorData is Original
+
+
+@pytest.mark.parametrize(
+    ("module", "plugin", "record"),
+    [
+        ("slime", "cwtrain-slime", "cwtrain.integrations.slime.framework:SLIME"),
+        ("ray", "cwtrain-slime", "cwtrain.integrations.slime.framework:RAY"),
+        ("miles", "cwtrain-miles", "cwtrain.integrations.miles.framework:MILES"),
+        ("nemo_rl", "cwtrain-nemo-rl", "cwtrain.integrations.nemo_rl.framework:NEMO_RL"),
+        ("nemo_gym", "cwtrain-gym", "cwtrain.integrations.gym.framework:GYM"),
+    ],
+)
+def test_each_plugin_owns_its_framework_record(module: str, plugin: str, record: str) -> None:
+    """Declared in the plug-in's pyproject, found by core's ``registered`` (issue 23: core names no framework)."""
+    from importlib import import_module
+
+    from cwtrain.integrations.frameworks import ENTRY_POINT_GROUP, registered
+
+    meta = tomllib.loads((ROOT / "packages" / plugin / "pyproject.toml").read_text())
+    assert meta["project"]["entry-points"][ENTRY_POINT_GROUP][module] == record
+    found = registered(module)
+    owner, _, name = record.partition(":")
+    assert found is getattr(import_module(owner), name)
+    assert found is not None and (found.module, found.plugin) == (module, plugin)

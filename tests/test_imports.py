@@ -33,6 +33,28 @@ underscored names; dunder names such as ``__version__`` are public):
   ``self.publisher._write_manifest(...)`` into the publisher's module, and it leaves out privates
   of other projects' objects (a framework's ``updater._iter_chunks``), which no cwtrain module defines.
 
+What counts as leaving through a package root (the rule for code of one distribution importing
+another's; core, cwtrain-local and the four plug-ins alike; issue 23):
+
+* The public surface of a distribution is its **roots**: ``cwtrain`` and ``cwtrain.integrations``
+  themselves, and every non-underscored module directly inside them, a package's
+  ``__init__`` (``cwtrain.hotload``, ``cwtrain.infra``, ``cwtrain.cli``, ``cwtrain.serving``,
+  ``cwtrain.integrations.rollout``, ``cwtrain.local``, ``cwtrain.integrations.slime``) or a plain
+  module (``cwtrain.errors``, ``cwtrain.config``, ``cwtrain.lazy``, ``cwtrain.jsondoc``,
+  ``cwtrain.progress``, ``cwtrain.integrations.frameworks``, ``cwtrain.integrations.nvext``).
+  Anything deeper (``cwtrain.hotload.format.index``, ``cwtrain.cli.options``, a wing's own
+  ``__init__`` such as ``cwtrain.hotload.codec``) is the owning distribution's
+  internals, free to move.
+* A module imports another distribution's module ``M`` (``import M``, ``from M import n``, a
+  lazy or type-only import alike) only when ``M`` is a root. ``from R import n`` where
+  ``R.n`` is a submodule counts as importing ``R`` only when root ``R`` lists ``n`` in its
+  ``__all__`` (``from cwtrain.infra import lifecycle``: the root chose to export the module).
+  A dotted use such as ``cwtrain.hotload.loader.HotLoader`` after ``import cwtrain.hotload``
+  is an import of ``cwtrain.hotload.loader``.
+* Which distribution a module belongs to is read from its path (``packages/<dist>/src``).
+  Within one distribution every module may import any other (the layer and privacy rules
+  above still hold).
+
 Tests are not checked: they may import privates to test them.
 """
 
@@ -360,3 +382,223 @@ def test_the_import_graph_has_no_cycle() -> None:
 def test_no_module_uses_another_modules_private_names() -> None:
     found = sorted((str(r) for r in REACHES), key=str)
     assert not found, "reaches into other modules' privates:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------ package roots
+
+
+def distribution_of(name: str) -> str:
+    """The distribution (``cwtrain-core``, ``cwtrain-local``, ...) whose sources hold module ``name``."""
+    owner = _owner(name)
+    assert owner is not None, name
+    return MODULES[owner].relative_to(ROOT / "packages").parts[0]
+
+
+NAMESPACES = ("cwtrain", "cwtrain.integrations")
+
+
+def _is_root(name: str) -> bool:
+    """Whether module ``name`` is a package root (see the module docstring)."""
+    parent, _, last = name.rpartition(".")
+    return name in NAMESPACES or (parent in NAMESPACES and not _private(last))
+
+
+def _exported(tree: ast.Module) -> set[str]:
+    """The string literals a module assigns or adds to ``__all__`` (at its top level)."""
+    names: set[str] = set()
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            names |= {c.value for c in ast.walk(value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return names
+
+
+EXPORTED = {name: _exported(TREES[name]) for name in MODULES if _is_package(name)}
+
+
+def _named_imports(importer: str, tree: ast.Module) -> list[tuple[str, int]]:
+    """Every cwtrain module ``importer`` imports by name, as the package-root rule counts them."""
+    found: list[tuple[str, int]] = []
+    bound: dict[str, str] = {}  # local name -> the cwtrain module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                module = _owner(alias.name)
+                if module is None:
+                    continue
+                found.append((module, node.lineno))
+                if alias.asname:
+                    bound[alias.asname] = module
+                else:
+                    bound.setdefault(alias.name.partition(".")[0], alias.name.partition(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(importer, node)
+            owner = _owner(base)
+            if owner is None:
+                continue
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                if submodule in MODULES and not (base == owner and alias.name in EXPORTED.get(base, set())):
+                    found.append((submodule, node.lineno))
+                    bound[alias.asname or alias.name] = submodule
+                else:
+                    found.append((owner, node.lineno))
+    for node in ast.walk(tree):  # cwtrain.hotload.loader.HotLoader after ``import cwtrain.hotload``
+        if not isinstance(node, ast.Attribute):
+            continue
+        dotted = _dotted(node)
+        head, _, rest = (dotted or "").partition(".")
+        if head in bound and rest:
+            module = _owner(f"{bound[head]}.{rest}")
+            if module is not None and module != _owner(bound[head]):
+                found.append((module, node.lineno))
+    return found
+
+
+def _root_violations(importer: str, tree: ast.Module) -> list[str]:
+    own = distribution_of(importer)
+    bad = []
+    for module, line in _named_imports(importer, tree):
+        if module in MODULES and distribution_of(module) != own and not _is_root(module):
+            root = next(
+                ".".join(module.split(".")[:depth])
+                for depth in range(1, module.count(".") + 2)
+                if _is_root(".".join(module.split(".")[:depth]))
+                and not _is_root(".".join(module.split(".")[: depth + 1]))
+            )
+            bad.append(f"{importer}:{line} imports {module} ({distribution_of(module)}'s internals; use {root})")
+    return sorted(set(bad))
+
+
+def test_the_root_rule_itself() -> None:
+    """The rule on made-up sources: what passes and what does not."""
+    for root in ("cwtrain", "cwtrain.hotload", "cwtrain.errors", "cwtrain.integrations.frameworks",
+                 "cwtrain.integrations.slime", "cwtrain.local", "cwtrain.cli"):  # fmt: skip
+        assert _is_root(root), root
+    for internal in ("cwtrain.hotload.format.index", "cwtrain.hotload.codec", "cwtrain.cli.options",
+                     "cwtrain.integrations.rollout.sampler", "cwtrain._version", "cwtrain.local.engine"):  # fmt: skip
+        assert not _is_root(internal), internal
+    source = """
+from typing import TYPE_CHECKING
+import cwtrain.hotload
+from cwtrain.hotload import HotLoader, TensorData
+from cwtrain.infra import lifecycle
+from cwtrain.errors import SnapshotError
+from cwtrain.integrations.slime import hook
+if TYPE_CHECKING:
+    from cwtrain.hotload.format.index import SnapshotFile
+
+def later():
+    from cwtrain.cli.output import emit
+    import cwtrain.hotload.codec.decode as decode
+    from cwtrain.hotload import codec
+    from cwtrain.local.engine import model
+    return cwtrain.hotload.loader.HotLoader, cwtrain.hotload.HotLoader
+"""
+    found = _root_violations("cwtrain.integrations.gym.made_up", ast.parse(source))
+    assert {line.split(" imports ")[1].split(" ")[0] for line in found} == {
+        "cwtrain.hotload.format.index",
+        "cwtrain.cli.output",
+        "cwtrain.hotload.codec.decode",
+        "cwtrain.hotload.codec",
+        "cwtrain.hotload.loader",
+        "cwtrain.local.engine.model",
+    }, found
+    assert any(line.endswith(":9 imports cwtrain.hotload.format.index (cwtrain-core's internals; use cwtrain.hotload)")
+               for line in found), found  # fmt: skip
+    # inside one distribution the rule does not apply
+    assert (
+        _root_violations("cwtrain.hotload.loader", ast.parse(source.replace("cwtrain.local.engine", "cwtrain.x"))) == []
+    )
+
+
+def test_every_package_imports_other_distributions_only_from_their_roots() -> None:
+    assert {distribution_of(name) for name in MODULES} == {
+        "cwtrain-core", "cwtrain-local", "cwtrain-slime", "cwtrain-miles", "cwtrain-nemo-rl", "cwtrain-gym",
+    }  # fmt: skip
+    bad = [line for name in sorted(MODULES) for line in _root_violations(name, TREES[name])]
+    assert not bad, "imports of another distribution's internals (import from its package root):\n" + "\n".join(bad)
+
+
+def _type_checking_imports(tree: ast.Module) -> set[tuple[str, str]]:
+    pairs: set[tuple[str, str]] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for inner in node.body:
+                assert isinstance(inner, ast.ImportFrom) and inner.module, ast.dump(inner)
+                pairs |= {(inner.module, alias.name) for alias in inner.names}
+    return pairs
+
+
+def test_the_hotload_roots_three_lists_agree() -> None:
+    """``cwtrain.hotload``: its ``TYPE_CHECKING`` imports, ``_MODULES`` and ``__all__`` name the same things.
+
+    Type checkers read the first, the lazy lookup the second, ``import *`` and the docs the
+    third; a name in one and not another is a name mypy, the runtime or a reader does not see.
+    Every name must also be defined (or imported) at the top of the module it is mapped to.
+    """
+    tree = TREES["cwtrain.hotload"]
+    typed = _type_checking_imports(tree)
+    table = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_MODULES" for t in node.targets)
+    )
+    assert isinstance(table, ast.Dict)
+    lazy: set[tuple[str, str]] = set()
+    for key, value in zip(table.keys, table.values, strict=True):
+        assert isinstance(key, ast.Constant) and isinstance(value, ast.Tuple)
+        names = [element.value for element in value.elts if isinstance(element, ast.Constant)]
+        assert len(names) == len(set(names)) == len(value.elts), key.value
+        lazy |= {(key.value, name) for name in names}
+    listed = [
+        element.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        for element in node.value.elts  # type: ignore[attr-defined]
+    ]
+    assert len(listed) == len(set(listed)), "a name listed twice in __all__"
+    assert typed - lazy == set(), f"under TYPE_CHECKING but not in _MODULES: {sorted(typed - lazy)}"
+    assert lazy - typed == set(), f"in _MODULES but not under TYPE_CHECKING: {sorted(lazy - typed)}"
+    names = [name for _, name in lazy]
+    assert len(names) == len(set(names)), "a name mapped to two modules"
+    assert set(names) == set(listed), (
+        f"in _MODULES, not in __all__: {sorted(set(names) - set(listed))}; "
+        f"in __all__, not in _MODULES: {sorted(set(listed) - set(names))}"
+    )
+    for module, name in sorted(lazy):
+        assert module in MODULES and name in _top_level_names(TREES[module]), f"{module} defines no {name}"
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.If | ast.Try):
+            names |= _top_level_names(ast.Module(body=[*node.body, *getattr(node, "orelse", [])], type_ignores=[]))
+    return names
+
+
+def test_shard_sink_is_cores_own_seam() -> None:
+    """``ShardSink`` is private to core: no root exports it and no other distribution names it."""
+    assert "ShardSink" not in EXPORTED["cwtrain.hotload"]
+
+    def names(tree: ast.Module) -> set[str]:
+        found = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        found |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        return found | {n.name.rpartition(".")[2] for n in ast.walk(tree) if isinstance(n, ast.alias)}
+
+    users = sorted(
+        name for name, tree in TREES.items() if distribution_of(name) != "cwtrain-core" and "ShardSink" in names(tree)
+    )
+    assert users == []

@@ -7,12 +7,14 @@ import types
 
 import pytest
 
+from cwtrain.integrations import frameworks
 from cwtrain.integrations.frameworks import (
-    NEMO_RL,
     Framework,
     FrameworkVersionError,
     install_line,
     installed_version,
+    missing_module_hint,
+    registered,
     require,
 )
 
@@ -52,7 +54,38 @@ def test_version_outside_the_range_is_refused(monkeypatch: pytest.MonkeyPatch) -
 def test_install_lines_and_ranges() -> None:
     assert install_line("cwtrain-gym") == "pip install ./packages/cwtrain-gym"
     assert install_line("cwtrain-core[torch]") == 'pip install "./packages/cwtrain-core[torch]"'
-    assert NEMO_RL.supported == "0.7.x"
+    assert Framework("a", "a", "p", "w", (), "0.7.0", "0.8").supported == "0.7.x"
     assert Framework("a", "a", "p", "w", (), "0.6.0").supported == ">= 0.6.0"
     assert Framework("a", "a", "p", "w").supported == "any version"
     assert Framework("a", "a", "p", "w", (), "1.2", "2.0").supported == ">= 1.2, < 2.0"
+
+
+class _EntryPoint:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def load(self) -> object:
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+def test_core_names_no_framework_and_finds_the_plugins_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records live in the plug-ins (the ``cwtrain.frameworks`` entry points); core keeps the mechanism."""
+    assert not [name for name in dir(frameworks) if isinstance(getattr(frameworks, name), Framework)]
+    record = Framework("Thing", "cwtrain_thing", "cwtrain-slime", "the thing image ships it", (), "1.0", "2.0")
+    points = {"cwtrain_thing": [_EntryPoint(RuntimeError("broken plug-in")), _EntryPoint(record)],
+              "cwtrain_other": [_EntryPoint("not a record")]}  # fmt: skip
+
+    def entry_points(group: str, name: str) -> list[_EntryPoint]:
+        assert group == frameworks.ENTRY_POINT_GROUP
+        return points.get(name, [])
+
+    monkeypatch.setattr(frameworks, "entry_points", entry_points)
+    assert registered("cwtrain_thing") is record
+    assert registered("cwtrain_other") is None and registered("cwtrain_none") is None
+    assert missing_module_hint("cwtrain_thing.sub") == (
+        "cwtrain's Thing plug-in runs inside Thing >= 1.0, < 2.0 (the thing image ships it); "
+        "install the plug-in from a cwtrain checkout: pip install ./packages/cwtrain-slime"
+    )
+    assert missing_module_hint("cwtrain_other") is None

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _reference_snapshot import check_served, checkpoint_weights
 
 from cwtrain.cli import main
 from cwtrain.errors import AlreadyExistsError, NotFoundError
@@ -70,10 +71,16 @@ def _deployment_request(
     }
 
 
-def _served(loader: HotLoader, hot_load_id: str, identity: str) -> None:
+def _served(loader: HotLoader, hot_load_id: str, identity: str, stack: LocalStack, weights: Any) -> None:
+    """Every replica serves ``identity``, and serves ``weights`` (the trainer's) byte for byte.
+
+    The bytes are checked by the tests' reference reader (tests/_reference_snapshot.py): the
+    snapshot chain decoded from the bucket without cwtrain's codec, and each replica's weights.
+    """
     replicas = loader.verify_served(hot_load_id, identity)
     assert len(replicas) == 2
     assert all(r.state is ReplicaState.READY and r.current_snapshot_identity == identity for r in replicas)
+    check_served(stack, loader.deployment_id, "hotload", identity, weights)
 
 
 @pytest.mark.slow
@@ -95,7 +102,8 @@ def test_python_api_sequence(stack: LocalStack, api: InferenceClient, tmp_path: 
     write_base_checkpoint(tmp_path / "v0", seed=1)
     full = loader.publish(tmp_path / "v0", "py-v000000")
     assert full.state is HotLoadState.COMPLETED and full.type is SnapshotType.FULL
-    _served(loader, full.id, "py-v000000")
+    v0 = checkpoint_weights(tmp_path / "v0")
+    _served(loader, full.id, "py-v000000", stack, v0)
 
     # A delta from tensors in memory (no staging on disk), against exactly what is served.
     base = {
@@ -111,7 +119,7 @@ def test_python_api_sequence(stack: LocalStack, api: InferenceClient, tmp_path: 
     delta = loader.publish(new, "py-v000001", previous_identity="py-v000000", base=base)
     assert [h.id for h in loader.list() if h.identity == "py-v000001"] == [delta.id]  # adopted, not doubled
     assert delta.state is HotLoadState.COMPLETED and delta.type is SnapshotType.INCREMENTAL
-    _served(loader, delta.id, "py-v000001")
+    _served(loader, delta.id, "py-v000001", stack, new)
 
     listed = loader.list()
     assert [h.identity for h in listed[:2]] == ["py-v000001", "py-v000000"]
@@ -124,11 +132,11 @@ def test_python_api_sequence(stack: LocalStack, api: InferenceClient, tmp_path: 
     again = loader.trigger("py-v000001", previous_identity="py-v000000")
     assert api.get_hot_load(first.id).terminal
     assert loader.wait(again.id).state is HotLoadState.COMPLETED
-    _served(loader, again.id, "py-v000001")
+    _served(loader, again.id, "py-v000001", stack, new)
 
     back = loader.rollback("py-v000000")
     assert back.state is HotLoadState.COMPLETED and back.type is SnapshotType.FULL and back.id != full.id
-    _served(loader, back.id, "py-v000000")
+    _served(loader, back.id, "py-v000000", stack, v0)
     assert loader.current_identity() == "py-v000000"
 
     assert lifecycle.delete_deployment(api, dep.id, timeout=60, poll_interval=POLL) is True
@@ -236,6 +244,7 @@ def test_cli_sequence(
     )
     assert code == 0 and delta["spec"]["type"] == "INCREMENTAL"
     assert delta["spec"]["incremental_snapshot_metadata"]["previous_snapshot_identity"] == "cli-v000000"
+    check_served(stack, dep["id"], "cli", "cli-v000001", checkpoint_weights(tmp_path / "v1"))
 
     code, status = _cli(capsys, "hotload", "status", delta["spec"]["id"])
     assert code == 0 and len(status["replicas"]) == 2
@@ -249,6 +258,7 @@ def test_cli_sequence(
     assert code == 0 and waited["spec"]["id"] == back["spec"]["id"]
     code, status = _cli(capsys, "hotload", "status", back["spec"]["id"])
     assert {r["current_snapshot_identity"] for r in status["replicas"]} == {"cli-v000000"}
+    check_served(stack, dep["id"], "cli", "cli-v000000", checkpoint_weights(tmp_path / "v0"))
 
     code, trig = _cli(
         capsys,

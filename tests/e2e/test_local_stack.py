@@ -15,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 import torch
+from _reference_snapshot import assert_same_weights, check_served, served_by_replicas
 
 from cwtrain.hotload.codec.encode import DeltaEncoder
 from cwtrain.hotload.publish.object_writer import SHA256_METADATA
@@ -113,6 +114,21 @@ class World:
             ids = choice.model_extra["token_ids"]
             expected = token_logprobs(self.weights[identity], PROMPT, ids)
             assert choice.logprobs.token_logprobs == pytest.approx(expected, abs=1e-4)
+        # Byte for byte, by the reference reader (not cwtrain's codec): the chain in the bucket
+        # and what every replica holds are the trainer's weights.
+        if identity == "initial":
+            for served, weights in served_by_replicas(self.stack, self.target.deployment_id):
+                assert served == identity
+                assert_same_weights(weights, self.weights[identity], "the base weights a replica serves")
+        else:
+            check_served(
+                self.stack,
+                self.target.deployment_id,
+                self.target.path_prefix,
+                identity,
+                self.weights[identity],
+                bucket=self.target.bucket,
+            )
 
     def replica_health(self) -> list[dict[str, Any]]:
         slots = self.stack.supervisor.slots[self.target.deployment_id]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from _reference_snapshot import check_served
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -93,6 +94,8 @@ def test_three_refits_from_two_ray_workers(
                     for n, t in trainer.items()
                 }
                 assert manifest["tensors"] == dict(sorted(expected.items()))
+                # byte for byte by the tests' reference reader: the chain in the bucket and every replica
+                check_served(stack, target.deployment_id, target.path_prefix, identity, trainer, bucket=target.bucket)
 
                 out = generation.generate({"input_ids": prompt, "input_lengths": torch.tensor([3])})
                 assert generation.served_identities == (identity,)

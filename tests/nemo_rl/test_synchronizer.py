@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from _reference_snapshot import assert_same_weights, bucket_reader, decode_chain
 
 CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
 if CORE_TESTS not in sys.path:
@@ -142,6 +143,8 @@ def test_each_sync_is_one_version_of_the_session_with_its_metrics(
             name: f"{zlib.adler32(trainer[name].contiguous().view(torch.uint8).numpy().tobytes()):08x}"
             for name in sorted(trainer)
         }
+        # the bucket's chain, decoded by the tests' reference reader (not cwtrain's codec), is the trainer's
+        assert_same_weights(decode_chain(bucket_reader(s3, bucket, "hotload"), identity), trainer, identity)
     assert policy.calls.count("cwtrain_commit_share") == 4 and "cwtrain_discard_share" not in policy.calls
 
 

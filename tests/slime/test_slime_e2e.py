@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _reference_snapshot import assert_same_weights, bucket_reader, check_served, decode_chain
 from slime_driver import slime_args
 
 pytestmark = pytest.mark.e2e
@@ -148,7 +149,7 @@ def _rollout(args: argparse.Namespace, rollout_id: int) -> list[list[Any]]:
 
 
 def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
-    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch
+    slime_stubs: Path, tmp_path: Path, stack: Any, stack_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from slime.observability.logging_utils import RECORDS
 
@@ -162,8 +163,10 @@ def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
     run = SimulatedSlime(tmp_path, "cwtrain.integrations.slime.hook")
     RECORDS.clear()
 
+    local, target = stack
     metrics = [run.baseline()]
     _served_by_both(loader, f"{RUN}-v000000")
+    check_served(local, target.deployment_id, target.path_prefix, f"{RUN}-v000000", run.weights)
     served = 0
     for step in range(1, 6):
         metrics.append(run.step())
@@ -171,6 +174,9 @@ def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
             served = step
         identity = f"{RUN}-v{served:06d}"
         _served_by_both(loader, identity)
+        # byte for byte by the tests' reference reader: the chain in the bucket and every replica
+        # (step 4 changed nothing, so the trainer's weights are still version 3's)
+        check_served(local, target.deployment_id, target.path_prefix, identity, run.weights)
         for group in _rollout(run.args, step):
             assert len(group) == run.args.n_samples_per_prompt
             for sample in group:
@@ -221,7 +227,12 @@ def test_hook_publishes_a_slime_run_and_rollouts_report_the_served_version(
 
 @pytest.mark.slow
 def test_actor_hook_overlaps_publish_with_the_next_step(
-    slime_stubs: Path, tmp_path: Path, stack_env: Any, monkeypatch: pytest.MonkeyPatch, ray_session: Any
+    slime_stubs: Path,
+    tmp_path: Path,
+    stack: Any,
+    stack_env: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    ray_session: Any,
 ) -> None:
     ray = ray_session  # the session's Ray (tests/conftest.py): starting one takes seconds
     from cwtrain.integrations.slime import drain
@@ -251,6 +262,7 @@ def test_actor_hook_overlaps_publish_with_the_next_step(
         assert returned_after[0] < publish_seconds, (returned_after, publish_seconds)
         assert drain(stack_env.deployment_id, timeout=120) == "actor-v000002"
         _served_by_both(loader, "actor-v000002")
+        check_served(stack[0], stack_env.deployment_id, stack_env.path_prefix, "actor-v000002", run.weights)
     finally:  # the actor goes with this test (Ray stays): nothing can pick it up by name later
         name = actor_name(stack_env.deployment_id)
         with contextlib.suppress(ValueError):
@@ -395,6 +407,7 @@ def test_live_tensor_actor_publishes_the_same_bytes_as_the_directory_path(
             tensor.copy_(trained[name])
         actor.update_weights()
         _served_by_both(loader, f"live-v{step:06d}")
+        check_served(local, target.deployment_id, target.path_prefix, f"live-v{step:06d}", actor.weights)
     logged = [m for m, key in RECORDS if key == "hotload/step"]
     assert [(m["hotload/step"], m["hotload/served_version"]) for m in logged] == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
     assert logged[2]["hotload/incremental"] == 1.0 and logged[2]["hotload/chain_length"] == 2.0
@@ -453,6 +466,10 @@ def test_every_rank_encodes_its_tensors_and_rank_zero_commits(
     assert metrics[1] == [None] * 4 and all(m is not None for m in metrics[0])
     loader = _loader(target.deployment_id)
     _served_by_both(loader, "ranks-v000003")
+    check_served(local, target.deployment_id, target.path_prefix, "ranks-v000003", steps[3])
+    read = bucket_reader(local.s3_client(), target.bucket, target.path_prefix)
+    for version in (1, 2):  # the deltas before the cut, both ranks' shards, decode to the steps' weights too
+        assert_same_weights(decode_chain(read, f"ranks-v{version:06d}"), steps[version], f"ranks-v{version:06d}")
     delta = _objects(local, target.bucket, f"{target.path_prefix}/ranks-v000002")
     index = json.loads(delta[INDEX])
     assert index["metadata"]["base_version"] == "ranks-v000001"

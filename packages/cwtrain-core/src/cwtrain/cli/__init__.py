@@ -12,7 +12,9 @@ cwtrain checkout: pip install ./packages/cwtrain-local``, exit 1); a missing opt
 command runs is one line with its install line too (:mod:`cwtrain.cli.errors`).
 
 Output rules: stdout carries exactly one JSON document (see
-:func:`cwtrain.cli.output.emit`), stderr logs and progress. Exit codes: 0 success,
+:func:`cwtrain.cli.output.emit`), stderr logs and progress. Other distributions' groups
+build on what this package exports: :func:`command_group`, :func:`positive_int`,
+:func:`positive_float`, :func:`client_from_args` and :func:`emit`. Exit codes: 0 success,
 1 any failure (a :class:`~cwtrain.errors.CWTrainError`, ``OSError``, object-store or
 credential error, or a bug, each one ``error:`` line with secrets masked), 130
 interrupted (the table is :data:`cwtrain.cli.errors.ERROR_EXITS`), 2 usage error found
@@ -27,14 +29,41 @@ import sys
 from collections.abc import Sequence
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cwtrain._version import __version__
 from cwtrain.cli.errors import fail, known_secrets, one_line
 from cwtrain.config import env_bool
 from cwtrain.errors import UsageError
+from cwtrain.lazy import lazy_exports
 
-__all__ = ["CORE_GROUPS", "OPTIONAL_GROUPS", "CLIParser", "build_parser", "main"]
+if TYPE_CHECKING:
+    from cwtrain.cli.options import client_from_args, command_group, positive_float, positive_int
+    from cwtrain.cli.output import emit
+
+__all__ = [
+    "CORE_GROUPS",
+    "OPTIONAL_GROUPS",
+    "CLIParser",
+    "build_parser",
+    "client_from_args",
+    "command_group",
+    "emit",
+    "main",
+    "positive_float",
+    "positive_int",
+]
+
+#: What other distributions' command groups build on (``cwtrain local``, ``cwtrain gym``),
+#: resolved on first use.
+_LAZY = {
+    "client_from_args": "cwtrain.cli.options",
+    "command_group": "cwtrain.cli.options",
+    "positive_float": "cwtrain.cli.options",
+    "positive_int": "cwtrain.cli.options",
+    "emit": "cwtrain.cli.output",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
 
 log = logging.getLogger("cwtrain.cli")
 

@@ -1,11 +1,12 @@
-"""The frameworks cwtrain plugs into, and the one check that says what to install.
+"""The one check that says what to install when a plug-in's framework is missing.
 
 Plug-in packages never hard-require their framework (it lives in the framework's own
 image); they import it on first use through :func:`require`, which raises one
 ``ImportError`` with the exact fix when the framework is missing or outside the range
 the plug-in was checked against::
 
-    from cwtrain.integrations.frameworks import NEMO_RL, require
+    from cwtrain.integrations.frameworks import require
+    from cwtrain.integrations.nemo_rl.framework import NEMO_RL   # the plug-in's own record
 
     grpo = require(NEMO_RL, "nemo_rl.algorithms.grpo")      # the module, or ImportError
 
@@ -13,11 +14,17 @@ the plug-in was checked against::
     NeMo-RL 0.7.x (the NeMo-RL v0.7.0 image ships it); install the plug-in from a cwtrain checkout:
     pip install ./packages/cwtrain-nemo-rl
 
+Core holds the mechanism only: each plug-in owns the :class:`Framework` record of the
+versions it supports (``cwtrain.integrations.<plug-in>.framework``) and declares it in the
+``cwtrain.frameworks`` entry-point group under the framework's top-level module name
+(``nemo_rl = "cwtrain.integrations.nemo_rl.framework:NEMO_RL"``), which is how
+:func:`registered` finds it without core naming any framework.
+
 :func:`install_line` is the same install line for messages of other kinds, and
 :func:`missing_module_hint` the fix for a ``ModuleNotFoundError`` of an optional
-dependency (``torch`` → ``pip install "./packages/cwtrain-core[torch]"``; the CLI prints
-it). Install lines name this repository's paths: a different project named ``cwtrain``
-exists on public package indexes.
+dependency (``torch`` → ``pip install "./packages/cwtrain-core[torch]"``; a framework
+module → its plug-in's record; the CLI prints it). Install lines name this repository's
+paths: a different project named ``cwtrain`` exists on public package indexes.
 """
 
 from __future__ import annotations
@@ -25,23 +32,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from types import ModuleType
 
 __all__ = [
-    "GYM",
-    "MILES",
-    "NEMO_RL",
-    "RAY",
-    "SLIME",
-    "TORCH",
+    "ENTRY_POINT_GROUP",
     "Framework",
     "FrameworkVersionError",
     "install_line",
     "installed_version",
     "missing_module_hint",
+    "registered",
     "require",
 ]
+
+#: The entry-point group where plug-ins declare their :class:`Framework` records, by module name.
+ENTRY_POINT_GROUP = "cwtrain.frameworks"
 
 
 @dataclass(frozen=True)
@@ -85,14 +91,21 @@ class FrameworkVersionError(ImportError):
     """The framework is installed, but outside the range the plug-in supports."""
 
 
-SLIME = Framework("slime", "slime", "cwtrain-slime", "the slime image ships it", ("slime",))
-MILES = Framework("miles", "miles", "cwtrain-miles", "the radixark/miles image ships it", ("miles",))
-NEMO_RL = Framework(
-    "NeMo-RL", "nemo_rl", "cwtrain-nemo-rl", "the NeMo-RL v0.7.0 image ships it", ("nemo-rl", "nemo_rl"), "0.7.0", "0.8"
-)
-GYM = Framework("NeMo Gym", "nemo_gym", "cwtrain-gym", 'pip install "nemo-gym>=0.6.0"', ("nemo-gym",), "0.6.0")
-RAY = Framework("Ray", "ray", "cwtrain-slime", 'pip install "ray>=2.30"; the framework images ship it', ("ray",))
-TORCH = Framework("torch", "torch", "cwtrain-core[torch]", "pip install torch", ("torch",))
+def registered(module: str) -> Framework | None:
+    """The installed plug-ins' record of the framework whose top-level module is ``module``, if any.
+
+    Read from the ``cwtrain.frameworks`` entry-point group; a plug-in that fails to load, or
+    names something that is not a :class:`Framework`, counts as no record (this runs while
+    another error is being explained).
+    """
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP, name=module):
+        try:
+            record = entry_point.load()
+        except Exception:
+            continue
+        if isinstance(record, Framework) and record.module == module:
+            return record
+    return None
 
 
 def install_line(plugin: str) -> str:
@@ -136,10 +149,8 @@ def missing_module_hint(name: str | None) -> str | None:
     if top in _OPTIONAL_MODULES:
         what, plugin = _OPTIONAL_MODULES[top]
         return f"{top} is needed by {what}; install it from a cwtrain checkout: {install_line(plugin)}"
-    for framework in (SLIME, MILES, NEMO_RL, GYM, RAY):
-        if top == framework.module:
-            return _hint(framework)
-    return None
+    framework = registered(top)
+    return _hint(framework) if framework is not None else None
 
 
 def _hint(framework: Framework) -> str:

@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cwtrain.cli.options import command_group, positive_float, positive_int
+from cwtrain.cli import command_group, positive_float, positive_int
 from cwtrain.jsondoc import load_json
 
 __all__ = ["default_state_file", "register", "running_state"]
@@ -280,7 +280,7 @@ def running_state(state_file: Path | None = None) -> dict[str, Any]:
 
 
 def _env(args: argparse.Namespace) -> int:
-    from cwtrain.cli.output import emit
+    from cwtrain.cli import emit
 
     env = {str(k): str(v) for k, v in running_state(args.state_file)["env"].items()}
     if args.json:
@@ -291,7 +291,7 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _base_checkpoint(args: argparse.Namespace) -> int:
-    from cwtrain.cli.output import emit
+    from cwtrain.cli import emit
     from cwtrain.errors import CWTrainError
     from cwtrain.infra import InferenceClient, s3_client
     from cwtrain.integrations.staging import stage_from_s3
@@ -332,7 +332,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from cwtrain.cli.output import emit
+    from cwtrain.cli import emit
     from cwtrain.local.stack import LocalStack
 
     state_file: Path = args.state_file or default_state_file()
@@ -384,7 +384,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from cwtrain.cli.output import emit
+    from cwtrain.cli import emit
 
     state_file: Path = args.state_file or default_state_file()
     locked = _lock_file(state_file).exists()

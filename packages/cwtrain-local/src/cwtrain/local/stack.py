@@ -41,8 +41,7 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.errors import LifecycleError, UsageError
-from cwtrain.hotload.format.index import INDEX_NAME, SINGLE_FILE_NAME, generated_index_bytes
-from cwtrain.hotload.format.safetensors import header_of_bytes
+from cwtrain.hotload import INDEX_NAME, SINGLE_FILE_NAME, generated_index_bytes, header_of_bytes
 from cwtrain.jsondoc import load_json
 from cwtrain.local.controlplane.server import API_PREFIX, ControlPlaneServer
 from cwtrain.local.controlplane.state import ControlPlaneState

@@ -174,7 +174,10 @@ class ShardSink:
     """Receives changed tensors in ascending name order and packs them into shards.
 
     The default keeps frames in memory and builds :class:`SnapshotFile` objects;
-    :mod:`cwtrain.hotload.files.write` subclasses it to stream shards to disk.
+    :mod:`cwtrain.hotload.files.write` subclasses it to stream shards to disk and
+    :mod:`cwtrain.hotload.publish.distributed` to pack a rank's share. It is core's own seam,
+    not an extension point: :mod:`cwtrain.hotload` does not export it, and plug-ins, which
+    import core only from package roots (``tests/test_imports.py``), cannot subclass it.
     """
 
     def __init__(self, shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:

@@ -29,8 +29,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cwtrain.cli.options import client_from_args, command_group, positive_float, positive_int
-from cwtrain.integrations.frameworks import GYM
+from cwtrain.cli import client_from_args, command_group, positive_float, positive_int
+from cwtrain.integrations.gym.framework import GYM
 
 __all__ = ["register"]
 
@@ -88,7 +88,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     # Imported here: registration stays cheap (no httpx, no YAML) for every other command.
-    from cwtrain.cli.output import emit
+    from cwtrain.cli import emit
     from cwtrain.integrations.gym.evaluation import load_request
 
     request = load_request(args.request)

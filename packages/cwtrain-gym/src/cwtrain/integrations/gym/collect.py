@@ -33,7 +33,7 @@ Gym installs without ``gym`` but with the legacy ``ng_run``/``ng_collect_rollout
 scripts (v0.4.0) are driven the same way with Hydra overrides (``+config_paths=[...]``,
 ``+agent_name=``, ``+input_jsonl_fpath=``, ...). Without either, :func:`require_gym`
 raises :class:`GymNotInstalledError` naming the install
-(:data:`cwtrain.integrations.frameworks.GYM`: ``pip install "nemo-gym>=0.6.0"``).
+(:data:`cwtrain.integrations.gym.framework.GYM`: ``pip install "nemo-gym>=0.6.0"``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any, Protocol, runtime_checkable
 import yaml  # type: ignore[import-untyped]
 
 from cwtrain.errors import CWTrainError
-from cwtrain.integrations.frameworks import GYM
+from cwtrain.integrations.gym.framework import GYM
 
 __all__ = [
     "CheckedCollector",

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from cwtrain.hotload.format.identity import RESERVED_IDENTITIES
+from cwtrain.hotload import RESERVED_IDENTITIES
 
 __all__ = [
     "API_MAX_CHAIN_DELTAS",
@@ -73,7 +73,7 @@ GPU_COUNTS = frozenset({1, 2, 4, 8, 16})
 HOT_LOAD_ENGINE = "dynamo-vllm"
 #: The API accepts at most this many deltas after the chain's last FULL snapshot when it
 #: resolves a hot-load's chain (the service's limit; a replica starting cold replays at most
-#: :data:`cwtrain.hotload.format.chain.MAX_CHAIN_DELTAS`, which is lower).
+#: :data:`cwtrain.hotload.MAX_CHAIN_DELTAS`, which is lower).
 API_MAX_CHAIN_DELTAS = 128
 #: ``runtimeConfigOptions``: the ``runtime.engineConfig`` keys each engine takes. Local
 #: values (the replicas ignore engineConfig); the service answers its own lists.
@@ -203,7 +203,7 @@ def deployment_parameters(gateway_ids: Sequence[str], engines: Mapping[str, Sequ
 
 def check_identity(identity: Any, field: str = "identity") -> str:
     """A snapshot identity: 1-128 characters, one path segment, not reserved
-    (:data:`cwtrain.hotload.format.identity.RESERVED_IDENTITIES`)."""
+    (:data:`cwtrain.hotload.RESERVED_IDENTITIES`)."""
     if not isinstance(identity, str) or not identity:
         raise _invalid(f"{field} is required (one path segment under the deployment's hot-load prefix)")
     if len(identity) > 128:

@@ -20,8 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cwtrain.hotload.format.identity import snapshot_prefix
-from cwtrain.hotload.format.index import INDEX_NAME
+from cwtrain.hotload import INDEX_NAME, snapshot_prefix
 from cwtrain.local.controlplane.pages import Paginator, page_size
 from cwtrain.local.controlplane.records import DeploymentRecord, GatewayRecord, HotLoadRecord, ReplicaRecord
 from cwtrain.local.controlplane.resources import (

@@ -369,7 +369,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
 
 def main(args: argparse.Namespace) -> int:
     """``cwtrain demo`` handler: run; the JSON where asked (``--json``, ``--json-file``); the summary table last (stderr)."""
-    from cwtrain.cli.output import emit
+    from cwtrain.cli import emit
 
     config = _config_from_args(args)
     json_file = getattr(args, "json_file", None)

@@ -51,9 +51,7 @@ import torch.nn.functional as F
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from cwtrain.hotload.codec.device import TORCH_DTYPES
-from cwtrain.hotload.format.index import SINGLE_FILE_NAME
-from cwtrain.hotload.format.tensors import TensorData
+from cwtrain.hotload import SINGLE_FILE_NAME, TORCH_DTYPES, TensorData
 from cwtrain.local.engine.tokenizer import TOKENIZER_CONFIG_FILE, Tokenizer
 
 __all__ = [
@@ -78,7 +76,7 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.json"
-#: The checkpoint's one weights file (:data:`cwtrain.hotload.format.index.SINGLE_FILE_NAME`).
+#: The checkpoint's one weights file (:data:`cwtrain.hotload.SINGLE_FILE_NAME`).
 CHECKPOINT_FILE = SINGLE_FILE_NAME
 
 
@@ -205,7 +203,7 @@ _ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
 
 
 def to_tensor_data(weights: Mapping[str, torch.Tensor]) -> dict[str, TensorData]:
-    """Weights as the codec's :class:`~cwtrain.hotload.format.index.TensorData` (dtype, shape, uint8 bytes)."""
+    """Weights as the codec's :class:`~cwtrain.hotload.TensorData` (dtype, shape, uint8 bytes)."""
     out: dict[str, TensorData] = {}
     for name, t in weights.items():
         t = t.detach().contiguous().cpu()

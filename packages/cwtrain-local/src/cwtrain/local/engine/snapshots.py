@@ -10,11 +10,11 @@ built from them). This module builds new ones without touching the served copy:
 - :func:`plan_chain` — which snapshots of a resolved chain (oldest first, starting at a
   FULL) must be applied: only the deltas after the served identity when it is in the chain,
   else the last FULL and every delta after it (at most
-  :data:`cwtrain.hotload.format.chain.MAX_CHAIN_DELTAS`).
+  :data:`cwtrain.hotload.MAX_CHAIN_DELTAS`).
 - :func:`apply_chain` — reads every index first and checks ``xor``/``zstd``/``adler32`` and
   the ``version``/``base_version`` links before anything is decoded, then applies FULL and
-  deltas with the codec (:func:`cwtrain.hotload.codec.encode.load_full` and
-  :func:`cwtrain.hotload.codec.encode.apply_delta`, which verify every Adler-32). Any error leaves
+  deltas with the codec (:func:`cwtrain.hotload.load_full` and
+  :func:`cwtrain.hotload.apply_delta`, which verify every Adler-32). Any error leaves
   the served weights untouched.
 
 Every snapshot object (index and shards) is checked as it is read, as a strict engine
@@ -35,19 +35,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
-from cwtrain.hotload.codec.decode import apply_delta, load_full
-from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
-from cwtrain.hotload.format.identity import snapshot_prefix
-from cwtrain.hotload.format.index import (
+from cwtrain.hotload import (
     INDEX_NAME,
+    MAX_CHAIN_DELTAS,
+    SHA256_METADATA,
     SINGLE_FILE_NAME,
+    TensorData,
+    apply_delta,
     check_delta_metadata,
     index_metadata,
     is_delta_index,
+    load_full,
     parse_index,
+    snapshot_prefix,
 )
-from cwtrain.hotload.format.tensors import TensorData
-from cwtrain.hotload.publish.object_writer import SHA256_METADATA
 from cwtrain.jsondoc import load_json
 from cwtrain.local.engine.model import (
     CONFIG_FILE,
@@ -145,7 +146,7 @@ class SnapshotSource:
         return index, self.read_shards(identity, index)
 
     def read_index(self, identity: str) -> dict[str, Any]:
-        """The parsed index (:data:`~cwtrain.hotload.format.index.INDEX_NAME`) of snapshot ``identity``."""
+        """The parsed index (:data:`~cwtrain.hotload.INDEX_NAME`) of snapshot ``identity``."""
         raw = self._get(self.bucket, self._key(identity, INDEX_NAME), require_sha256=True)
         return parse_index(raw, source=f"index of snapshot {identity!r}")
 
@@ -181,7 +182,7 @@ def plan_chain(current: str | None, chain: Sequence[ChainLink]) -> tuple[ChainLi
 
     Raises:
         SnapshotError: The chain is empty, does not start at a FULL, or a cold replay would
-            apply more than :data:`cwtrain.hotload.format.chain.MAX_CHAIN_DELTAS` deltas.
+            apply more than :data:`cwtrain.hotload.MAX_CHAIN_DELTAS` deltas.
     """
     if not chain:
         raise SnapshotError("the hot-load chain is empty")

@@ -26,7 +26,8 @@ import logging
 from typing import Any, cast
 
 from cwtrain.errors import ConfigError
-from cwtrain.integrations.frameworks import MILES, install_line, require
+from cwtrain.integrations.frameworks import install_line, require
+from cwtrain.integrations.miles.framework import MILES
 from cwtrain.integrations.slime import REFUSED_FLAGS as SLIME_REFUSED_FLAGS
 from cwtrain.integrations.slime import (
     DataSource,

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.config import environ_or
-from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.frameworks import require
+from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 
 if TYPE_CHECKING:
     from cwtrain.integrations.nemo_rl.refit import GrpoHooks

@@ -53,8 +53,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cwtrain.errors import RolloutError
-from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.frameworks import require
 from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
+from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.protocols import Tokenizer, WeightSync
 from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams, served_version_metrics
 

@@ -27,7 +27,8 @@ from importlib import resources
 from pathlib import Path
 
 from cwtrain.errors import CWTrainError
-from cwtrain.integrations.frameworks import NEMO_RL, installed_version, require
+from cwtrain.integrations.frameworks import installed_version, require
+from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 
 __all__ = ["NEMO_RL_VERSION", "PATCH_NAME", "apply_patch", "main", "patch_text"]
 

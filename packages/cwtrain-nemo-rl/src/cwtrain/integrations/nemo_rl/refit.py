@@ -46,7 +46,8 @@ from types import ModuleType
 from typing import Any
 
 from cwtrain.errors import ConfigError
-from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.frameworks import require
+from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
 
 __all__ = ["GrpoHooks", "grpo_hooks", "install", "install_setup", "uninstall"]

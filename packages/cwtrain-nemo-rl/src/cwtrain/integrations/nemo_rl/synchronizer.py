@@ -55,7 +55,8 @@ from cwtrain.hotload import (
     VersionPlan,
     side_files,
 )
-from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.frameworks import require
+from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
 from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
 

@@ -32,7 +32,8 @@ from typing import Any
 import ray
 import torch
 
-from cwtrain.integrations.frameworks import NEMO_RL, require
+from cwtrain.integrations.frameworks import require
+from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.worker_mixin import HotLoadWorkerMixin
 
 __all__ = ["IMPORT_ERRORS", "CoreWeaveDTensorPolicyWorker", "CoreWeaveMegatronPolicyWorker"]

@@ -23,7 +23,8 @@ import argparse
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cwtrain.integrations.frameworks import RAY, require
+from cwtrain.integrations.frameworks import require
+from cwtrain.integrations.slime.framework import RAY
 
 from .config import HookConfig
 from .publisher import SlimePublisher, version_of

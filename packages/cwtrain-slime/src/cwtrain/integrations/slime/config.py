@@ -1,6 +1,6 @@
 """Configuration of the slime/miles hook: :class:`HookConfig`, run ids, ranks, slime's own flags.
 
-:class:`HookConfig` is core's :class:`~cwtrain.hotload.settings.HotLoadSettings` (the one
+:class:`HookConfig` is core's :class:`~cwtrain.hotload.HotLoadSettings` (the one
 reader of the hot-load variables, its defaults and its run-id rule) with slime's words:
 the state directory beside ``--update-weight-disk-dir`` and the run id derived from slime's
 arguments. Precedence: an explicit argument beats the ``CWTRAIN_HOTLOAD_*`` variable, which

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cwtrain.integrations.frameworks import SLIME, require
+from cwtrain.integrations.frameworks import require
+from cwtrain.integrations.slime.framework import SLIME
 
 __all__ = ["inject_actor_cls", "main"]
 

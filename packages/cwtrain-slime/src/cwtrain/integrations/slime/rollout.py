@@ -58,8 +58,9 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from cwtrain.config import env_str
 from cwtrain.errors import ConfigError
 from cwtrain.hotload import identity_version, split_version_identity
-from cwtrain.integrations.frameworks import SLIME, require
+from cwtrain.integrations.frameworks import require
 from cwtrain.integrations.nvext import read_served_identity
+from cwtrain.integrations.slime.framework import SLIME
 
 from .barrier import check_standalone_publish
 from .config import HookConfig, shared_run_id, state_dir_for

@@ -33,7 +33,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from cwtrain.errors import ConfigError, CWTrainError
-from cwtrain.integrations.frameworks import SLIME, install_line
+from cwtrain.integrations.frameworks import install_line
+from cwtrain.integrations.slime.framework import SLIME
 
 from .barrier import extend_gloo_timeout
 from .config import HookConfig
