@@ -503,20 +503,8 @@ def test_every_publisher_waits_for_ready_verifies_keeps_one_deadline_and_reports
         logger.setLevel(level)
 
 
-#: Where a publisher still reports a figure differently (strict: the day it agrees, the mark goes).
-#: A snapshot uploaded from a directory (the hooks' baselines, slime's deltas on disk without a
-#: served copy) reports no ``tensors_changed``/``bytes_changed`` from core's upload: 0 where
-#: the field says "all, for FULL" and "raw bytes of the changed tensors".
-_DIRECTORY_FIGURES = pytest.mark.xfail(
-    strict=True, reason="directory uploads report no tensors_changed/bytes_changed (core's store and session)"
-)
 COMPARED = [
-    pytest.param(kind, version, marks=_DIRECTORY_FIGURES, id=f"{kind}-v{version}")
-    if (kind, version) in {("slime-disk", 0), ("slime-disk", 1), ("slime-live", 0), ("miles", 0)}
-    else pytest.param(kind, version, id=f"{kind}-v{version}")
-    for kind in PUBLISHERS
-    if kind != "demo"
-    for version in (0, 1)
+    pytest.param(kind, version, id=f"{kind}-v{version}") for kind in PUBLISHERS if kind != "demo" for version in (0, 1)
 ]
 
 

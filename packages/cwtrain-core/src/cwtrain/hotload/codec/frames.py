@@ -40,6 +40,7 @@ __all__ = [
     "MAX_WINDOW_BYTES",
     "apply_payload",
     "decode_frame",
+    "frame_header",
     "stream_payload",
     "zstd_frame_size",
 ]
@@ -96,9 +97,15 @@ def _pread(region: FileRegion, position: int, count: int) -> bytes:
     return bytes(pread_exact(region.fd, count, region.offset + position, source=region.source))
 
 
-def _walk(reader: _Reader) -> _Frame:
-    size = reader.size
-    head = reader.read(0, min(size, 18))
+def frame_header(head: bytes) -> tuple[int, int, int]:
+    """The frame header at the start of ``head`` (its first 18 bytes suffice).
+
+    Returns:
+        ``(header length, Frame_Content_Size or -1 when absent, window size)``.
+
+    Raises:
+        ValueError: not a zstd frame, a reserved bit, a dictionary frame, or a truncated header.
+    """
     if len(head) < 6 or head[:4] != _ZSTD_MAGIC:
         raise ValueError("not a zstd frame (bad magic)")
     descriptor = head[4]
@@ -118,8 +125,14 @@ def _walk(reader: _Reader) -> _Frame:
     content = -1
     if fcs_size:
         content = int.from_bytes(head[position - fcs_size : position], "little") + (256 if fcs_size == 2 else 0)
-    if single:
-        window = content
+    return position, content, content if single else window
+
+
+def _walk(reader: _Reader) -> _Frame:
+    size = reader.size
+    head = reader.read(0, min(size, 18))
+    position, content, window = frame_header(head)
+    descriptor = head[4]
     block_max = min(_BLOCK_MAX, max(window, 1))
     bound = 0
     while True:

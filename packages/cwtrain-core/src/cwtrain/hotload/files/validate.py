@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
+from cwtrain.hotload.codec.frames import frame_header
 from cwtrain.hotload.format.checksum import is_checksum
 from cwtrain.hotload.format.identity import identity_for_base_version, validate_identity
 from cwtrain.hotload.format.index import (
@@ -52,8 +53,6 @@ __all__ = ["SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"]
 
 log = logging.getLogger(__name__)
 
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
 
 @dataclass(frozen=True)
 class SnapshotInfo:
@@ -71,6 +70,8 @@ class SnapshotInfo:
         index_generated: the index was generated for a lone ``model.safetensors``.
         generated_index: the generated index bytes (``None`` when the directory has one).
         shards: the shard files the index names.
+        tensor_bytes: raw bytes of the tensors the snapshot holds (a delta's: its frames'
+            content sizes).
     """
 
     path: Path
@@ -83,6 +84,7 @@ class SnapshotInfo:
     index_generated: bool = False
     generated_index: bytes | None = field(default=None, repr=False)
     shards: tuple[str, ...] = ()
+    tensor_bytes: int = 0
 
     @property
     def incremental(self) -> bool:
@@ -166,6 +168,7 @@ def inspect_snapshot(
     headers = {shard: known.get(shard) or read_header(root / shard) for shard in shards}
     check_weight_map(str(root), weight_map, headers)
     predecessor: str | None = None
+    tensor_bytes = 0
     if delta:
         check_delta_metadata(index_metadata(index), source=str(index_path))
         if not weight_map and not allow_empty_delta:
@@ -178,7 +181,7 @@ def inspect_snapshot(
             for shard in shards:
                 fds[shard] = os.open(root / shard, os.O_RDONLY)
             for tensor, shard in weight_map.items():
-                _check_payload(root / shard, fds[shard], headers[shard], tensor)
+                tensor_bytes += _check_payload(root / shard, fds[shard], headers[shard], tensor)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -199,6 +202,7 @@ def inspect_snapshot(
             raise SnapshotError(f"{root}: a FULL snapshot needs config.json")
         if not weight_map:
             raise SnapshotError(f"{index_path}: weight_map is empty")
+        tensor_bytes = sum(headers[shard].tensors[tensor].nbytes for tensor, shard in weight_map.items())
     total = sum(f.stat().st_size for f in files) + (len(generated) if generated is not None else 0)
     return SnapshotInfo(
         path=root,
@@ -211,10 +215,12 @@ def inspect_snapshot(
         index_generated=generated is not None,
         generated_index=generated,
         shards=shards,
+        tensor_bytes=tensor_bytes,
     )
 
 
-def _check_payload(shard_path: Path, fd: int, header: Any, tensor: str) -> None:
+def _check_payload(shard_path: Path, fd: int, header: Any, tensor: str) -> int:
+    """Check one delta payload's header entry, checksum and frame header; returns the tensor's raw bytes."""
     where = f"{shard_path}: tensor {tensor!r}"
     entry = header.tensors[tensor]
     if entry.dtype != "U8" or len(entry.shape) != 1:
@@ -223,9 +229,14 @@ def _check_payload(shard_path: Path, fd: int, header: Any, tensor: str) -> None:
     if checksum is None or not is_checksum(checksum):
         shown = None if checksum is None else checksum[:40]
         raise SnapshotError(f"{where}: needs its Adler-32 as 8 lowercase hex digits in __metadata__, got {shown!r}")
-    magic = os.pread(fd, 4, header.data_start + entry.begin) if entry.nbytes >= 6 else b""
-    if magic != _ZSTD_MAGIC:
-        raise SnapshotError(f"{where}: payload is not a zstd frame")
+    head = os.pread(fd, min(entry.nbytes, 18), header.data_start + entry.begin)
+    try:
+        _, content, _ = frame_header(head)
+    except ValueError as exc:
+        raise SnapshotError(f"{where}: payload is not a zstd frame ({exc})") from None
+    if content < 0:
+        raise SnapshotError(f"{where}: the zstd frame must carry its content size (Frame_Content_Size)")
+    return content
 
 
 def delta_index_for_upload(info: SnapshotInfo, identity: str) -> bytes:

@@ -144,7 +144,15 @@ class SnapshotStore:
             on_file=files.append,
         )
         total, sent = StoredSnapshot.sizes(files)
-        return StoredSnapshot(uri, SnapshotType.parse(info.type), total, sent, info=info)
+        return StoredSnapshot(
+            uri,
+            SnapshotType.parse(info.type),
+            total,
+            sent,
+            tensors_changed=len(info.index["weight_map"]),
+            bytes_changed=info.tensor_bytes,
+            info=info,
+        )
 
     def open_upload(self, identity: str, *, workers: int = 8, shared_files: Iterable[str] = ()) -> SnapshotUpload:
         """A streaming upload of ``identity`` (a context manager: ``add`` files, then ``commit`` the index).

@@ -194,9 +194,7 @@ class SlimePublisher:
                 tensors_changed=report.tensors_changed,
                 tensors_verified=report.tensors_verified,
                 bytes_changed=report.bytes_changed,
-            )
-        else:
-            plan.measure(tensors_changed=len(weight_map))
+            )  # else the upload reports the delta's tensors and their raw bytes
         self._version = version
         if weight_map:  # auto: weighed by the directory's files (as uploaded) against the last FULL
             plan = self.session.weigh_directory(plan, directory)
