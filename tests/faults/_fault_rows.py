@@ -39,6 +39,16 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "two processes publish different snapshots under one identity at once",
         "exactly one wins; the other gets SnapshotConflictError; the stored snapshot is entirely the winner's",
     ),
+    "resume-race": (
+        "a killed publisher resumed after a rival stored other bytes under its identity",
+        "SIGKILL of a publisher process when a chosen request of its multipart upload arrives (after the create, "
+        "after two parts, before and after the completion); a second publisher with other bytes (the same first "
+        "parts) under the identity; the first one re-run. Also objects whose bytes are not their cwtrain-sha256 "
+        "(an earlier writer's) or were stored in other parts",
+        "every stored object holds the bytes its cwtrain-sha256 names; exactly one publisher succeeds and the whole "
+        "snapshot is its own, the other gets SnapshotConflictError; an object whose bytes are not its record is "
+        "refused (SnapshotChecksumError, no index); no unfinished multipart upload is left",
+    ),
     "flip-delta": (
         "a flipped byte in a stored delta",
         "one byte of an uploaded delta shard inverted before the hot-load",

@@ -23,12 +23,29 @@ snapshot). It follows spec ``snapshot-format.md`` section 7 for a single key:
   ``ConditionalRequestConflict`` -> retried 3 times with backoff, then as 412; 501
   ``NotImplemented`` -> HEAD, then an unconditional write when absent, with one warning
   per process.
-* **Resume.** An unfinished multipart upload of the same key (listed by the caller with
-  ListMultipartUploads) is continued when its parts match the local bytes (ETag = MD5 of
-  the part, sizes per the same part plan); only missing parts are sent. Its metadata cannot
-  be read back before completion, so the completed object's ``cwtrain-sha256`` is checked
-  with a HEAD afterwards; a mismatch raises :class:`~cwtrain.errors.SnapshotChecksumError`.
-* **Abort.** A multipart upload that fails or is cancelled in this process is aborted.
+* **Resume, only of an upload made for these bytes.** The ``cwtrain-sha256`` of a
+  multipart upload is fixed when it is created and cannot be read back before it is
+  completed, so completing another writer's upload would store our bytes under its record
+  (or its bytes under ours). Every multipart upload therefore carries a *marker part*: part
+  :data:`MARKER_PART` (10,000; data uses parts 1..9,999) holds ``cwtrain-sha256 <hex>``,
+  sent right after the upload is created. An unfinished upload of the same key (listed by
+  the caller with ListMultipartUploads) is continued only when ListParts shows its marker
+  with the local SHA-256 (the part's ETag is the MD5 of the marker) and every data part
+  matches the local bytes (ETag = MD5 of the part, sizes per the same part plan); only
+  missing parts are sent. CompleteMultipartUpload names the data parts only, so the store
+  drops the marker. After completion a HEAD checks the recorded ``cwtrain-sha256`` and that
+  the object's ETag is the one of exactly those parts; a mismatch raises
+  :class:`~cwtrain.errors.SnapshotChecksumError`.
+* **An object already stored is checked, not trusted.** Its ``cwtrain-sha256`` must be the
+  local one, and its bytes must be the ones that digest names: the store's own SHA-256
+  checksum where it keeps one (a single PutObject), else its ETag against the local bytes
+  (the MD5 of a single part, or of the parts' MD5s under this writer's part plan or the
+  SDK's 8 MiB one), else it is read back and hashed. An object whose bytes are not its
+  record raises :class:`~cwtrain.errors.SnapshotChecksumError` naming it.
+* **Abort.** A multipart upload that fails or is cancelled in this process is aborted, and
+  once a key is stored (by this writer or found stored) every other unfinished upload of
+  it that was listed is aborted too: none of them can ever complete (the key is
+  create-once), and a publisher killed mid-upload would otherwise leave it behind.
   Nothing is ever deleted or overwritten.
 
 Every request goes through an :class:`~cwtrain.infra.objectstore.ObjectStore`; the store
@@ -69,6 +86,7 @@ from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 __all__ = [
     "DEFAULT_PART_SIZE",
     "ETAG_PART_SIZE",
+    "MARKER_PART",
     "MAX_PARTS",
     "MIN_PART_SIZE",
     "SHA256_METADATA",
@@ -87,6 +105,8 @@ DEFAULT_PART_SIZE = 64 << 20
 MIN_PART_SIZE = 50_000_000
 #: Most parts one multipart upload may have.
 MAX_PARTS = 10_000
+#: The part number of an upload's marker (its SHA-256, never completed); data parts come before it.
+MARKER_PART = MAX_PARTS
 #: User-metadata name of the object's SHA-256 (``x-amz-meta-cwtrain-sha256``).
 SHA256_METADATA = "cwtrain-sha256"
 #: Part size of the SDK's managed transfers, used to check multipart ETags.
@@ -104,10 +124,10 @@ _conditional_unsupported = False
 def part_size_for(size: int, part_size: int = DEFAULT_PART_SIZE) -> int:
     """The part size for an object of ``size`` bytes: ``part_size``, or more for huge objects.
 
-    Objects that would need more than :data:`MAX_PARTS` parts get ``ceil(size / 10000)``
-    rounded up to a whole MiB.
+    Objects that would need more than ``MAX_PARTS - 1`` parts (the last number is the
+    marker's, :data:`MARKER_PART`) get ``ceil(size / 9999)`` rounded up to a whole MiB.
     """
-    needed = -(-size // MAX_PARTS)
+    needed = -(-size // (MAX_PARTS - 1))
     needed = -(-needed // _MIB) * _MIB
     return max(part_size, needed)
 
@@ -156,6 +176,41 @@ def etag_matches(source: ObjectSource, etag: str) -> bool:
     for offset in range(0, source.size, ETAG_PART_SIZE):
         digest.update(bytes.fromhex(source.md5_hex(offset, min(ETAG_PART_SIZE, source.size - offset))))
     return digest.hexdigest() == hex_part
+
+
+def marker_bytes(sha256: str) -> bytes:
+    """The body of a multipart upload's marker part: the SHA-256 its object will record."""
+    return f"{SHA256_METADATA} {sha256}\n".encode()
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def _hex_etag(etag: str) -> str:
+    return etag.strip('"').lower()
+
+
+def _composite_etag(part_etags: Sequence[str]) -> str | None:
+    """The ETag S3 gives an object completed from parts with these ETags (``None`` if they are not MD5s)."""
+    digest = hashlib.md5(usedforsecurity=False)
+    for etag in part_etags:
+        text = _hex_etag(etag)
+        if len(text) != 32 or any(c not in "0123456789abcdef" for c in text):
+            return None
+        digest.update(bytes.fromhex(text))
+    return f"{digest.hexdigest()}-{len(part_etags)}"
+
+
+def _plan_etag(source: ObjectSource, part_size: int, etag: str) -> bool:
+    """Whether a multipart ``etag`` is the one of ``source`` sent in parts of this writer's plan."""
+    step = part_size_for(source.size, part_size)
+    _, _, count = _hex_etag(etag).partition("-")
+    if not count.isdigit() or int(count) != -(-source.size // step) or int(count) < 2:
+        return False
+    offsets = range(0, source.size, step)
+    parts = [source.md5_hex(offset, min(step, source.size - offset)) for offset in offsets]
+    return _composite_etag(parts) == _hex_etag(etag)
 
 
 def head_object(s3: ObjectStore, bucket: str, key: str) -> RemoteObject | None:
@@ -301,11 +356,57 @@ class ObjectWriter:
         if remote is None:
             return None
         if remote.matches(source):
+            self.check_existing(key, source)
+            self.drop_stale(key)
             return "existing"
         recorded = remote.sha256 or f"no {SHA256_METADATA}, ETag {remote.etag}"
         raise SnapshotConflictError(
             self.identity, [f"{source.name} (stored {recorded}, local sha256 {source.sha256()})"]
         )
+
+    def check_existing(self, key: str, source: ObjectSource) -> None:
+        """An object found stored with ``source``'s SHA-256 as its record: are its bytes that record?
+
+        The store's whole-object SHA-256 checksum decides where it keeps one; else its ETag
+        against the local bytes (one part's MD5, or the MD5 of the parts' MD5s under this
+        writer's part plan or the SDK's 8 MiB one); else the object is read back and hashed.
+
+        Raises:
+            SnapshotChecksumError: the stored bytes are not the ones its ``cwtrain-sha256`` names.
+        """
+        stored = self.s3.head(self.bucket, key, checksum=True)
+        if stored is None:
+            raise SnapshotChecksumError(f"{key}: the stored object vanished while it was being checked")
+        sha256 = source.sha256()
+        if stored.size != source.size:
+            self._not_its_record(key, f"{stored.size} bytes stored, {source.size} local")
+        if stored.checksum_sha256 is not None:
+            if stored.checksum_sha256 != sha256:
+                self._not_its_record(key, f"the store's SHA-256 checksum is {stored.checksum_sha256}")
+            return
+        if etag_matches(source, stored.etag) or _plan_etag(source, self.part_size, stored.etag):
+            return
+        digest = hashlib.sha256()
+        with self.s3.get(self.bucket, key) as body:
+            while chunk := body.read(8 << 20):
+                digest.update(chunk)
+        log.info("%s: checked by reading it back (its ETag %s proves nothing about the local bytes)", key, stored.etag)
+        if digest.hexdigest() != sha256:
+            self._not_its_record(key, f"its bytes hash to {digest.hexdigest()}")
+
+    def _not_its_record(self, key: str, why: str) -> None:
+        raise SnapshotChecksumError(
+            f"{key}: the stored object records {SHA256_METADATA} of the local file, but {why}: its bytes are "
+            f"not what its record says (an earlier writer stored them under identity {self.identity!r}); the "
+            "snapshot index is not written. Publish under a new identity"
+        )
+
+    def drop_stale(self, key: str, keep: str = "") -> None:
+        """Abort every listed unfinished upload of ``key`` (but ``keep``): the key is stored, none can complete."""
+        for upload in self._open.pop(key, ()):
+            if upload.upload_id != keep:
+                log.info("%s: aborting unfinished multipart upload %s (the key is stored)", key, upload.upload_id)
+                self._abort(key, upload.upload_id, quiet=True)
 
     def _answer(self, exc: ObjectStoreStatusError, key: str, source: ObjectSource, attempt: int) -> str:
         """The store-answer table: ``"retry"``, ``"existing"``, or raise."""
@@ -400,22 +501,33 @@ class ObjectWriter:
         return [(i + 1, offset, min(step, size - offset)) for i, offset in enumerate(range(0, size, step))]
 
     def _resume(self, key: str, reading: Reading, plan: list[tuple[int, int, int]]) -> tuple[str, dict[int, str]]:
-        """An open upload of ``key`` whose stored parts all match the local bytes, if any."""
+        """An open upload of ``key`` made for these bytes (its marker) whose data parts all match them, if any."""
         by_number = {number: (offset, length) for number, offset, length in plan}
+        marker = marker_bytes(reading.sha256)
         for upload in sorted(self._open.get(key, ()), key=lambda u: u.initiated, reverse=True):
             try:
                 parts = self.s3.list_parts(self.bucket, key, upload.upload_id)
             except ObjectStoreStatusError as exc:
                 log.debug("cannot list parts of upload %s of %s (%s); not resuming it", upload.upload_id, key, exc)
                 continue
+            ours = any(
+                p.number == MARKER_PART and p.size == len(marker) and _hex_etag(p.etag) == _md5(marker) for p in parts
+            )
+            if not ours:
+                log.debug(
+                    "upload %s of %s was not made for sha256 %s; not resuming it", upload.upload_id, key, reading.sha256
+                )
+                continue
             done: dict[int, str] = {}
             for part in parts:
+                if part.number == MARKER_PART:
+                    continue
                 where = by_number.get(part.number)
-                if where is None or where[1] != part.size or reading.md5_hex(*where) != part.etag.strip('"').lower():
+                if where is None or where[1] != part.size or reading.md5_hex(*where) != _hex_etag(part.etag):
                     done = {}
                     break
                 done[part.number] = part.etag
-            if done:
+            else:
                 log.info("%s: resuming multipart upload (%d of %d parts already stored)", key, len(done), len(plan))
                 return upload.upload_id, done
         return "", {}
@@ -459,8 +571,11 @@ class ObjectWriter:
             upload_id = self.s3.create_multipart(self.bucket, key, metadata=metadata)
         else:
             progress(sum(length for number, _, length in plan if number in done))
+        etags: dict[int, str] = {}
         try:
-            outcome = self._send_and_complete(key, source, reading, plan, upload_id, done, progress)
+            outcome = "" if resumed else self._send_marker(key, source, upload_id, reading.sha256)
+            if not outcome:
+                outcome = self._send_and_complete(key, source, reading, plan, upload_id, done, progress, etags)
         except BaseException:
             self._abort(key, upload_id)
             raise
@@ -471,15 +586,43 @@ class ObjectWriter:
             self._open.pop(key, None)
             reading.restart()
             return self._multipart(key, source, reading, metadata, progress, restarted=True)
+        if outcome == "uploaded":
+            self.drop_stale(key, keep=upload_id)
         if outcome == "uploaded" and resumed:
-            remote = head_object(self.s3, self.bucket, key)
-            if remote is None or (remote.sha256 or "").lower() != reading.sha256:
-                raise SnapshotChecksumError(
-                    f"{key}: the resumed multipart upload completed, but its recorded {SHA256_METADATA} "
-                    f"({remote.sha256 if remote else 'absent'}) is not the local {reading.sha256}; an earlier "
-                    f"attempt uploaded other bytes under identity {self.identity!r}: publish under a new identity"
-                )
+            self._check_resumed(key, reading.sha256, [etags[number] for number, _, _ in plan])
         return outcome
+
+    def _send_marker(self, key: str, source: ObjectSource, upload_id: str, sha256: str) -> str:
+        """Part :data:`MARKER_PART` of a new upload: a resume may continue it only with these bytes.
+
+        ``""``, or what :meth:`_after_lost_upload` says when the upload is already gone.
+        """
+        try:
+            self.s3.upload_part(self.bucket, key, upload_id, MARKER_PART, marker_bytes(sha256))
+        except UploadNotFoundError:
+            return self._after_lost_upload(key, source)
+        return ""
+
+    def _check_resumed(self, key: str, sha256: str, part_etags: Sequence[str]) -> None:
+        """A resumed upload, completed: its record is the local SHA-256, its ETag the one of the parts named."""
+        stored = self.s3.head(self.bucket, key)
+        problems = []
+        if stored is None:
+            problems.append("it is absent")
+        else:
+            recorded = stored.metadata.get(SHA256_METADATA, "").lower()
+            if recorded != sha256:
+                problems.append(f"its recorded {SHA256_METADATA} is {recorded or 'absent'}, the local one {sha256}")
+            expected = _composite_etag(part_etags)
+            if expected is not None and "-" in stored.etag and _hex_etag(stored.etag) != expected:
+                problems.append(
+                    f"its ETag {stored.etag} is not the one of the parts it was completed from ({expected})"
+                )
+        if problems:
+            raise SnapshotChecksumError(
+                f"{key}: the resumed multipart upload completed, but {'; '.join(problems)}; an earlier attempt "
+                f"uploaded other bytes under identity {self.identity!r}: publish under a new identity"
+            )
 
     def _send_parts(
         self,
@@ -525,14 +668,17 @@ class ObjectWriter:
         upload_id: str,
         done: dict[int, str],
         progress: _Progress,
+        etags: dict[int, str],
     ) -> str:
+        """Send the missing parts and complete; ``etags`` gets every part's ETag (for the check after a resume)."""
         futures = self._send_parts(key, reading, plan, upload_id, done, progress)
         failures = [f.exception() for f in futures.values() if f.done() and not f.cancelled() and f.exception()]
         if any(isinstance(error, UploadNotFoundError) for error in failures):
             return self._after_lost_upload(key, source)
         if failures:
             raise failures[0]  # type: ignore[misc]
-        etags = {**done, **{number: future.result() for number, future in futures.items()}}
+        etags.update(done)
+        etags.update({number: future.result() for number, future in futures.items()})
         parts = [(number, etags[number]) for number, _, _ in plan]
         try:
             outcome = self._write_once(  # raising: the caller aborts
@@ -546,7 +692,7 @@ class ObjectWriter:
         except UploadNotFoundError:
             return self._after_lost_upload(key, source)
         if outcome != "uploaded":
-            self._abort(key, upload_id)  # the key holds these bytes already
+            self._abort(key, upload_id, quiet=True)  # the key holds these bytes already (checked by _existing)
         return outcome
 
     def _after_lost_upload(self, key: str, source: ObjectSource) -> str:

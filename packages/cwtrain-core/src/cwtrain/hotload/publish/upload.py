@@ -30,7 +30,10 @@ listed: objects with the local SHA-256 are skipped, so a second run of the same 
 uploads nothing and a re-run after a crash sends only what is missing (unfinished multipart
 uploads continue at part granularity); different bytes, or keys that are not part of the
 snapshot, raise :class:`~cwtrain.errors.SnapshotConflictError` naming each key, before
-anything is written. The first file in name order is written alone before the others: two
+anything is written. An object found stored is checked against the local bytes, not only
+its recorded SHA-256 (:meth:`~cwtrain.hotload.publish.object_writer.ObjectWriter.check_existing`),
+and an unfinished multipart upload is resumed only when it was made for the same bytes (its
+marker part), so the index is written only over objects whose bytes are their record. The first file in name order is written alone before the others: two
 publishers racing on one identity collide on it, so exactly one proceeds and the other gets
 ``SnapshotConflictError`` with nothing of its own stored. The index is written only after
 every other object is confirmed, so a reader that sees it can rely on the shards.
@@ -313,6 +316,8 @@ class SnapshotUpload:
             if remote is not None:
                 if not remote.matches(source):
                     raise SnapshotConflictError(self.identity, [_conflict_line(source, remote)])
+                self._writer.check_existing(key, source)  # its bytes, not only its record
+                self._writer.drop_stale(key)
                 outcome = "existing"
                 self._progress(source.size)
             else:
