@@ -49,6 +49,21 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "snapshot is its own, the other gets SnapshotConflictError; an object whose bytes are not its record is "
         "refused (SnapshotChecksumError, no index); no unfinished multipart upload is left",
     ),
+    "store-deadline": (
+        "an object store that never answers, or stops answering mid-upload",
+        "a loopback server that accepts connections and never answers (upload_snapshot with a 2 s budget; "
+        "`cwtrain hotload publish --timeout 5` as a process); the proxy holding the second part of a multipart upload",
+        "the publish ends at its deadline (5 s plus at most one poll interval for the CLI, process start included) "
+        "with one error line saying no hot-load was created, exit 1; what was stored stays and a re-run resumes it",
+    ),
+    "late-create": (
+        "a hot-load create answered after the publish's budget ran out",
+        "the local control plane delays POST /hotLoads past `hotload publish --timeout 3`; the API stand-in answers "
+        "a create late, or becomes READY only after the budget of a readiness wait ran out",
+        "a create that went out is followed to its end (the publish reports the hot-load COMPLETED, exit 0, and "
+        "says it ran past its budget); no create is sent once the budget is spent; a wait that times out says the "
+        "hot-load may still go live",
+    ),
     "flip-delta": (
         "a flipped byte in a stored delta",
         "one byte of an uploaded delta shard inverted before the hot-load",

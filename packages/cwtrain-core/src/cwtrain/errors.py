@@ -28,7 +28,8 @@ apart from "the server said no"::
     ├── HotLoadError                  a hot-load did not end as asked
     │   ├── HotLoadFailedError        FAILED or CANCELED
     │   ├── HotLoadVerificationError  completed, but replicas do not serve the identity
-    │   └── HotLoadTimeoutError       the time budget ran out
+    │   ├── HotLoadTimeoutError       the time budget ran out after the hot-load was created
+    │   └── PublishTimeoutError       the time budget ran out before any hot-load was created
     └── RolloutError                  sampling from the completions endpoint failed
 
 Retrying: ``error.transient`` on a :class:`TransportError` (always) or an
@@ -70,6 +71,7 @@ __all__ = [
     "MirrorError",
     "NotFoundError",
     "PermissionDeniedError",
+    "PublishTimeoutError",
     "RolloutError",
     "SnapshotAccessError",
     "SnapshotChecksumError",
@@ -370,16 +372,58 @@ class HotLoadVerificationError(HotLoadError):
 
 
 class HotLoadTimeoutError(HotLoadError):
-    """The time budget ran out before the hot-load ended."""
+    """The time budget ran out before the hot-load ended.
+
+    The hot-load exists: unless it ended, the message says it is still running and may still
+    go live, and how to follow it (``cwtrain hotload wait <id>``).
+    """
 
     def __init__(self, hot_load: Any, replicas: Sequence[Any], timeout: float) -> None:
         self.hot_load = hot_load
         self.replicas = list(replicas)
         self.timeout = timeout
         ready = sum(1 for r in self.replicas if getattr(getattr(r, "state", None), "name", "") == "READY")
-        super().__init__(
-            f"hot-load {getattr(hot_load, 'id', '?')} of {getattr(hot_load, 'identity', '?')!r} "
+        hot_load_id = getattr(hot_load, "id", "?")
+        message = (
+            f"hot-load {hot_load_id} of {getattr(hot_load, 'identity', '?')!r} "
             f"did not finish within {timeout:g}s ({ready}/{len(self.replicas)} replicas ready)"
+        )
+        if not getattr(hot_load, "terminal", False):
+            state = getattr(getattr(hot_load, "state", None), "name", None) or "unfinished"
+            message += (
+                f"; it was created and is still {state}: it may still go live (follow it with "
+                f"`cwtrain hotload wait {hot_load_id}`)"
+            )
+        super().__init__(message)
+
+
+class PublishTimeoutError(HotLoadError):
+    """The time budget ran out before any hot-load was created: nothing was created on the caller's behalf.
+
+    Attributes:
+        identity: the snapshot identity.
+        timeout: the budget, in seconds.
+        stage: what was running (``"upload"``, ``"create"``).
+    """
+
+    def __init__(self, identity: str, timeout: float, stage: str, reason: str = "") -> None:
+        self.identity = identity
+        self.timeout = timeout
+        self.stage = stage
+        if stage == "upload":
+            what = "while its snapshot was uploaded"
+            after = (
+                "; the objects stored so far stay and its unfinished multipart uploads are left to resume: "
+                f"publishing {identity!r} again continues them"
+            )
+        else:
+            what = "before its hot-load was created"
+            after = f"; the snapshot stays stored: `cwtrain hotload trigger --identity {identity}` creates it"
+        super().__init__(
+            f"publishing {identity!r} did not finish within {timeout:g}s: the budget ran out {what}"
+            + (f" ({reason})" if reason else "")
+            + "; no hot-load was created"
+            + after
         )
 
 

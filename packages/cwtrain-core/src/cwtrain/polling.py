@@ -82,6 +82,10 @@ class Budget:
         """Whether no time is left."""
         return self.remaining <= 0
 
+    def extend(self, seconds: float) -> None:
+        """Give the steps left ``seconds`` more (e.g. to follow a hot-load created as the budget ran out)."""
+        self.total += max(0.0, seconds)
+
     def sleep(self, interval: float) -> None:
         """Sleep ``interval`` seconds, or what is left of the budget if that is less."""
         time.sleep(min(interval, self.remaining))

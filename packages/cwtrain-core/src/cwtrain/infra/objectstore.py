@@ -28,6 +28,7 @@ operation: Access Denied``)::
 
     ObjectStoreError (CWTrainError)       any failed call; .operation, .key
     ├── ObjectStoreTransportError         no answer: connection refused or cut, timeout, TLS
+    │   └── ObjectStoreDeadlineError      no answer before the caller's deadline (see within())
     └── ObjectStoreStatusError            the store answered with an error; .code, .http_status
         ├── ObjectNotFoundError           404, NoSuchKey, NotFound
         │   └── UploadNotFoundError       NoSuchUpload (a multipart upload completed or aborted)
@@ -35,6 +36,17 @@ operation: Access Denied``)::
         ├── ConditionalConflictError      409 ConditionalRequestConflict: a concurrent conditional write
         ├── AccessDeniedError             403
         └── StoreNotImplementedError      501 NotImplemented (e.g. no If-None-Match support)
+
+**Deadlines.** :func:`within` gives a view of a store whose every call is bounded by
+what a :class:`Deadline` (a :class:`cwtrain.polling.Budget`) has left: a publish's one budget
+covers its uploads too. A store that can bound a call in flight does (the boto3 store: each
+request's read timeout is at most what is left, no retry starts with under
+:data:`MIN_ATTEMPT_SECONDS` left, none after the deadline); any other store is checked
+before each call. Past the deadline a call raises :class:`ObjectStoreDeadlineError` at
+once, without a request::
+
+    bounded = within(store, budget)
+    bounded.put("weights", "p/a.bin", b"...")          # ObjectStoreDeadlineError once budget.remaining is 0
 
 ``.code`` is the S3 error code (``"?"`` when the answer had none; a HEAD answer has no
 body, so its code is the status, e.g. ``"403"``). :func:`status_error` picks the class
@@ -54,10 +66,14 @@ from cwtrain.errors import CWTrainError
 __all__ = [
     "AccessDeniedError",
     "Body",
+    "BoundableStore",
     "ConditionalConflictError",
+    "Deadline",
     "ListedObject",
+    "MIN_ATTEMPT_SECONDS",
     "ObjectNotFoundError",
     "ObjectStore",
+    "ObjectStoreDeadlineError",
     "ObjectStoreError",
     "ObjectStoreStatusError",
     "ObjectStoreTransportError",
@@ -69,8 +85,13 @@ __all__ = [
     "StoredObject",
     "UploadNotFoundError",
     "UploadedPart",
+    "deadline_passed",
     "status_error",
+    "within",
 ]
+
+#: No retry of a store call starts with less than this many seconds left before its deadline.
+MIN_ATTEMPT_SECONDS = 1.0
 
 
 # ------------------------------------------------------------------------ errors
@@ -92,6 +113,10 @@ class ObjectStoreError(CWTrainError):
 
 class ObjectStoreTransportError(ObjectStoreError):
     """No answer from the store (refused or cut connection, timeout, TLS), after the client's retries."""
+
+
+class ObjectStoreDeadlineError(ObjectStoreTransportError):
+    """The caller's deadline passed before the store answered (or before the call could start)."""
 
 
 class ObjectStoreStatusError(ObjectStoreError):
@@ -366,3 +391,117 @@ class ObjectStore(Protocol):
     def download(self, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
         """Copy one object into a local file (parallel ranged GETs for large objects)."""
         ...
+
+
+# ------------------------------------------------------------------------ deadlines
+
+
+class Deadline(Protocol):
+    """What bounds a store's calls: the seconds left (a :class:`cwtrain.polling.Budget` is one)."""
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left, never below 0."""
+        ...
+
+
+@runtime_checkable
+class BoundableStore(Protocol):
+    """A store that bounds a call in flight by a deadline (its :meth:`within` view does)."""
+
+    def within(self, deadline: Deadline) -> ObjectStore:
+        """A view of this store (same connections) whose calls end by ``deadline``."""
+        ...
+
+
+def deadline_passed(deadline: Deadline, operation: str = "", key: str = "") -> ObjectStoreDeadlineError:
+    """The error of a call that finds its deadline passed."""
+    what = f"{operation} {key}".strip() or "an object-store call"
+    return ObjectStoreDeadlineError(
+        f"{what}: the deadline passed before the object store answered", operation=operation, key=key
+    )
+
+
+def within(store: ObjectStore, deadline: Deadline | None) -> ObjectStore:
+    """``store`` with every call bounded by what ``deadline`` has left (``store`` itself when ``None``).
+
+    A :class:`BoundableStore` bounds each call in flight; any other store is checked before
+    each call (a call already running may then end later).
+    """
+    if deadline is None:
+        return store
+    if isinstance(store, BoundableStore):
+        return store.within(deadline)
+    return _CheckedStore(store, deadline)
+
+
+class _CheckedStore:
+    """Any store, with its deadline checked before every call."""
+
+    def __init__(self, store: ObjectStore, deadline: Deadline) -> None:
+        self.store = store
+        self.deadline = deadline
+
+    def _check(self, operation: str, key: str = "") -> None:
+        if self.deadline.remaining <= 0:
+            raise deadline_passed(self.deadline, operation, key)
+
+    def head(self, bucket: str, key: str, *, checksum: bool = False) -> StoredObject | None:
+        self._check("HeadObject", key)
+        return self.store.head(bucket, key, checksum=checksum)
+
+    def get(self, bucket: str, key: str) -> ObjectStream:
+        self._check("GetObject", key)
+        return self.store.get(bucket, key)
+
+    def put(
+        self,
+        bucket: str,
+        key: str,
+        body: Body,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        if_none_match: bool = False,
+        sha256: str | None = None,
+    ) -> None:
+        self._check("PutObject", key)
+        self.store.put(
+            bucket, key, body, metadata=metadata, content_type=content_type, if_none_match=if_none_match, sha256=sha256
+        )
+
+    def list_objects(
+        self, bucket: str, prefix: str, *, delimiter: str | None = None, limit: int | None = None
+    ) -> list[ListedObject]:
+        self._check("ListObjectsV2")
+        return self.store.list_objects(bucket, prefix, delimiter=delimiter, limit=limit)
+
+    def create_multipart(self, bucket: str, key: str, *, metadata: Mapping[str, str] | None = None) -> str:
+        self._check("CreateMultipartUpload", key)
+        return self.store.create_multipart(bucket, key, metadata=metadata)
+
+    def upload_part(self, bucket: str, key: str, upload_id: str, number: int, body: Body) -> str:
+        self._check("UploadPart", key)
+        return self.store.upload_part(bucket, key, upload_id, number, body)
+
+    def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]], *, if_none_match: bool = False
+    ) -> None:
+        self._check("CompleteMultipartUpload", key)
+        self.store.complete_multipart(bucket, key, upload_id, parts, if_none_match=if_none_match)
+
+    def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        self._check("AbortMultipartUpload", key)
+        self.store.abort_multipart(bucket, key, upload_id)
+
+    def list_parts(self, bucket: str, key: str, upload_id: str) -> list[UploadedPart]:
+        self._check("ListParts", key)
+        return self.store.list_parts(bucket, key, upload_id)
+
+    def list_multipart_uploads(self, bucket: str, prefix: str) -> list[OpenUpload]:
+        self._check("ListMultipartUploads")
+        return self.store.list_multipart_uploads(bucket, prefix)
+
+    def download(self, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
+        self._check("GetObject", key)
+        self.store.download(bucket, key, path)

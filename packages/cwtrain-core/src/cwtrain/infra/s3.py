@@ -79,18 +79,21 @@ from cwtrain.config import env_str, parse_bool
 from cwtrain.errors import ConfigError
 from cwtrain.infra.objectstore import (
     Body,
+    Deadline,
     ListedObject,
     ObjectNotFoundError,
     ObjectStore,
+    ObjectStoreDeadlineError,
     ObjectStoreError,
     ObjectStoreTransportError,
     ObjectStream,
     OpenUpload,
     StoredObject,
     UploadedPart,
+    deadline_passed,
     status_error,
 )
-from cwtrain.infra.s3_send import S3Client, install_zero_copy, request_body
+from cwtrain.infra.s3_send import S3Client, call_deadline, install_deadlines, install_zero_copy, request_body
 
 __all__ = [
     "DEFAULT_S3_ENDPOINT",
@@ -366,6 +369,11 @@ def _translated(operation: str, key: str = "") -> Iterator[None]:
 
     try:
         yield
+    except ObjectStoreDeadlineError as exc:  # raised by the deadline hooks, which know no key
+        what = f"{operation} {key}".strip()
+        raise ObjectStoreDeadlineError(
+            f"{what}: the deadline passed before the object store answered", operation=operation, key=key
+        ) from exc.__cause__
     except ClientError as exc:
         response: Mapping[str, Any] = getattr(exc, "response", None) or {}
         code = str(response.get("Error", {}).get("Code") or "?")
@@ -431,9 +439,28 @@ class Boto3ObjectStore:
         client: the wrapped boto3 client.
     """
 
-    def __init__(self, client: S3Client) -> None:
+    def __init__(self, client: S3Client, *, deadline: Deadline | None = None) -> None:
         self.client: Any = client
+        self.deadline = deadline
         install_zero_copy(client)
+        install_deadlines(client)
+
+    def within(self, deadline: Deadline) -> Boto3ObjectStore:
+        """This store (the same client and connections) with every call bounded by ``deadline``.
+
+        Each request's read timeout is at most what is left, no SDK retry starts with less than
+        :data:`~cwtrain.infra.objectstore.MIN_ATTEMPT_SECONDS` left, and past the deadline a call
+        raises :class:`~cwtrain.infra.objectstore.ObjectStoreDeadlineError` without a request.
+        ``download`` (the SDK's own threads) is checked only before it starts.
+        """
+        return Boto3ObjectStore(self.client, deadline=deadline)
+
+    @contextmanager
+    def _op(self, operation: str, key: str = "") -> Iterator[None]:
+        if self.deadline is not None and self.deadline.remaining <= 0:
+            raise deadline_passed(self.deadline, operation, key)
+        with call_deadline(self.deadline), _translated(operation, key):
+            yield
 
     def __repr__(self) -> str:
         endpoint = getattr(getattr(self.client, "meta", None), "endpoint_url", "?")
@@ -445,7 +472,7 @@ class Boto3ObjectStore:
         if checksum:
             kwargs["ChecksumMode"] = "ENABLED"
         try:
-            with _translated("HeadObject", key):
+            with self._op("HeadObject", key):
                 response = self.client.head_object(**kwargs)
         except ObjectNotFoundError:
             return None
@@ -453,7 +480,7 @@ class Boto3ObjectStore:
 
     def get(self, bucket: str, key: str) -> ObjectStream:
         """GetObject, as a stream (``ObjectNotFoundError`` for a missing key)."""
-        with _translated("GetObject", key):
+        with self._op("GetObject", key):
             response = self.client.get_object(Bucket=bucket, Key=key)
         return ObjectStream(_stored(key, response), _StreamBody(response["Body"], key))
 
@@ -479,7 +506,7 @@ class Boto3ObjectStore:
             kwargs["ContentType"] = content_type
         if if_none_match:
             kwargs["IfNoneMatch"] = "*"
-        with _translated("PutObject", key):
+        with self._op("PutObject", key):
             self.client.put_object(**kwargs)
 
     def list_objects(
@@ -493,7 +520,7 @@ class Boto3ObjectStore:
             kwargs["MaxKeys"] = limit
         found: list[ListedObject] = []
         while True:
-            with _translated("ListObjectsV2"):
+            with self._op("ListObjectsV2"):
                 page = self.client.list_objects_v2(**kwargs)
             found.extend(
                 ListedObject(str(item["Key"]), int(item.get("Size", 0)), str(item.get("ETag", "")))
@@ -509,12 +536,12 @@ class Boto3ObjectStore:
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if metadata is not None:
             kwargs["Metadata"] = dict(metadata)
-        with _translated("CreateMultipartUpload", key):
+        with self._op("CreateMultipartUpload", key):
             return str(self.client.create_multipart_upload(**kwargs)["UploadId"])
 
     def upload_part(self, bucket: str, key: str, upload_id: str, number: int, body: Body) -> str:
         """UploadPart; returns the part's ETag."""
-        with _translated("UploadPart", key):
+        with self._op("UploadPart", key):
             response = self.client.upload_part(
                 Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=request_body(body)
             )
@@ -532,12 +559,12 @@ class Boto3ObjectStore:
         }
         if if_none_match:
             kwargs["IfNoneMatch"] = "*"
-        with _translated("CompleteMultipartUpload", key):
+        with self._op("CompleteMultipartUpload", key):
             self.client.complete_multipart_upload(**kwargs)
 
     def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
         """AbortMultipartUpload."""
-        with _translated("AbortMultipartUpload", key):
+        with self._op("AbortMultipartUpload", key):
             self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
 
     def list_parts(self, bucket: str, key: str, upload_id: str) -> list[UploadedPart]:
@@ -545,7 +572,7 @@ class Boto3ObjectStore:
         parts: list[UploadedPart] = []
         marker = 0
         while True:
-            with _translated("ListParts", key):
+            with self._op("ListParts", key):
                 page = self.client.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker)
             parts.extend(
                 UploadedPart(int(part["PartNumber"]), str(part["ETag"]), int(part["Size"]))
@@ -560,7 +587,7 @@ class Boto3ObjectStore:
         found: list[OpenUpload] = []
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
         while True:
-            with _translated("ListMultipartUploads"):
+            with self._op("ListMultipartUploads"):
                 page = self.client.list_multipart_uploads(**kwargs)
             for item in page.get("Uploads", []):
                 initiated = item.get("Initiated")
@@ -576,7 +603,7 @@ class Boto3ObjectStore:
         from boto3.exceptions import RetriesExceededError
 
         try:
-            with _translated("GetObject", key):
+            with self._op("GetObject", key):
                 self.client.download_file(bucket, key, os.fspath(path))
         except RetriesExceededError as exc:
             raise ObjectStoreTransportError(str(exc), operation="GetObject", key=key) from exc

@@ -28,18 +28,38 @@ about 0.13, the loopback send of the buffers about 0.15-0.2; botocore costs abou
 CPU a request. Bodies go out as ``UNSIGNED-PAYLOAD``; a single PutObject carries the
 ``x-amz-checksum-sha256`` that cwtrain already computed (no second pass).
 
-Everything here leans on botocore internals (the ``before-send`` event); nothing outside
-:mod:`cwtrain.infra.s3` imports it.
+**Deadlines** (:func:`install_deadlines`, :func:`call_deadline`): a call made inside
+``with call_deadline(budget):`` is bounded by what the budget has left. Its ``before-send``
+hook refuses to send once the deadline has passed and sets the request's read timeout to
+at most what is left (botocore reads ``request.context["read_timeout"]`` since 1.43.72;
+older versions keep the client's read timeout for a request already sent); its
+``needs-retry`` hook, first in line, stops the SDK's retries of a failed request once less
+than :data:`~cwtrain.infra.objectstore.MIN_ATTEMPT_SECONDS` are left, so neither a retry nor
+its back-off runs past the deadline. Both raise
+:class:`~cwtrain.infra.objectstore.ObjectStoreDeadlineError`. The deadline is per thread,
+set by the store around each call, so one client serves bounded and unbounded calls at once.
+
+Everything here leans on botocore internals (the ``before-send`` and ``needs-retry``
+events, the request context); nothing outside :mod:`cwtrain.infra.s3` imports it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
-from cwtrain.infra.objectstore import Body, Payload
+from cwtrain.infra.objectstore import (
+    MIN_ATTEMPT_SECONDS,
+    Body,
+    Deadline,
+    ObjectStoreDeadlineError,
+    Payload,
+    deadline_passed,
+)
 
-__all__ = ["S3Client", "install_zero_copy", "request_body"]
+__all__ = ["S3Client", "call_deadline", "install_deadlines", "install_zero_copy", "request_body"]
 
 
 class S3Client(Protocol):
@@ -126,3 +146,61 @@ def install_zero_copy(client: S3Client) -> None:
         return
     for operation in ("PutObject", "UploadPart"):
         events.register(f"before-send.s3.{operation}", _swap_body, unique_id=f"cwtrain-zero-copy-{operation}")
+
+
+# ------------------------------------------------------------------------ deadlines
+
+_calls = threading.local()
+
+
+@contextmanager
+def call_deadline(deadline: Deadline | None) -> Iterator[None]:
+    """Bound the store calls this thread makes inside the block by ``deadline`` (``None``: unbounded)."""
+    previous = getattr(_calls, "deadline", None)
+    _calls.deadline = deadline
+    try:
+        yield
+    finally:
+        _calls.deadline = previous
+
+
+def _transport_failure(response: Any, caught: Any) -> bool:
+    """Whether a failed attempt is one the SDK would retry (no answer, a 5xx, a throttle)."""
+    if caught is not None:
+        from botocore.exceptions import ConnectionError as SDKConnectionError
+        from botocore.exceptions import HTTPClientError
+
+        return isinstance(caught, (SDKConnectionError, HTTPClientError))
+    status = getattr(response[0], "status_code", 0) if isinstance(response, tuple) and response else 0
+    return status >= 500 or status == 429
+
+
+def install_deadlines(client: S3Client) -> None:
+    """Let :func:`call_deadline` bound ``client``'s calls (idempotent; a no-op without botocore events)."""
+    events = getattr(getattr(client, "meta", None), "events", None)
+    if events is None:
+        return
+    configured = float(getattr(client.meta.config, "read_timeout", 60) or 60)
+
+    def bound_request(request: Any, **_: Any) -> None:
+        deadline = getattr(_calls, "deadline", None)
+        if deadline is None:
+            return
+        left = deadline.remaining
+        if left <= 0:
+            raise deadline_passed(deadline)
+        context = getattr(request, "context", None)
+        if isinstance(context, dict):
+            context["read_timeout"] = max(0.001, min(configured, left))
+
+    def stop_retrying(response: Any = None, caught_exception: Any = None, **_: Any) -> None:
+        deadline = getattr(_calls, "deadline", None)
+        if deadline is None:
+            return
+        if isinstance(caught_exception, ObjectStoreDeadlineError):
+            raise caught_exception
+        if deadline.remaining < MIN_ATTEMPT_SECONDS and _transport_failure(response, caught_exception):
+            raise deadline_passed(deadline) from caught_exception
+
+    events.register("before-send.s3", bound_request, unique_id="cwtrain-deadline-send")
+    events.register_first("needs-retry.s3", stop_retrying, unique_id="cwtrain-deadline-retry")

@@ -26,15 +26,27 @@ to end and re-sends with the same id. Readiness: a create refused with ``failed_
 while the deployment is not READY (the service may refuse hot-loads then) waits for READY and
 retries, saying so; a deployment that accepts hot-loads while in ERROR (a hot-load is the way
 back) gets the hot-load at once. All of it inside the one budget.
+
+Deadlines: the budget covers the upload too (each object-store call is bounded by what is
+left, :func:`cwtrain.infra.objectstore.within`); a budget spent before a hot-load is created
+raises :class:`~cwtrain.errors.PublishTimeoutError` (or, after waiting for another hot-load,
+:class:`~cwtrain.errors.HotLoadInProgressError`) and no create is sent after that: a caller
+told that its publish failed never has a hot-load created on its behalf. A create that went
+out is followed to its end: when its answer comes as the budget runs out (less than one poll
+interval left), the budget is extended by its own length, with a warning, so that the wait
+reports how the hot-load really ended; a wait that still runs out raises
+:class:`~cwtrain.errors.HotLoadTimeoutError`, whose message says the hot-load exists and may
+still go live.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import (
@@ -44,6 +56,7 @@ from cwtrain.errors import (
     HotLoadFailedError,
     HotLoadInProgressError,
     HotLoadVerificationError,
+    PublishTimeoutError,
     SnapshotError,
     TransportError,
     UsageError,
@@ -55,6 +68,7 @@ from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ResourceStatus, SnapshotType
 from cwtrain.infra.models import HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
+from cwtrain.infra.objectstore import ObjectStoreDeadlineError
 from cwtrain.polling import Budget
 
 if TYPE_CHECKING:
@@ -70,6 +84,7 @@ __all__ = [
     "publish_snapshot",
     "reactivate",
     "rollback",
+    "upload_deadline",
     "upload_directory",
     "verify_served",
 ]
@@ -165,15 +180,17 @@ def upload_directory(
     previous_identity: str | None = None,
     workers: int = 8,
     on_progress: Callable[[ProgressEvent], None] | None = None,
+    budget: Budget | None = None,
 ) -> StoredSnapshot:
     """Inspect a snapshot directory and upload it under ``identity`` (no hot-load).
 
     A delta is checked against the chain limit before anything is written. The result's
-    ``info`` is the inspected directory.
+    ``info`` is the inspected directory. ``budget`` bounds every object-store call.
 
     Raises:
         SnapshotError: an invalid directory or identity, ``previous_identity`` beside a
             ``SnapshotInfo``, or a chain too long.
+        PublishTimeoutError: ``budget`` ran out during the upload.
     """
     from cwtrain.hotload.files.validate import SnapshotInfo, inspect_snapshot
 
@@ -188,10 +205,22 @@ def upload_directory(
     if kind is SnapshotType.INCREMENTAL and previous:
         check_chain(target, identity, previous)
     events = UploadProgress(identity, info.total_bytes, on_progress) if on_progress is not None else None
-    stored = target.store.upload(info, identity, workers=workers, on_progress=events)
+    with upload_deadline(identity, budget):
+        stored = target.store.upload(info, identity, workers=workers, on_progress=events, deadline=budget)
     if events is not None:
         events.finish()
     return stored
+
+
+@contextlib.contextmanager
+def upload_deadline(identity: str, budget: Budget | None) -> Iterator[None]:
+    """An upload whose object-store deadline passed raises :class:`~cwtrain.errors.PublishTimeoutError`."""
+    try:
+        yield
+    except ObjectStoreDeadlineError as exc:
+        if budget is None:
+            raise
+        raise PublishTimeoutError(identity, budget.total, "upload", str(exc)) from exc
 
 
 # ------------------------------------------------------------------------------ create
@@ -225,6 +254,10 @@ def create_hot_load(
         HotLoadInProgressError: another hot-load was still running when the budget ran out.
         FailedPreconditionError: refused for another reason (or the deployment never became
             READY within the budget).
+        PublishTimeoutError: the budget was spent before the first create could be sent.
+
+    No create is sent once the budget is spent; a create answered with less than one poll
+    interval left extends ``budget`` by its length (see the module docstring).
     """
     validate_identity(identity)
     kind, previous = chain.resolve_type(info, previous_identity, snapshot_type)
@@ -243,9 +276,14 @@ def create_hot_load(
             log.info("verified %s: %d objects, %d tensors", checked.uri, checked.objects, checked.tensors)
     hot_load_id = hot_load_id or str(uuid.uuid4())
     waited_for_ready = False
+    refused: Exception | None = None  # the last refusal, raised when the budget ends a wait for a retry
     while True:
+        if budget.spent:  # never create after the deadline: the caller is told it failed
+            if refused is not None:
+                raise refused
+            raise PublishTimeoutError(identity, budget.total, "create")
         try:
-            return target.client.create_hot_load(
+            created = target.client.create_hot_load(
                 target.deployment_id,
                 identity,
                 snapshot_type=kind,
@@ -253,23 +291,27 @@ def create_hot_load(
                 prompt_cache_policy=policy,
                 hot_load_id=hot_load_id,
             )
+            return _follow_late_create(target, created, budget)
         except FailedPreconditionError as error:
             active = _active_or_none(target)
             if active is not None and active.id == hot_load_id:
                 log.info("hot-load %s is this request's earlier attempt; adopting it", hot_load_id)
-                return active
+                return _follow_late_create(target, active, budget)
             if active is None and not isinstance(error, HotLoadInProgressError):
                 waited_for_ready = _wait_until_accepting(target, error, budget, retry_once=waited_for_ready)
+                refused = error
                 continue
+            busy = HotLoadInProgressError(
+                "failed_precondition",
+                f"another hot-load ({active.id if active else 'unknown'}) of deployment "
+                f"{target.deployment_id} is already in progress"
+                + (f" after waiting {budget.elapsed:.0f}s" if wait_for_active else "")
+                + "; wait for it or retry later; no hot-load was created",
+                http_status=error.http_status,
+            )
             if not wait_for_active or budget.spent:
-                raise HotLoadInProgressError(
-                    "failed_precondition",
-                    f"another hot-load ({active.id if active else 'unknown'}) of deployment "
-                    f"{target.deployment_id} is already in progress"
-                    + (f" after waiting {budget.elapsed:.0f}s" if wait_for_active else "")
-                    + "; wait for it or retry later",
-                    http_status=error.http_status,
-                ) from None
+                raise busy from None
+            refused = busy
             if active is not None:
                 log.info(
                     "hot-load %s (%r) is in progress; waiting for it before creating %s",
@@ -280,6 +322,25 @@ def create_hot_load(
                 wait_until_terminal(target.client, active.id, budget, interval=target.poll_interval)
             else:
                 budget.sleep(target.poll_interval)
+
+
+def _follow_late_create(target: Target, hot_load: HotLoad, budget: Budget) -> HotLoad:
+    """A create answered as the budget ran out: extend the budget so the hot-load is followed to its end.
+
+    The create went out, so the hot-load may go live; reporting a timeout at once would tell
+    the caller it failed while the fleet serves it.
+    """
+    if budget.remaining < target.poll_interval and not hot_load.terminal:
+        log.warning(
+            "hot-load %s of %r was created as the budget of %gs ran out; it may go live, so it is followed "
+            "to its end (up to %gs more)",
+            hot_load.id,
+            hot_load.identity,
+            budget.total,
+            budget.total,
+        )
+        budget.extend(budget.total)
+    return hot_load
 
 
 def _wait_until_accepting(target: Target, error: FailedPreconditionError, budget: Budget, *, retry_once: bool) -> bool:
@@ -370,17 +431,25 @@ def publish_snapshot(
     if isinstance(checkpoint, Mapping):
         if previous_identity:
             check_chain(target, identity, previous_identity)
-        kind = target.store.upload_tensors(
+        with upload_deadline(identity, budget):
+            kind = target.store.upload_tensors(
+                checkpoint,
+                identity,
+                previous_identity=previous_identity,
+                base=base,
+                workers=workers,
+                extra_files=extra_files,
+                deadline=budget,
+            ).snapshot_type
+    else:
+        info = upload_directory(
+            target,
             checkpoint,
             identity,
             previous_identity=previous_identity,
-            base=base,
             workers=workers,
-            extra_files=extra_files,
-        ).snapshot_type
-    else:
-        info = upload_directory(
-            target, checkpoint, identity, previous_identity=previous_identity, workers=workers, on_progress=on_progress
+            on_progress=on_progress,
+            budget=budget,
         ).info
         previous_identity = None
     hot_load = create_hot_load(
@@ -424,6 +493,14 @@ def follow(
         raise HotLoadFailedError(
             error.hot_load, error.replicas, f"{error}; every replica serves {back.identity!r} again (re-activated)"
         ) from error
+    except KeyboardInterrupt:  # Ctrl-C, or the CLI's SIGTERM: the hot-load runs on without us
+        log.warning(
+            "stopped waiting for hot-load %s: it keeps running and may still go live (follow it with "
+            "`cwtrain hotload wait %s`)",
+            hot_load_id,
+            hot_load_id,
+        )
+        raise
 
 
 def rollback(

@@ -74,6 +74,7 @@ from cwtrain.hotload.publish.sources import ObjectSource, Reading
 from cwtrain.infra.objectstore import (
     ConditionalConflictError,
     ObjectStore,
+    ObjectStoreDeadlineError,
     ObjectStoreStatusError,
     OpenUpload,
     Payload,
@@ -547,6 +548,13 @@ class ObjectWriter:
     def _abort(self, key: str, upload_id: str, *, quiet: bool = False) -> None:
         try:
             self.s3.abort_multipart(self.bucket, key, upload_id)
+        except ObjectStoreDeadlineError:
+            log.info(
+                "%s: multipart upload %s left unfinished (the deadline passed): publishing identity %r again resumes it",
+                key,
+                upload_id,
+                self.identity,
+            )
         except Exception as exc:  # best effort: the original error matters more
             (log.debug if quiet else log.warning)("could not abort multipart upload %s of %s: %s", upload_id, key, exc)
 

@@ -462,7 +462,9 @@ class PublishSession(Closing):
             )
         run.outcome.stage_seconds += time.perf_counter() - started
         started = time.perf_counter()
-        stored = cycle.upload_directory(self._target, info, plan.identity, workers=self.settings.upload_workers)
+        stored = cycle.upload_directory(
+            self._target, info, plan.identity, workers=self.settings.upload_workers, budget=plan.budget
+        )
         run.stored(stored, time.perf_counter() - started)
         self._hot_load(run, info=info)
 
@@ -513,16 +515,18 @@ class PublishSession(Closing):
     ) -> StoredSnapshot:
         """Upload ``run``'s version from tensors; a delta weighed under ``auto`` may come back declined (``run`` cut)."""
         plan = run.plan
-        return self._target.store.upload_tensors(
-            tensors,
-            plan.identity,
-            previous_identity=plan.previous_identity,
-            base=None if plan.full else base,
-            workers=self.settings.upload_workers,
-            extra_files=extra_files if plan.full else None,
-            allow_empty=True,
-            accept=None if plan.full or plan.cut_at_bytes is None else run.accept,
-        )
+        with cycle.upload_deadline(plan.identity, plan.budget):
+            return self._target.store.upload_tensors(
+                tensors,
+                plan.identity,
+                previous_identity=plan.previous_identity,
+                base=None if plan.full else base,
+                workers=self.settings.upload_workers,
+                extra_files=extra_files if plan.full else None,
+                allow_empty=True,
+                accept=None if plan.full or plan.cut_at_bytes is None else run.accept,
+                deadline=plan.budget,
+            )
 
     def publish_diff(
         self, plan: VersionPlan, checkpoint: str | os.PathLike[str], base: str | os.PathLike[str]

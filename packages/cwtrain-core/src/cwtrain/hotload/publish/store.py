@@ -34,7 +34,7 @@ from cwtrain.hotload.format.tensors import to_tensor_data
 from cwtrain.hotload.publish import manifest
 from cwtrain.hotload.publish.tensor_checks import check_published_tensors
 from cwtrain.infra.enums import SnapshotType
-from cwtrain.infra.objectstore import ObjectStore
+from cwtrain.infra.objectstore import Deadline, ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 if TYPE_CHECKING:
@@ -126,8 +126,13 @@ class SnapshotStore:
         *,
         workers: int = 8,
         on_progress: Callable[[int], None] | None = None,
+        deadline: Deadline | None = None,
     ) -> StoredSnapshot:
-        """Upload a snapshot directory (or its ``SnapshotInfo``) under ``identity``."""
+        """Upload a snapshot directory (or its ``SnapshotInfo``) under ``identity``.
+
+        ``deadline`` (a :class:`cwtrain.polling.Budget`) bounds every object-store call
+        (:func:`cwtrain.infra.objectstore.within`).
+        """
         from cwtrain.hotload.files.validate import SnapshotInfo, inspect_snapshot
         from cwtrain.hotload.publish.upload import upload_snapshot
 
@@ -142,6 +147,7 @@ class SnapshotStore:
             workers=workers,
             on_progress=on_progress,
             on_file=files.append,
+            deadline=deadline,
         )
         total, sent = StoredSnapshot.sizes(files)
         return StoredSnapshot(
@@ -154,11 +160,19 @@ class SnapshotStore:
             info=info,
         )
 
-    def open_upload(self, identity: str, *, workers: int = 8, shared_files: Iterable[str] = ()) -> SnapshotUpload:
+    def open_upload(
+        self,
+        identity: str,
+        *,
+        workers: int = 8,
+        shared_files: Iterable[str] = (),
+        deadline: Deadline | None = None,
+    ) -> SnapshotUpload:
         """A streaming upload of ``identity`` (a context manager: ``add`` files, then ``commit`` the index).
 
         ``shared_files`` names files other writers store (a distributed publish's shards),
-        which the commit requires before it writes the index.
+        which the commit requires before it writes the index; ``deadline`` bounds every
+        object-store call.
         """
         from cwtrain.hotload.publish.upload import SnapshotUpload
 
@@ -169,6 +183,7 @@ class SnapshotStore:
             path_prefix=self.path_prefix,
             workers=workers,
             shared_files=list(shared_files),
+            deadline=deadline,
         )
 
     def upload_tensors(
@@ -183,6 +198,7 @@ class SnapshotStore:
         stats: StageStats | None = None,
         allow_empty: bool = False,
         accept: Callable[[EncodedSnapshot], bool] | None = None,
+        deadline: Deadline | None = None,
     ) -> StoredSnapshot:
         """Encode in-memory tensors and upload them under ``identity``; returns what was stored.
 
@@ -216,6 +232,7 @@ class SnapshotStore:
                 it is uploaded; ``False`` stores nothing and returns a ``declined`` result
                 (a publisher that publishes this version FULL instead: the cadence's cost
                 rule, :meth:`~cwtrain.hotload.publish.session.PublishSession.weigh`).
+            deadline: bounds every object-store call (a :class:`cwtrain.polling.Budget`).
 
         Before anything is encoded, :func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`
         checks the dtypes against the served ones and a FULL snapshot's ``config.json``
@@ -241,7 +258,10 @@ class SnapshotStore:
         if stats is not None and mark is not None:
             stats.lap("gather", sum(t.nbytes for t in new.values()), mark)
         kind = SnapshotType.INCREMENTAL if previous_identity else SnapshotType.FULL
-        with DeltaEncoder() as encoder, _entered_meanwhile(self.open_upload(identity, workers=workers)) as opened:
+        with (
+            DeltaEncoder() as encoder,
+            _entered_meanwhile(self.open_upload(identity, workers=workers, deadline=deadline)) as opened,
+        ):
             if previous_identity and served is not None:
                 snap = encoder.encode(new, served, version=identity, base_version=previous_identity, stats=stats)
                 if snap.empty:

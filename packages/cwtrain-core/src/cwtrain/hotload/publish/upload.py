@@ -90,7 +90,7 @@ from cwtrain.hotload.publish.object_writer import (
     check_part_size,
     head_object,
 )
-from cwtrain.infra.objectstore import ObjectStore, ObjectStoreStatusError, OpenUpload
+from cwtrain.infra.objectstore import Deadline, ObjectStore, ObjectStoreStatusError, OpenUpload, within
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
 __all__ = ["SnapshotUpload", "UploadedFile", "check_snapshot_access", "snapshot_uri", "upload_snapshot"]
@@ -168,6 +168,10 @@ class SnapshotUpload:
         shared_files: names of files of this snapshot written by other writers (the
             ranks of a distributed publish): not counted as strays; :meth:`commit`
             requires them to be stored before it writes the index.
+        deadline: bounds every object-store call (a :class:`cwtrain.polling.Budget`, see
+            :func:`cwtrain.infra.objectstore.within`); past it the upload fails with
+            :class:`~cwtrain.infra.objectstore.ObjectStoreDeadlineError`, its unfinished
+            multipart uploads left for a resume.
     """
 
     def __init__(
@@ -183,11 +187,12 @@ class SnapshotUpload:
         on_file: Callable[[UploadedFile], None] | None = None,
         on_progress: Callable[[int], None] | None = None,
         shared_files: Iterable[str] = (),
+        deadline: Deadline | None = None,
         _existing: Mapping[str, RemoteObject] | None = None,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers={workers} must be at least 1")
-        self.s3 = as_object_store(s3)
+        self.s3 = within(as_object_store(s3), deadline)
         self.bucket = bucket
         self.identity = validate_identity(identity)
         self.path_prefix = (path_prefix or "").strip("/")
@@ -475,6 +480,7 @@ def upload_snapshot(
     on_file: Callable[[UploadedFile], None] | None = None,
     on_progress: Callable[[int], None] | None = None,
     part_size: int | None = None,
+    deadline: Deadline | None = None,
 ) -> str:
     """Publish a snapshot under ``<path_prefix>/<identity>/``; returns its ``s3://`` URI.
 
@@ -489,9 +495,11 @@ def upload_snapshot(
         on_file: called with an :class:`UploadedFile` per object.
         on_progress: called with byte counts (see :class:`cwtrain.progress.ByteProgress`).
         part_size: multipart part size (default ``CWTRAIN_HOTLOAD_PART_SIZE`` or 64 MiB).
+        deadline: bounds every object-store call (see :class:`SnapshotUpload`).
 
     Raises:
         SnapshotConflictError: the identity holds other bytes or other keys (nothing written).
+        ObjectStoreDeadlineError: the deadline passed (what is stored stays, resumable).
         SnapshotError: the snapshot cannot be published (e.g. an empty delta).
     """
     identity = validate_identity(identity)
@@ -499,7 +507,7 @@ def upload_snapshot(
         raise UsageError(f"workers={workers} must be at least 1")
     if part_size is not None:
         check_part_size(part_size)
-    store = as_object_store(s3)
+    store = within(as_object_store(s3), deadline)
     files, index = _snapshot_sources(snapshot, identity)
     everything = [*files, index]
     try:
