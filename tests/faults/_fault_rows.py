@@ -64,6 +64,14 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "says it ran past its budget); no create is sent once the budget is spent; a wait that times out says the "
         "hot-load may still go live",
     ),
+    "sigterm": (
+        "SIGTERM (how Kubernetes stops a pod) or Ctrl-C during a publish or a diff",
+        "a real SIGTERM or SIGINT to `cwtrain hotload publish` while a part of its multipart upload is held by the "
+        "proxy, to a publish waiting for its hot-load, and to `cwtrain snapshot diff` once its staged output exists",
+        "exit 143 (SIGTERM) or 130 (SIGINT) with one error line; no index, no unfinished multipart upload, a line "
+        "saying what stays stored; a hot-load being waited for is named as still running; no hidden partial "
+        "directory is left",
+    ),
     "flip-delta": (
         "a flipped byte in a stored delta",
         "one byte of an uploaded delta shard inverted before the hot-load",

@@ -248,7 +248,7 @@ def test_cli_gym_eval_with_a_stand_in_gym(
     progress lines (on its stdout, as real Gym's) end up on stderr: stdout is one JSON document.
 
     Alongside, a second `cwtrain gym eval` in a child process gets SIGTERM (what Kubernetes
-    sends to a Job's pod) during the collection: it exits 130 and its deployment is gone.
+    sends to a Job's pod) during the collection: it exits 143 (as Ctrl-C, with 128 + 15) and its deployment is gone.
     """
     config, rows = gym_files(tmp_path, [1.0, 0.0])
     monkeypatch.delenv("CWTRAIN_ROLLOUT_API_KEY", raising=False)
@@ -293,7 +293,7 @@ def test_cli_gym_eval_with_a_stand_in_gym(
         if child.poll() is None:
             child.kill()
             child.communicate()
-    assert child.returncode == 130, err
+    assert child.returncode == 143, err
     assert "error: interrupted" in err
     assert out == ""  # no result document for an interrupted evaluation
     assert json.loads((tmp_path / "sigterm-gym-state.json").read_text(encoding="utf-8"))["stopped"] is True

@@ -17,8 +17,9 @@ build on what this package exports: :func:`command_group`, :func:`positive_int`,
 :func:`positive_float`, :func:`client_from_args` and :func:`emit`. Exit codes: 0 success,
 1 any failure (a :class:`~cwtrain.errors.CWTrainError`, ``OSError``, object-store or
 credential error, or a bug, each one ``error:`` line with secrets masked), 130
-interrupted (the table is :data:`cwtrain.cli.errors.ERROR_EXITS`), 2 usage error found
-by argparse. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
+interrupted (Ctrl-C), 143 terminated (SIGTERM, handled exactly as Ctrl-C:
+:mod:`cwtrain.cli.signals`; the table is :data:`cwtrain.cli.errors.ERROR_EXITS`), 2 usage
+error found by argparse. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cwtrain._version import __version__
 from cwtrain.cli.errors import fail, known_secrets, one_line
+from cwtrain.cli.signals import Terminated, interrupt_on_signal, signals_interrupt
 from cwtrain.config import env_bool
 from cwtrain.errors import UsageError
 from cwtrain.lazy import lazy_exports
@@ -45,10 +47,12 @@ __all__ = [
     "CORE_GROUPS",
     "OPTIONAL_GROUPS",
     "CLIParser",
+    "Terminated",
     "build_parser",
     "client_from_args",
     "command_group",
     "emit",
+    "interrupt_on_signal",
     "main",
     "positive_float",
     "positive_int",
@@ -174,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if handler is None:
             parser.parse_args([*(argv or sys.argv[1:]), "--help"])
             return 2
-        return int(handler(args))
+        with signals_interrupt():  # SIGTERM stops a command as Ctrl-C does (cwtrain.cli.signals)
+            return int(handler(args))
     except BaseException as exc:
         code = fail(exc, debug=debug, secrets=known_secrets(getattr(args, "token", None)))
         if code is None:

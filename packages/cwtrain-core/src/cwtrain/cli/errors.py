@@ -15,7 +15,8 @@ returns the exit code::
 The table, in words (first match wins)::
 
     error                                          exit  stderr
-    KeyboardInterrupt                              130   error: interrupted
+    SIGTERM (cwtrain.cli.signals.Terminated)       143   error: terminated (SIGTERM)
+    KeyboardInterrupt (Ctrl-C, SIGINT)             130   error: interrupted
     any CWTrainError (API, transport, snapshot,    1     error: <message on one line>
       hot-load, lifecycle, usage, configuration)
     OSError                                        1     error: <message on one line>
@@ -46,6 +47,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
+from cwtrain.cli.signals import Terminated
+from cwtrain.cli.signals import exit_code as signal_exit_code
 from cwtrain.config import VARIABLES
 from cwtrain.errors import CWTrainError, mask_secrets
 from cwtrain.jsondoc import load_json
@@ -94,6 +97,10 @@ class ErrorExit:
     message: Callable[[BaseException], str] = one_line
     traceback: bool = True
 
+    def exit_code(self, exc: BaseException) -> int:
+        """The exit code for ``exc`` (an interrupt's depends on its signal: 128 + its number)."""
+        return signal_exit_code(exc) if isinstance(exc, KeyboardInterrupt) else self.code
+
 
 def missing_hint(exc: BaseException) -> str | None:
     """What to install for an ``ImportError`` of an optional dependency, else ``None``.
@@ -118,6 +125,13 @@ def _missing_message(exc: BaseException) -> str:
 
 #: The rows, first match wins; an exception no row matches is a bug and is re-raised.
 ERROR_EXITS: tuple[ErrorExit, ...] = (
+    ErrorExit(
+        "terminated (SIGTERM, and SIGHUP where a command stops on it)",
+        lambda exc: isinstance(exc, Terminated),
+        143,
+        lambda exc: f"terminated ({exc.name if isinstance(exc, Terminated) else 'signal'})",
+        traceback=False,
+    ),
     ErrorExit(
         "interrupted (Ctrl-C, SIGINT)",
         lambda exc: isinstance(exc, KeyboardInterrupt),
@@ -187,4 +201,4 @@ def fail(exc: BaseException, *, debug: bool, stream: TextIO | None = None, secre
         log.error("command failed", exc_info=exc)
     line = " ".join(mask_secrets(row.message(exc), secrets).split())
     print(f"error: {line}", file=stream or sys.stderr)
-    return row.code
+    return row.exit_code(exc)

@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cwtrain.cli import command_group, positive_float, positive_int
+from cwtrain.cli import command_group, interrupt_on_signal, positive_float, positive_int
 from cwtrain.jsondoc import load_json
 
 __all__ = ["default_state_file", "register", "running_state"]
@@ -327,10 +327,6 @@ def _base_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _up(args: argparse.Namespace) -> int:
     from cwtrain.cli import emit
     from cwtrain.local.stack import LocalStack
@@ -340,7 +336,7 @@ def _up(args: argparse.Namespace) -> int:
     # SIGINT too: a stack started from a script's background job inherits SIGINT ignored, and
     # Python then installs no KeyboardInterrupt handler; Ctrl-C and kill -INT must still stop it.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+        signal.signal(sig, interrupt_on_signal)  # SIGINT: KeyboardInterrupt; SIGTERM/SIGHUP: Terminated
     try:
         with LocalStack(replicas=args.replicas, port=args.port, hot_load_delay=args.slow_hot_load) as stack:
             env = stack.env()

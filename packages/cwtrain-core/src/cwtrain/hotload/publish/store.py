@@ -20,6 +20,7 @@ checks chains: the loader does that before it calls the store.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -348,7 +349,8 @@ def _entered_meanwhile(upload: SnapshotUpload) -> Iterator[Callable[[], Snapshot
             yield opening.result
         finally:
             if opening.exception() is None:
-                upload.__exit__(None, None, None)
+                error = sys.exc_info()[1]  # what ends the block (an interrupt is reported by the upload)
+                upload.__exit__(type(error) if error else None, error, None)
 
 
 def _source(file: SnapshotFile, stats: StageStats | None) -> Any:

@@ -21,7 +21,8 @@ sections 1 and 7). Two entry points:
           uri = up.commit(encoded.index)    # waits for every shard, then writes the index
 
   Leaving the block without ``commit`` (an exception, a signal) cancels the uploads,
-  aborts their unfinished multipart uploads and never writes the index.
+  aborts their unfinished multipart uploads and never writes the index; after an interrupt
+  (Ctrl-C, or SIGTERM in the CLI) a warning says what stays stored.
 
 **Guarantees.** Every object carries ``x-amz-meta-cwtrain-sha256`` (one SHA-256 pass per
 file, see :mod:`cwtrain.hotload.publish.object_writer`) and is written create-only
@@ -253,6 +254,15 @@ class SnapshotUpload:
     ) -> None:
         if not self._committed:
             self.cancel()
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM in the CLI: say what is left
+                stored = sum(1 for f in self._futures.values() if f.done() and not f.cancelled() and not f.exception())
+                log.warning(
+                    "upload of %s stopped: no index was written and its unfinished multipart uploads were "
+                    "aborted; %d object(s) already stored stay (publishing %r again skips them)",
+                    self.uri,
+                    stored,
+                    self.identity,
+                )
         self._shutdown()
 
     def cancel(self) -> None:
@@ -367,7 +377,7 @@ class SnapshotUpload:
         for future in list(self._futures.values()):
             try:
                 future.result()
-            except BaseException:
+            except Exception:  # a file failed: stop waiting (an interrupt of this thread propagates)
                 break
         if any(not f.done() for f in self._futures.values()):
             self.cancel()

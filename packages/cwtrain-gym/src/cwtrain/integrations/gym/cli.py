@@ -26,10 +26,9 @@ import argparse
 import signal
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from cwtrain.cli import client_from_args, command_group, positive_float, positive_int
+from cwtrain.cli import client_from_args, command_group, interrupt_on_signal, positive_float, positive_int
 from cwtrain.integrations.gym.framework import GYM
 
 __all__ = ["register"]
@@ -82,10 +81,6 @@ def register(subparsers: Any) -> None:
     ev.set_defaults(func=_eval)
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def _eval(args: argparse.Namespace) -> int:
     # Imported here: registration stays cheap (no httpx, no YAML) for every other command.
     from cwtrain.cli import emit
@@ -94,8 +89,9 @@ def _eval(args: argparse.Namespace) -> int:
     request = load_request(args.request)
     previous: Any = None
     if threading.current_thread() is threading.main_thread():
-        # A Kubernetes Job is stopped with SIGTERM: treat it like Ctrl-C so the deployment is deleted.
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        # A Kubernetes Job is stopped with SIGTERM: treat it like Ctrl-C so the deployment is deleted
+        # (exit 143, cwtrain.cli.signals).
+        previous = signal.signal(signal.SIGTERM, interrupt_on_signal)
     try:
         result = _run(args, request)
     finally:
