@@ -698,7 +698,7 @@ def test_a_bad_debug_variable_is_a_configuration_error(
 def test_the_table_is_the_one_main_uses() -> None:
     from cwtrain.cli.errors import ERROR_EXITS, find_exit
 
-    assert [row.code for row in ERROR_EXITS] == [143, 130, 1, 1, 1, 1, 1]
+    assert [row.code for row in ERROR_EXITS] == [143, 130, 1, 1, 1, 1, 1, 1]
     assert find_exit(ConfigError("x")) is ERROR_EXITS[2] and find_exit(RuntimeError()) is ERROR_EXITS[-1]
     assert find_exit(SystemExit(0)) is None
 

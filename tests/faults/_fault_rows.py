@@ -232,6 +232,13 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "answer: malformed-answer; gym_model's body: gym-relay)",
         "a clear error naming the input (exit 1, or 400 in the server's shape), never RecursionError; nothing sent",
     ),
+    "undecodable-name": (
+        "a checkpoint directory holding a file whose name is not UTF-8",
+        "a file named b'\\xff\\xfe-notes.txt' beside the shards: hotload inspect, upload_snapshot, snapshot "
+        "apply's side files, the mirror (memory and disk); an index naming a shard through a lone surrogate escape",
+        "one error line naming the directory and the name's bytes, exit 1; nothing uploaded or written; never "
+        "'internal error'",
+    ),
     "malformed-answer": (
         "malformed completions answers",
         "a table (choice index a string, an object, a float, repeated or out of range; token ids out of range; "

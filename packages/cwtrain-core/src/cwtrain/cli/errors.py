@@ -25,6 +25,8 @@ The table, in words (first match wins)::
     a missing optional package or dependency       1     error: <message>; <what to install>
       (ImportError naming a fix, or a
       ModuleNotFoundError of torch, ray, ...)
+    a name that is not valid UTF-8 met where       1     error: a file or directory name is not valid UTF-8 ...
+      cwtrain does not check it first
     any other Exception (a bug)                    1     error: internal error (<type>: <message>); ...
 
 So every failure, whatever the input, is one ``error:`` line and exit 1 (2 for usage
@@ -144,6 +146,15 @@ ERROR_EXITS: tuple[ErrorExit, ...] = (
     ErrorExit("an object-store client or credential error", is_store_error, 1),
     ErrorExit(
         "a missing optional package or dependency", lambda exc: missing_hint(exc) is not None, 1, _missing_message
+    ),
+    ErrorExit(
+        "a file or directory name that is not valid UTF-8",
+        lambda exc: isinstance(exc, UnicodeEncodeError) and "surrogates not allowed" in str(exc),
+        1,
+        lambda exc: (
+            f"a file or directory name is not valid UTF-8 ({one_line(exc)}): rename it; cwtrain's file names "
+            "become object keys, index entries and JSON, which are UTF-8"
+        ),
     ),
     ErrorExit(
         "any other exception: a bug",

@@ -15,6 +15,13 @@ A directory holds ``model.safetensors.index.json`` and the shards it names, or a
 opened read-only and read with ``pread`` through descriptors held until the directory is
 closed (use it as a context manager), so a file that shrinks is a ``SnapshotError``, not a
 ``SIGBUS``. A LoRA adapter directory is refused with the fix.
+
+Every listing of a snapshot or checkpoint directory goes through :func:`directory_files`,
+and every file name taken from an index through :func:`checked_file_name`: a name that is
+not valid UTF-8 (Linux hands it over as lone surrogates) can be neither an object key nor an
+index entry, so it is one ``SnapshotError`` naming the directory and the name's bytes::
+
+    directory_files("ckpt/v1")     # [Path("ckpt/v1/config.json"), ...], sorted by name
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ __all__ = [
     "SnapshotDirectory",
     "VerifyReport",
     "apply_delta_dir",
+    "checked_file_name",
+    "directory_files",
     "load_full_dir",
     "open_checkpoint",
     "open_snapshot_dir",
@@ -84,6 +93,44 @@ class SnapshotDirectory(Closing):
         return self.shards[shard].fd
 
 
+def checked_file_name(directory: str | Path, name: str) -> str:
+    """``name``, a file of ``directory``, when it is valid UTF-8; else a one-line ``SnapshotError``.
+
+    Raises:
+        SnapshotError: the name holds bytes that are not UTF-8 (or lone surrogates).
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = os.fsencode(name)  # what the file system holds
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape
+            raw = name.encode("utf-8", "surrogatepass")
+        shown = os.fsdecode(directory)
+        shown = shown if shown.isprintable() and shown.encode("utf-8", "ignore").decode() == shown else ascii(shown)
+        raise SnapshotError(
+            f"{shown}: the file name {raw!r} is not valid UTF-8; snapshot file names become "
+            "object keys and index entries, which are UTF-8: rename the file or move it out of the directory"
+        ) from None
+    return name
+
+
+def directory_files(directory: str | Path) -> list[Path]:
+    """The regular files directly in ``directory`` (links followed), sorted by name, every name checked.
+
+    Raises:
+        SnapshotError: a name that is not valid UTF-8 (:func:`checked_file_name`), even of
+            a subdirectory.
+    """
+    root = Path(directory)
+    files = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        checked_file_name(root, entry.name)
+        if entry.is_file(follow_symlinks=True):
+            files.append(root / entry.name)
+    return files
+
+
 #: Suffixes of weight files, which are never side files.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 
@@ -94,12 +141,14 @@ def side_paths(directory: str | Path) -> list[Path]:
     Every regular file at the top of ``directory`` (``config.json``, ``generation_config.json``,
     the tokenizer's files, a chat template, ...) but weights (``*.safetensors``, ``*.bin``,
     ``*.pt``, ...), weight indexes (``*.index.json``) and hidden files, in name order.
+
+    Raises:
+        SnapshotError: a name in ``directory`` that is not valid UTF-8 (:func:`directory_files`).
     """
     return [
         child
-        for child in sorted(Path(directory).iterdir())
-        if child.is_file()
-        and not child.name.startswith(".")
+        for child in directory_files(directory)
+        if not child.name.startswith(".")
         and not child.name.endswith(".index.json")
         and not child.name.endswith(_WEIGHT_SUFFIXES)
     ]
@@ -135,7 +184,7 @@ def open_snapshot_dir(path: str | Path) -> SnapshotDirectory:
     opened = SnapshotDirectory(root, found.parsed, found.header is not None)
     try:
         for shard in dict.fromkeys(found.parsed["weight_map"].values()):
-            shard_path = root / shard
+            shard_path = root / checked_file_name(root, shard)
             if not shard_path.is_file():
                 raise SnapshotNotFoundError(f"{root}: shard {shard} named in the index is missing")
             fd = os.open(shard_path, os.O_RDONLY)

@@ -35,6 +35,7 @@ from typing import Any
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.codec.frames import frame_header
+from cwtrain.hotload.files.checkpoint import checked_file_name
 from cwtrain.hotload.format.checksum import is_checksum
 from cwtrain.hotload.format.identity import identity_for_base_version, validate_identity
 from cwtrain.hotload.format.index import (
@@ -120,6 +121,7 @@ class SnapshotInfo:
 def _immediate_files(root: Path) -> list[Path]:
     files = []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        checked_file_name(root, entry.name)
         if entry.is_dir(follow_symlinks=True):
             log.warning("skipping subdirectory %s (only immediate files are part of a snapshot)", entry.path)
         elif entry.is_file(follow_symlinks=True):

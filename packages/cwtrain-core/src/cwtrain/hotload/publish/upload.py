@@ -149,6 +149,10 @@ def _list_open_uploads(s3: ObjectStore, bucket: str, prefix: str) -> dict[str, l
 def _file_name(name: str) -> str:
     if not name or "/" in name or name in (".", ".."):
         raise UsageError(f"snapshot file name {name!r} must be one path segment")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"snapshot file name {name!a} is not valid UTF-8 (object keys are UTF-8)") from None
     return name
 
 
