@@ -90,7 +90,9 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "error-recovery": (
         "a corrupt delta in the chain a restarted replica must replay",
         "one byte of a served delta inverted, then the deployment's only replica killed: it restarts cold and cannot catch up",
-        "STATUS_ERROR whose reason names the replica and the object; a rollback to the intact FULL is accepted and brings READY back, serving that FULL's bytes",
+        "STATUS_ERROR whose reason names the replica and the object; a rollback to the intact FULL, or `cwtrain "
+        "hotload publish` of a fresh FULL (no delete, no manual rollback), is accepted and brings READY back, "
+        "serving that FULL's bytes",
     ),
     "replica-killed": (
         "a replica killed during a hot-load",
@@ -217,8 +219,10 @@ ROWS: dict[str, tuple[str, str, str]] = {
     ),
     "metadata-clash": (
         "a tensor named like a __metadata__ entry",
-        'a tensor `format` beside `"format": "pt"` written as a FULL with checksums, applied, or encoded',
-        "refused with a SnapshotError; the entry is never overwritten",
+        'a tensor `format` beside `"format": "pt"` (or named like another entry) written as a FULL with checksums, '
+        "applied, encoded, diffed (`snapshot diff`, `hotload publish --base`)",
+        "refused with a SnapshotError; the entry is never overwritten; diff and apply refuse exactly the same "
+        "checkpoints, before any output",
     ),
     "verify-nothing": (
         "snapshot verify with nothing it can check",

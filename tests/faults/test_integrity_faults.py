@@ -144,9 +144,10 @@ def test_cli_trigger_refuses_a_flipped_full_before_creating_a_hot_load(
     trainer.version += 1
 
 
-@pytest.mark.fault_row("error-recovery")
-def test_a_corrupt_chain_after_a_restart_says_why_and_a_rollback_recovers(stack: LocalStack) -> None:
-    target, trainer = _trainer(stack, "recovery")
+def _broken_chain(stack: LocalStack, name: str) -> tuple[Any, Trainer, str, dict[str, torch.Tensor]]:
+    """A deployment in STATUS_ERROR: its only replica restarted cold on a FULL and a delta one of whose bytes
+    was inverted. Returns the deployment, its trainer, the FULL root's identity and weights."""
+    target, trainer = _trainer(stack, name)
     root = trainer.served_identity
     assert root is not None and trainer.served is not None
     root_weights = {k: v.clone() for k, v in trainer.served.items()}
@@ -176,7 +177,12 @@ def test_a_corrupt_chain_after_a_restart_says_why_and_a_rollback_recovers(stack:
     assert status["status"] == "STATUS_ERROR", status
     assert f"cannot load {delta!r}" in message and f"s3://{target.bucket}/{shard}" in message, message
     assert "restarting" not in message and "hotload rollback" in message
+    return target, trainer, root, root_weights
 
+
+@pytest.mark.fault_row("error-recovery")
+def test_a_corrupt_chain_after_a_restart_says_why_and_a_rollback_recovers(stack: LocalStack) -> None:
+    target, trainer, root, root_weights = _broken_chain(stack, "recovery")
     back = trainer.loader.rollback(root)  # accepted in STATUS_ERROR: the way back
     assert back.state is HotLoadState.COMPLETED and back.identity == root
     deadline = time.monotonic() + 60
@@ -186,3 +192,24 @@ def test_a_corrupt_chain_after_a_restart_says_why_and_a_rollback_recovers(stack:
     _serves(stack, target, root, root_weights)
     trainer.served, trainer.served_identity = root_weights, root
     assert trainer.publish(full=True).state is HotLoadState.COMPLETED  # publishing works again
+
+
+@pytest.mark.fault_row("error-recovery")
+def test_a_deployment_in_error_after_a_bad_delta_takes_a_fresh_full_from_the_cli(
+    stack: LocalStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26 item 10: no delete, no manual rollback: `cwtrain hotload publish` of a fresh FULL brings it back."""
+    target, trainer, _, _ = _broken_chain(stack, "fresh-full")
+    trainer.step()
+    fresh = _plain_checkpoint(trainer.weights, tmp_path / "fresh")
+    identity = trainer.identity()
+    argv = ["hotload", "publish", "--deployment", target.deployment_id, "--checkpoint", str(fresh)]
+    code = main([*argv, "--identity", identity, "--poll-interval", str(POLL)])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    assert json.loads(out)["status"]["state"] == "COMPLETED"
+    deadline = time.monotonic() + 60
+    while _deployment(stack, target.deployment_id)["status"] != "STATUS_READY":
+        assert time.monotonic() < deadline, _deployment(stack, target.deployment_id)
+        time.sleep(0.1)
+    _serves(stack, target, identity, trainer.weights)

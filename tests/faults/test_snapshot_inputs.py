@@ -10,7 +10,8 @@
 - ``identity-chars``: identities with control, format (bidi, zero-width) or separator
   characters are refused before anything is sent;
 - ``metadata-clash``: a tensor named ``format`` beside ``"format": "pt"`` is refused by
-  every writer of checksums instead of overwriting the entry;
+  every writer of checksums instead of overwriting the entry, and ``snapshot diff`` (and
+  ``hotload publish --base``) refuse the checkpoints ``snapshot apply`` refuses, up front;
 - ``verify-nothing``: ``snapshot verify`` that checked no Adler-32 exits 1, never says ok.
 """
 
@@ -21,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import httpx
@@ -236,9 +238,46 @@ def test_a_tensor_named_format_is_refused_by_every_checksum_writer(tmp_path: Pat
     from cwtrain.hotload.files.write import write_applied_snapshot  # what `cwtrain snapshot apply` runs
 
     new = _checkpoint(tmp_path / "new", {**weights, "w": np.zeros(4, np.float32)})
-    write_delta(src, new, tmp_path / "delta", version="2", base_version="1")
+    same_bytes = _checkpoint(tmp_path / "same", weights, {"origin": "no format entry"})  # a delta that fits src
+    write_delta(same_bytes, new, tmp_path / "delta", version="2", base_version="1")
     with pytest.raises(SnapshotError, match="'format'"):
         write_applied_snapshot(src, tmp_path / "delta", tmp_path / "applied")
+    assert not (tmp_path / "applied").exists()
+
+
+CLASHES = [  # (the base's shard __metadata__, its tensors): snapshot diff and snapshot apply agree on each
+    pytest.param({"format": "pt"}, ["format", "w"], False, id="format-beside-format-pt"),
+    pytest.param({"format": "pt", "origin": "trainer"}, ["origin", "w"], False, id="another-entry"),
+    pytest.param({"format": "pt"}, ["formats", "w"], True, id="no-clash"),
+    pytest.param({"format": "<adler32>"}, ["format", "w"], True, id="entry-that-is-the-tensors-checksum"),
+]
+
+
+@pytest.mark.fault_row("metadata-clash")
+@pytest.mark.parametrize(("metadata", "names", "accepted"), CLASHES)
+def test_snapshot_diff_and_apply_refuse_the_same_checkpoints(
+    metadata: dict[str, str], names: list[str], accepted: bool, tmp_path: Path
+) -> None:
+    """Issue 26 item 10: diff accepted a checkpoint (a tensor `format`) whose delta apply then refused."""
+    base_weights = {name: np.arange(4, dtype=np.float32) + i for i, name in enumerate(names)}
+    adler = f"{zlib.adler32(base_weights[names[0]].tobytes()):08x}"
+    metadata = {key: adler if value == "<adler32>" else value for key, value in metadata.items()}
+    base = _checkpoint(tmp_path / "base", base_weights, metadata)
+    new = _checkpoint(tmp_path / "new", {**base_weights, "w": np.zeros(4, np.float32)}, metadata)
+    code, _, err = run_cli(_diff_argv(base, new, tmp_path / "delta"))
+    assert (code == 0) is accepted, err
+    if not accepted:
+        assert "tensors named like the shard's __metadata__ entries" in err and "could never apply" in err
+        assert not (tmp_path / "delta").exists() and not list(tmp_path.glob(".delta.*"))
+        same = _checkpoint(tmp_path / "same", base_weights, {"origin2": "x"})  # the same bytes, no clash
+        assert run_cli(_diff_argv(same, new, tmp_path / "delta"))[0] == 0
+    code, _, err = run_cli(["snapshot", "apply", str(base), str(tmp_path / "delta"), "--out", str(tmp_path / "out")])
+    assert (code == 0) is accepted, err
+    if not accepted:
+        assert "tensors named like the shard's __metadata__ entries" in err and not (tmp_path / "out").exists()
+        loader = HotLoader(InferenceClient("t" * 16, base_url="http://127.0.0.1:9"), "dep")  # refused before any call
+        with pytest.raises(SnapshotError, match="could never apply"):
+            loader.publish_diff(new, base, "run-v000002", previous_identity="run-v000001")
 
 
 # ------------------------------------------------------------------ verify nothing

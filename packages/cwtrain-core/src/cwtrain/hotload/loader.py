@@ -487,7 +487,7 @@ class HotLoader:
                 shapes (publish FULL instead), or nothing changed (an empty delta is never
                 published).
         """
-        from cwtrain.hotload.files.checkpoint import open_checkpoint
+        from cwtrain.hotload.files.checkpoint import check_checksum_room, open_checkpoint
         from cwtrain.hotload.files.write import write_delta
 
         validate_identity(identity)
@@ -518,6 +518,7 @@ class HotLoader:
                 )
             return cycle.publish_snapshot(target, keep, identity, previous_identity=previous_identity, **options)
         with open_checkpoint(os.fspath(base)) as old, open_checkpoint(os.fspath(checkpoint)) as new:
+            check_checksum_room(old, why="`snapshot apply` could never apply a delta against it")
             log.info("encoding the delta %s -> %s as %r on %r", old.path, new.path, identity, previous_identity)
             return cycle.publish_snapshot(
                 target, new.tensors, identity, previous_identity=previous_identity, base=old.tensors, **options

@@ -41,6 +41,7 @@ from cwtrain.hotload.codec.decode import (
     verify_delta,
     verify_frames,
 )
+from cwtrain.hotload.format.checksum import is_checksum
 from cwtrain.hotload.format.index import INDEX_NAME, SINGLE_FILE_NAME, is_delta_index, read_directory_index
 from cwtrain.hotload.format.safetensors import SafetensorsHeader, check_weight_map, read_header_at
 from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_uint8
@@ -49,6 +50,7 @@ __all__ = [
     "SnapshotDirectory",
     "VerifyReport",
     "apply_delta_dir",
+    "check_checksum_room",
     "checked_file_name",
     "directory_files",
     "load_full_dir",
@@ -157,6 +159,32 @@ def side_paths(directory: str | Path) -> list[Path]:
 def side_files(directory: str | Path) -> dict[str, bytes]:
     """:func:`side_paths` read: name → bytes."""
     return {child.name: child.read_bytes() for child in side_paths(directory)}
+
+
+def check_checksum_room(ckpt: SnapshotDirectory, *, why: str) -> None:
+    """Refuse a checkpoint one of whose tensors is named like a non-checksum ``__metadata__`` entry of its shard.
+
+    A FULL snapshot with checksums (what ``snapshot apply``, the mirror and every chain cut
+    write from this checkpoint's shards) keys each tensor's Adler-32 by its name in the
+    shard's ``__metadata__``, beside entries such as ``"format": "pt"`` (snapshot-format.md
+    section 3.3): a tensor ``format`` has no room there. ``snapshot diff`` and ``snapshot
+    apply`` check the same base, so they refuse the same checkpoints, before any work.
+
+    Raises:
+        SnapshotError: naming the shard, the tensors, the entries and ``why`` it matters.
+    """
+    for shard, header in ckpt.headers.items():
+        metadata = header.metadata or {}
+        clashes = [name for name in header.tensors if name in metadata and not is_checksum(str(metadata[name]))]
+        if clashes:
+            shown = ", ".join(
+                f"{name!r} (__metadata__ {name!r} = {str(metadata[name])[:40]!r})" for name in clashes[:3]
+            )
+            raise SnapshotError(
+                f"{ckpt.path / shard}: tensors named like the shard's __metadata__ entries: {shown}; {why}: a FULL "
+                "snapshot with checksums keys each tensor's Adler-32 by its name in __metadata__, where that entry "
+                "already is. Rename the tensors or drop those entries"
+            )
 
 
 def refuse_adapter(root: Path) -> None:

@@ -37,7 +37,13 @@ from cwtrain.errors import SnapshotChecksumError, SnapshotError
 from cwtrain.hotload.codec.common import MemoryBudget, run_parallel
 from cwtrain.hotload.codec.decode import DeltaTensor, delta_tensors, stream_payload
 from cwtrain.hotload.codec.encode import DeltaEncoder, ShardSink, delta_shard_header
-from cwtrain.hotload.files.checkpoint import SnapshotDirectory, open_checkpoint, open_snapshot_dir, side_paths
+from cwtrain.hotload.files.checkpoint import (
+    SnapshotDirectory,
+    check_checksum_room,
+    open_checkpoint,
+    open_snapshot_dir,
+    side_paths,
+)
 from cwtrain.hotload.format.checksum import adler32, checksum_metadata, is_checksum
 from cwtrain.hotload.format.identity import same_version
 from cwtrain.hotload.format.index import (
@@ -252,25 +258,27 @@ def write_delta(
     """
     start = time.perf_counter()
     usable_output(out)
-    with open_checkpoint(base) as old, open_checkpoint(new) as cur, staged_directory(out) as stage:
-        if on_total is not None:
-            on_total(sum(t.nbytes for t in cur.tensors.values()))
-        sink = _DiskSink(stage, shard_bytes)
-        try:
-            with DeltaEncoder(workers=workers, memory_budget=memory_budget, shard_bytes=shard_bytes) as encoder:
-                snap = encoder.encode(cur.tensors, old.tensors, sink=sink, on_progress=on_progress)
-        except SnapshotError as exc:
-            sink.abort()
-            raise SnapshotError(f"{old.path} -> {cur.path}: {exc}") from None
-        except BaseException:
-            sink.abort()
-            raise
-        index = {
-            "metadata": {"version": version, "base_version": base_version, **snap.index_json["metadata"]},
-            "weight_map": snap.index_json["weight_map"],
-        }
-        (stage / INDEX_NAME).write_bytes(local_index_bytes(index))
-        stats = snap.stats
+    with open_checkpoint(base) as old, open_checkpoint(new) as cur:
+        check_checksum_room(old, why="`snapshot apply` could never apply a delta against it")
+        with staged_directory(out) as stage:
+            if on_total is not None:
+                on_total(sum(t.nbytes for t in cur.tensors.values()))
+            sink = _DiskSink(stage, shard_bytes)
+            try:
+                with DeltaEncoder(workers=workers, memory_budget=memory_budget, shard_bytes=shard_bytes) as encoder:
+                    snap = encoder.encode(cur.tensors, old.tensors, sink=sink, on_progress=on_progress)
+            except SnapshotError as exc:
+                sink.abort()
+                raise SnapshotError(f"{old.path} -> {cur.path}: {exc}") from None
+            except BaseException:
+                sink.abort()
+                raise
+            index = {
+                "metadata": {"version": version, "base_version": base_version, **snap.index_json["metadata"]},
+                "weight_map": snap.index_json["weight_map"],
+            }
+            (stage / INDEX_NAME).write_bytes(local_index_bytes(index))
+            stats = snap.stats
     return DeltaStats(
         path=Path(out),
         tensors=stats.tensors,
@@ -437,6 +445,7 @@ def write_applied_snapshot(
     start = time.perf_counter()
     usable_output(out)
     with open_checkpoint(base) as ckpt, open_snapshot_dir(delta) as snap:
+        check_checksum_room(ckpt, why="the applied snapshot could not carry its checksums")
         metadata = index_metadata(snap.index)
         declared = metadata.get("base_version")
         if base_version is not None and not same_version(str(declared), base_version):

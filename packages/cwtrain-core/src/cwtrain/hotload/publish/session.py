@@ -539,11 +539,12 @@ class PublishSession(Closing):
         """
         if plan.full:
             return self.publish_directory(plan, checkpoint)
-        from cwtrain.hotload.files.checkpoint import open_checkpoint
+        from cwtrain.hotload.files.checkpoint import check_checksum_room, open_checkpoint
 
         with self._run(plan, None) as run:
             started = time.perf_counter()
             with open_checkpoint(os.fspath(base)) as old, open_checkpoint(os.fspath(checkpoint)) as new:
+                check_checksum_room(old, why="`snapshot apply` could never apply a delta against it")
                 stored = self._upload_tensors(run, new.tensors, old.tensors, None)
             if stored.declined:
                 run.outcome.stage_seconds += time.perf_counter() - started  # the delta's encode
