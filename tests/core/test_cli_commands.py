@@ -511,6 +511,33 @@ def test_publish_is_the_library_publish_with_upload_progress(
     assert hot["status"]["state"] == "PENDING" and publishing[-1]["wait"] is False
 
 
+def test_publish_options_fall_back_to_the_librarys_variables(
+    fake: FakeAPI,
+    publishing: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    argv = ["hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(ckpt), "--poll-interval", "0.01"]
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_TIMEOUT", "42")
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", "3")
+    code, _, err = run(capsys, *argv, "--identity", "env-v000000")
+    assert code == 0, err
+    assert publishing[-1]["budget"].total == 42.0 and publishing[-1]["workers"] == 3
+    code, _, err = run(capsys, *argv, "--identity", "env-v000001", "--timeout", "7", "--workers", "2")
+    assert code == 0, err  # an option beats the variable
+    assert publishing[-1]["budget"].total == 7.0 and publishing[-1]["workers"] == 2
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_TIMEOUT", "soon")
+    code, _, err = run(capsys, *argv, "--identity", "env-v000002")
+    assert code != 0 and "CWTRAIN_HOTLOAD_TIMEOUT='soon'" in err and len(publishing) == 2
+    monkeypatch.delenv("CWTRAIN_HOTLOAD_TIMEOUT")
+    monkeypatch.delenv("CWTRAIN_HOTLOAD_UPLOAD_WORKERS")
+    code, _, err = run(capsys, *argv, "--identity", "env-v000003")
+    assert code == 0, err  # neither: the library's defaults
+    assert publishing[-1]["budget"].total == 1800.0 and publishing[-1]["workers"] == 8
+
+
 def test_publish_of_a_failing_hot_load_prints_it_and_exits_1(
     fake: FakeAPI, publishing: list[dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -175,12 +175,17 @@ def _checkpoint(root: Path, seed: int) -> Path:
 
 @pytest.mark.e2e
 @pytest.mark.fault_row("store-deadline")
+@pytest.mark.parametrize("given", ["option", "variable"])
 def test_cli_publish_with_timeout_5_against_a_store_that_never_answers(
-    tmp_path: Path, stack: Any, deployed: Any, silent: Silent
+    tmp_path: Path, stack: Any, deployed: Any, silent: Silent, given: str
 ) -> None:
-    """The figure the issue asks for: exit status and wall time of `hotload publish --timeout 5`."""
+    """The figure the issue asks for: exit status and wall time of `hotload publish --timeout 5`,
+    the same with CWTRAIN_HOTLOAD_TIMEOUT=5 (the CLI honours the library's variable)."""
     ckpt = _checkpoint(tmp_path / "full", seed=5)
     env = {**os.environ, **stack.env(), "CW_S3_ENDPOINT": silent.endpoint_url}
+    env.pop("CWTRAIN_HOTLOAD_TIMEOUT", None)
+    if given == "variable":
+        env["CWTRAIN_HOTLOAD_TIMEOUT"] = "5"
     command = [
         str(Path(sys.executable).parent / "cwtrain"),
         "hotload",
@@ -188,7 +193,8 @@ def test_cli_publish_with_timeout_5_against_a_store_that_never_answers(
         "--deployment",
         deployed.deployment_id,
     ]
-    command += ["--checkpoint", str(ckpt), "--identity", "silent-v000001", "--timeout", "5"]
+    command += ["--checkpoint", str(ckpt), "--identity", "silent-v000001"]
+    command += ["--timeout", "5"] if given == "option" else []
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     took = time.monotonic() - started

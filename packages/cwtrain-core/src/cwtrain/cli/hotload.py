@@ -14,6 +14,8 @@
 
 ``--deployment`` defaults to ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` (``cwtrain local up``
 exports it); with neither the command exits 2 with one ``error:`` line naming both.
+``--timeout`` and ``--workers`` default to ``CWTRAIN_HOTLOAD_TIMEOUT`` (else 1800 s) and
+``CWTRAIN_HOTLOAD_UPLOAD_WORKERS`` (else 8), as for the library.
 stdout: one JSON document (hot-load view, ``{"hot_load", "replicas"}``, snapshot info,
 ...); stderr: logs, upload progress (:class:`cwtrain.progress.ByteProgress`: drawn on a
 terminal or with ``--progress``, else one final line) and hot-load state changes.
@@ -45,8 +47,9 @@ from cwtrain.cli.options import (
     usage_error,
 )
 from cwtrain.cli.output import emit
+from cwtrain.config import env_float, env_int
 from cwtrain.errors import ConfigError, HotLoadFailedError
-from cwtrain.hotload.settings import FAILURE_POLICIES
+from cwtrain.hotload.settings import DEFAULT_TIMEOUT, FAILURE_POLICIES, FIELD_VARIABLES
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
 from cwtrain.infra.models import HotLoad
@@ -58,6 +61,9 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 log = logging.getLogger("cwtrain.cli")
+#: The library's variables the options fall back to when not given.
+TIMEOUT_ENV = FIELD_VARIABLES["timeout"]
+WORKERS_ENV = FIELD_VARIABLES["upload_workers"]
 #: Every --poll-interval: HotLoader's poll_interval, the cap of its adaptive polling (cwtrain.polling).
 _POLL_HELP = "the longest pause between polls (5); shorter while the service answers fast"
 
@@ -96,7 +102,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--keep", metavar="DIR", help="with --base: also write the delta directory here")
     _identity_options(p)
-    p.add_argument("--workers", type=positive_int, default=8, help="files uploaded in parallel (8)")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help=f"files uploaded in parallel (default: ${WORKERS_ENV}, else 8)",
+    )
     _progress_option(p)
     p.set_defaults(func=needs_deployment(_publish))
 
@@ -112,7 +123,7 @@ def register(subparsers: Any) -> None:
 
     p = commands.add_parser("wait", help="wait until a hot-load ends")
     p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
-    p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
+    _timeout_option(p)
     p.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
     p.set_defaults(func=_wait)
 
@@ -137,7 +148,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--identity", required=True, help="identity to go back to")
     p.add_argument("--reset-prompt-cache", action="store_true", help="send PROMPT_CACHE_POLICY_RESET_ALL")
     p.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
-    p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds (1800)")
+    _timeout_option(p)
     p.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
     p.set_defaults(func=needs_deployment(_rollback))
 
@@ -157,7 +168,7 @@ def _identity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--previous-identity", help="predecessor of a delta")
     parser.add_argument("--reset-prompt-cache", action="store_true", help="send PROMPT_CACHE_POLICY_RESET_ALL")
     parser.add_argument("--no-wait", action="store_true", help="print the new hot-load without waiting")
-    parser.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds, one budget (1800)")
+    _timeout_option(parser)
     parser.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
     parser.add_argument(
         "--on-failure",
@@ -165,6 +176,15 @@ def _identity_options(parser: argparse.ArgumentParser) -> None:
         default="stop",
         help="when the hot-load ends FAILED or CANCELED: stop (exit 1) or reactivate (first bring every replica "
         "back to the newest intact identity that completed, then exit 1) (stop)",
+    )
+
+
+def _timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        help=f"seconds, one budget (default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT:g})",
     )
 
 
@@ -184,10 +204,12 @@ def _policy(args: argparse.Namespace) -> PromptCachePolicy | None:
 def _loader(args: argparse.Namespace, api: InferenceClient, deployment_id: str) -> HotLoader:
     from cwtrain.hotload.loader import HotLoader
 
+    if getattr(args, "timeout", DEFAULT_TIMEOUT) is None:  # no --timeout: the library's variable, else its default
+        args.timeout = env_float(TIMEOUT_ENV, DEFAULT_TIMEOUT)
     return HotLoader(
         api,
         deployment_id,
-        timeout=getattr(args, "timeout", 1800.0),
+        timeout=getattr(args, "timeout", DEFAULT_TIMEOUT),
         poll_interval=getattr(args, "poll_interval", 5.0),
     )
 
@@ -238,7 +260,7 @@ def _publish(args: argparse.Namespace) -> int:
             "prompt_cache_policy": _policy(args),
             "wait": not args.no_wait,
             "timeout": args.timeout,
-            "workers": args.workers,
+            "workers": args.workers or env_int(WORKERS_ENV, 8, minimum=1),
             "on_progress": progress,
             "on_failure": args.on_failure,
         }
