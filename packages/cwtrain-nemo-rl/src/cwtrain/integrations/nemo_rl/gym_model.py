@@ -71,7 +71,6 @@ then point Gym at ``http://10.0.0.7:8001/v1`` (``policy_base_url``) with that to
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import math
@@ -92,11 +91,12 @@ from cwtrain.jsondoc import load_json
 from cwtrain.serving import (
     DEFAULT_MAX_BODY_BYTES,
     LOOPBACK,
+    BackgroundServer,
     GuardedHTTPServer,
     JSONHandler,
     RequestRefused,
+    bind_address,
     check_bearer,
-    is_loopback,
     url_host,
 )
 
@@ -598,33 +598,20 @@ def node_address() -> str:
     return LOOPBACK
 
 
-def bind_address(advertise: str) -> str:
-    """Where to listen so that callers of ``advertise`` reach the endpoint, and no wider: the
-    address itself for an IP address, loopback for ``localhost``, else the address the host
-    name resolves to."""
-    bare = advertise.strip("[]")
-    try:
-        return str(ipaddress.ip_address(bare))
-    except ValueError:
-        pass
-    if is_loopback(bare):
-        return LOOPBACK
-    return socket.gethostbyname(bare)
-
-
-class GymModelServer:
+class GymModelServer(BackgroundServer):
     """:class:`GymModel` over HTTP, in a background thread, behind a bearer token.
 
-    It listens on the address it advertises (:func:`bind_address`): loopback when Gym runs on
-    this node's loopback, else the one interface Gym's node reaches, never every interface
-    unless ``host`` says so. Every request needs ``Authorization: Bearer <token>`` (checked
-    before a byte of the body is read; bodies over :data:`MAX_BODY_BYTES` are refused with
-    413): the token is random unless given, and reaches Gym as its model server's
+    It listens on the address it advertises (:func:`~cwtrain.serving.bind_address`): loopback
+    when Gym runs on this node's loopback, else the one interface Gym's node reaches, never
+    every interface unless ``host`` says so. Every request needs ``Authorization: Bearer
+    <token>`` (checked before a byte of the body is read; bodies over :data:`MAX_BODY_BYTES`
+    are refused with 413): the token is random unless given, and reaches Gym as its model server's
     ``api_key`` (:meth:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration.configure_nemo_gym`).
+    ``start``/``close``/``serve_forever`` and ``with`` are core's :class:`~cwtrain.serving.BackgroundServer`.
 
     Args:
         model: the endpoint's logic.
-        host: the address to listen on (default: :func:`bind_address` of ``advertise``).
+        host: the address to listen on (default: :func:`~cwtrain.serving.bind_address` of ``advertise``).
         port: the port (0: any free one).
         advertise: the host the base URL names (default :func:`node_address`).
         token: the bearer token callers must send (default: a random one).
@@ -642,49 +629,17 @@ class GymModelServer:
         self.model = model
         self.advertise = advertise or node_address()
         self.token = token or secrets.token_urlsafe(32)
-        self._server = _Server(host or bind_address(self.advertise), port, model, self.token)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def host(self) -> str:
-        """The address it listens on."""
-        return self._server.host
-
-    @property
-    def port(self) -> int:
-        """The port it listens on."""
-        return self._server.port
+        super().__init__(_Server(host or bind_address(self.advertise), port, model, self.token), "cwtrain-gym-model")
+        log.info("gym_model at %s (listening on %s) for model %s", self.base_url, self.host, model.model)
 
     @property
     def base_url(self) -> str:
         """``http://<advertised host>:<port>/v1``: what Gym's ``policy_base_url`` should be."""
         return f"http://{url_host(self.advertise)}:{self.port}/v1"
 
-    def start(self) -> GymModelServer:
-        """Serve in a daemon thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, name="cwtrain-gym-model", daemon=True)
-            self._thread.start()
-            log.info("gym_model serving %s (listening on %s) for model %s", self.base_url, self.host, self.model.model)
-        return self
-
     def close(self) -> None:
         """Stop serving and release the port."""
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=10)
-            self._thread = None
-        self._server.server_close()
-
-    def serve_forever(self) -> None:
-        """Serve in this thread until interrupted."""
-        self._server.serve_forever()
-
-    def __enter__(self) -> GymModelServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -717,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer  # type: ignore[import-not-found,unused-ignore]
 
     from cwtrain.config import env_str
-    from cwtrain.integrations.nvext import require_served_salt
+    from cwtrain.integrations.nvext import recorded_run_id, require_served_salt
     from cwtrain.integrations.rollout import RolloutConfig
 
     try:
@@ -730,13 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         template = Path(args.chat_template)
         tokenizer.chat_template = template.read_text(encoding="utf-8") if template.is_file() else args.chat_template
     state_dir = args.state_dir or env_str("CWTRAIN_HOTLOAD_STATE_DIR")
-    run_id = args.run_id or env_str("CWTRAIN_HOTLOAD_RUN_ID")
-    if run_id is None and state_dir:  # the run of the identity the publisher recorded
-        from cwtrain.hotload import split_version_identity
-        from cwtrain.integrations.nvext import read_served_identity
-
-        recorded = split_version_identity(read_served_identity(state_dir))
-        run_id = recorded[0] if recorded is not None else None
+    # else the run of the identity the publisher recorded
+    run_id = args.run_id or env_str("CWTRAIN_HOTLOAD_RUN_ID") or recorded_run_id(state_dir)
     model = GymModel(
         CompletionSampler(config, run_id=run_id),
         ChatRenderer(tokenizer),
