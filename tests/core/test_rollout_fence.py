@@ -7,6 +7,7 @@ stack) is ``tests/e2e/test_rollout_swap.py``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import threading
@@ -25,6 +26,7 @@ from cwtrain.integrations.rollout import (
     SamplingParams,
     fill_group,
     merge_batches,
+    run_sync,
     note_published,
     shared_sampler,
     version_tag,
@@ -247,3 +249,23 @@ def test_fill_group_tags_this_runs_versions_and_other_identities_as_they_are() -
     assert [s.weight_versions for s in samples] == [["7"], ["other-v000007"]]
     assert version_tag("run-v000012", "run") == "12" and version_tag("run-v000012", None) == "run-v000012"
     assert version_tag(None, "run") is None and version_tag("initial", "run") == "initial"
+
+
+def test_run_sync_runs_a_coroutine_from_plain_code_inside_or_outside_a_running_loop() -> None:
+    async def double(x: int) -> tuple[int, str]:
+        await asyncio.sleep(0)
+        return 2 * x, threading.current_thread().name
+
+    async def fail() -> None:
+        await asyncio.sleep(0)
+        raise RolloutError("the deployment went away")
+
+    assert run_sync(double(3)) == (6, threading.current_thread().name)  # no loop: here
+
+    async def framework_code() -> tuple[int, str]:  # a plain function called from async code
+        with pytest.raises(RolloutError, match="went away"):  # the exception comes back
+            run_sync(fail())
+        return run_sync(double(4))
+
+    value, thread = asyncio.run(framework_code())
+    assert value == 8 and thread == "cwtrain-rollout"  # on its own loop, in its own thread

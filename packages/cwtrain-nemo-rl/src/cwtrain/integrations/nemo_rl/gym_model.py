@@ -1,71 +1,16 @@
 """``gym_model``: the OpenAI endpoint NeMo Gym's model server uses, served from the deployment.
 
-NeMo-RL trains on NeMo Gym environments (``env.should_use_nemo_gym: true``) by starting
-Gym's servers in its ``NemoGym`` actor, with Gym's own ``vllm_model`` model server
-(``responses_api_models/vllm_model/configs/vllm_model_for_training.yaml``) pointed at the
-generation backend's ``dp_openai_server_base_urls``. NeMo-RL's vLLM backend serves those
-URLs from its engines; the coreweave backend serves them with this module, which
-:class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration` starts on first use
-(in the driver, where the trainer's tokenizer and the synchronizer are). Gym's model
-server needs no change; it talks to this one exactly as it talks to NeMo-RL's vLLM.
-
-Each ``POST /v1/chat/completions`` (``n`` = 1) becomes one token-id ``/v1/completions``
-call on the deployment:
-
-1. the chat (``messages``, ``tools``, ``chat_template_kwargs``) is rendered with the
-   trainer's tokenizer and chat template, then encoded without special tokens, as vLLM
-   renders it;
-2. multi-turn: the last message that carries ``prompt_token_ids`` and
-   ``generation_token_ids`` (Gym puts them on the assistant turns it sends back), or an
-   explicit ``required_prefix_token_ids``, is the exact prefix of the new prompt. The
-   template's rendering of the history is replaced up to the end of the last assistant
-   turn (the last EOS there) by those ids, so the ids of every turn are the ones the model
-   produced, even when the template re-tokenizes earlier turns differently (NeMo-RL's
-   vLLM server does the same). A rendering that does not extend the history, or that ends
-   turns without the EOS token, is refused with a 400 naming the template;
-3. ``max_tokens`` is capped to ``max_model_len - prompt``; a prompt that leaves no room is
-   a 400 whose message starts with ``context length:`` and carries vLLM's wording (Gym
-   turns it into an empty turn with ``finish_reason: length``);
-4. the request goes to the deployment with *its* model name and key (NeMo-RL's actor
-   sends the checkpoint path and a dummy key, which are ignored here), the prompt cache
-   salted with the identity now served (``nvext.cache_salt``); with no served identity
-   yet the request is refused (503): it fails closed;
-5. the sampler samples for the run (its ``run_id``): completions are fenced by version
-   (``CWTRAIN_ROLLOUT_MAX_STALENESS``), and ``coreweave/served_version`` counts only this
-   run's identities, so a request served by another run's weights never passes for one of
-   its versions;
-6. the answer is a ``chat.completion`` whose message carries ``prompt_token_ids``,
-   ``generation_token_ids`` and ``generation_log_probs`` (what Gym's model server copies
-   onto its output items and NeMo-RL trains on), plus ``logprobs.content`` with
-   ``token_id:<id>`` tokens when ``logprobs`` was asked, ``system_fingerprint`` and the
-   ``x-cwtrain-snapshot-identity`` header naming the served identity.
-
-``POST /tokenize`` (at the server root, as vLLM serves it) returns ``{"tokens": [...]}``,
-the same ids the chat would use; ``GET /v1/models`` names the deployment's model.
-Completion text is returned as the assistant's ``content``; tool calls are not parsed
-out of it.
-
-The endpoint forwards to the deployment with the deployment's own key, so it is no open
-relay: it listens only where Gym reaches it (loopback when it advertises loopback, else the
-one address it advertises; never every interface unless told), every request must carry
-``Authorization: Bearer <its token>`` (checked before a byte of the body is read), and
-bodies are bounded (:data:`MAX_BODY_BYTES`, else 413) by :mod:`cwtrain.serving`. The token
-is random per server; :class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration`
-hands it to Gym as its model server's ``api_key`` in the Gym config NeMo-RL passes on (NeMo-RL
-itself gives Gym the placeholder ``policy_api_key: dummy_key``, which the server's own
-``api_key`` overrides).
-
-Standalone (the deployment from ``CWTRAIN_ROLLOUT_BASE_URL``, ``_MODEL``, ``_API_KEY``;
-the served identity from ``<state dir>/served_identity``, which the publisher writes; the
-run from ``--run-id``, else ``CWTRAIN_HOTLOAD_RUN_ID``, else that identity's; the token from
-``CWTRAIN_GYM_MODEL_TOKEN``, else a random one printed as ``api_key``)::
-
-    CWTRAIN_GYM_MODEL_TOKEN=$(cat /secrets/gym-token) \\
-    python -m cwtrain.integrations.nemo_rl.gym_model --tokenizer /shared/hf/base \\
-        --max-model-len 10240 --state-dir /shared/hotload-state --advertise 10.0.0.7 --port 8001
-
-then point Gym at ``http://10.0.0.7:8001/v1`` (``policy_base_url``) with that token as
-``policy_api_key``.
+With NeMo Gym environments NeMo-RL points Gym's own ``vllm_model`` model server at the
+generation backend's ``dp_openai_server_base_urls``; the coreweave backend serves them with
+this module (:class:`GymModelServer`, which
+:class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration` starts in the driver on
+first use), so Gym needs no change. Each ``POST /v1/chat/completions`` becomes one token-id
+``/v1/completions`` call on the deployment, sampled for the run and salted with the identity
+now served; ``POST /tokenize`` and ``GET /v1/models`` answer as vLLM's do. What each request
+goes through, how the endpoint is guarded (one advertised address, a bearer token checked
+before the body is read, bounded bodies) and the standalone server
+(``python -m cwtrain.integrations.nemo_rl.gym_model``, token from ``CWTRAIN_GYM_MODEL_TOKEN``)
+are in ``docs/nemo-rl.md`` ("NeMo Gym environments"), the one description of them.
 """
 
 from __future__ import annotations
