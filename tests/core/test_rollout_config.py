@@ -236,6 +236,21 @@ def test_served_identity_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["served_identity"]
 
 
+def test_the_recorded_run_and_version(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert nvext.recorded_run_id(state) is None and nvext.recorded_run_id(None) is None
+    assert nvext.recorded_version(state, "run") is None
+    nvext.write_served_identity(state, "my.run-v000012")
+    assert nvext.recorded_run_id(state) == "my.run"
+    assert nvext.recorded_version(state, "my.run") == 12
+    assert nvext.recorded_version(state, "other") is None  # another run's identity is no version of this one
+    nvext.write_served_identity(state, "initial")  # names no version: no run to learn
+    assert nvext.recorded_run_id(state) is None and nvext.recorded_version(state, "initial") is None
+    (state / "served_identity").unlink()
+    (state / "served_identity").mkdir()  # unreadable: nothing, not an error
+    assert nvext.recorded_run_id(state) is None and nvext.recorded_version(state, "my.run") is None
+
+
 def test_with_nvext_merges() -> None:
     body = {"model": "m", "nvext": {"extra_fields": ["a"]}}
     out = nvext.with_nvext(body, cache_salt="s/1", extra_fields=["routed_experts", "a"])

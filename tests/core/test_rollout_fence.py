@@ -7,6 +7,7 @@ stack) is ``tests/e2e/test_rollout_swap.py``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import threading
@@ -24,6 +25,8 @@ from cwtrain.integrations.rollout import (
     RolloutError,
     SamplingParams,
     fill_group,
+    merge_batches,
+    run_sync,
     note_published,
     shared_sampler,
     version_tag,
@@ -91,6 +94,28 @@ def test_versions_are_this_runs_only_and_the_counters_report_what_was_served() -
     assert m["coreweave/samples_without_version"] == 4.0
     assert m["coreweave/stale_rerequested"] == 0.0 and m["coreweave/mixed_groups_resampled"] == 0.0
     assert serving.requests == 4
+
+
+def test_merged_batches_count_what_every_batch_held() -> None:
+    serving = Serving(_fleet("run-v000004", "other-v000001", "run-v000005"))
+    with make(serving) as sampler:
+        first = sampler.sample_groups_sync([[1, 2], [3, 4]], 2, PARAMS)
+        sampler.note_published(6)
+        second = sampler.sample_groups_sync([[5, 6]], 3, SamplingParams(max_tokens=2))
+    merged = merge_batches([first, second])
+    assert merged.groups == [*first.groups, *second.groups]
+    assert merged.identities == ("run-v000004", "other-v000001", "run-v000005")
+    assert merged.versions == {4: 2, 5: 3} and merged.published_version == 6
+    m = merged.metrics
+    assert m["coreweave/served_version_min"] == 4.0 and m["coreweave/served_version_max"] == 5.0
+    assert m["coreweave/served_version_samples/4"] == 2.0 and m["coreweave/served_version_samples/5"] == 3.0
+    assert m["coreweave/served_versions"] == 2.0 and m["coreweave/staleness_max"] == 2.0  # from 6, the newest
+    assert m["coreweave/samples_without_version"] == 2.0  # the other run's group, from the first batch
+    assert m["coreweave/samples"] == second.metrics["coreweave/samples"] == 3.0  # the rest: the last batch's
+    assert merge_batches([first]).metrics == first.metrics
+    with make(serving, run_id=None) as unknown:  # no run: nothing counted as unversioned
+        alone = merge_batches([unknown.sample_groups_sync([[1, 2]], 1, PARAMS)])
+    assert "coreweave/samples_without_version" not in alone.metrics and alone.versions == {}
 
 
 def test_with_a_limit_stale_and_foreign_completions_are_re_requested() -> None:
@@ -224,3 +249,23 @@ def test_fill_group_tags_this_runs_versions_and_other_identities_as_they_are() -
     assert [s.weight_versions for s in samples] == [["7"], ["other-v000007"]]
     assert version_tag("run-v000012", "run") == "12" and version_tag("run-v000012", None) == "run-v000012"
     assert version_tag(None, "run") is None and version_tag("initial", "run") == "initial"
+
+
+def test_run_sync_runs_a_coroutine_from_plain_code_inside_or_outside_a_running_loop() -> None:
+    async def double(x: int) -> tuple[int, str]:
+        await asyncio.sleep(0)
+        return 2 * x, threading.current_thread().name
+
+    async def fail() -> None:
+        await asyncio.sleep(0)
+        raise RolloutError("the deployment went away")
+
+    assert run_sync(double(3)) == (6, threading.current_thread().name)  # no loop: here
+
+    async def framework_code() -> tuple[int, str]:  # a plain function called from async code
+        with pytest.raises(RolloutError, match="went away"):  # the exception comes back
+            run_sync(fail())
+        return run_sync(double(4))
+
+    value, thread = asyncio.run(framework_code())
+    assert value == 8 and thread == "cwtrain-rollout"  # on its own loop, in its own thread

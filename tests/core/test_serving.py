@@ -123,3 +123,22 @@ def test_servers_listen_only_where_told() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.0.0.2")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5") and not is_loopback("node-7")
     assert url_host("::1") == "[::1]" and url_host("10.0.0.5") == "10.0.0.5"
+
+
+def test_bind_address_is_where_the_advertised_name_leads_and_no_wider() -> None:
+    from cwtrain.serving import bind_address
+
+    assert bind_address("10.1.2.3") == "10.1.2.3" and bind_address("[::1]") == "::1"
+    assert bind_address("localhost") == "127.0.0.1"
+    assert bind_address(socket.gethostname()) == socket.gethostbyname(socket.gethostname())
+
+
+def test_a_background_server_as_a_context_manager_starts_once_and_releases_its_port() -> None:
+    with BackgroundServer(GuardedHTTPServer("127.0.0.1", 0, _Handler), "serving-test") as server:
+        assert server.host == "127.0.0.1" and server.start() is server  # a second start does nothing
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ok\r\nContent-Length: 2\r\n\r\nhi")
+            assert _answer(sock) == (200, {"got": "hi"})
+        port = server.port
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()

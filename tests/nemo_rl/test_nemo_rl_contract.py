@@ -371,3 +371,27 @@ def test_rows_carry_the_version_that_served_them_and_metrics_sum_every_bucket() 
     row = other.generate({"input_ids": torch.tensor([[5, 6]]), "input_lengths": torch.tensor([2])})
     assert row["weight_version"].tolist() == [-1]  # run-v000003 is no version of run "another"
     assert other.get_logger_metrics()["coreweave/samples_without_version"] == 1.0
+
+
+def test_the_documented_keys_are_the_known_keys_with_their_variables() -> None:
+    """docs/nemo-rl.md holds the one table of coreweave_cfg keys: every key, each with its variable."""
+    from cwtrain.integrations.nemo_rl import config as module
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "nemo-rl.md").read_text(encoding="utf-8")
+    table = text[text.index("| key | variable | default |") :].split("\n\n", 1)[0].splitlines()[2:]
+    variables = {**module._ROLLOUT_VARS, **module._HOTLOAD_VARS}
+    documented: dict[str, str | None] = {}
+    for row in table:
+        keys_cell, vars_cell = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        keys = [k.strip(" `") for k in keys_cell.split(",")]
+        names = [v.strip(" `") for v in vars_cell.split(",")] if vars_cell != "–" else []
+        prefix = "_".join(names[0].split("_")[:2]) if names else ""  # CWTRAIN_ROLLOUT, CWTRAIN_HOTLOAD
+        if names and names[0].endswith("…"):  # `CWTRAIN_ROLLOUT_…`: the key's own name, upper-cased
+            names = [f"{prefix}_{k.upper()}" for k in keys]
+        names = [prefix + n if n.startswith("_") else n for n in names]
+        assert not names or len(names) == len(keys), row
+        for i, key in enumerate(keys):
+            documented[key] = names[i] if names else None
+    assert set(documented) == set(module.KNOWN_KEYS)
+    for key, variable in documented.items():
+        assert variables.get(key) == variable, key

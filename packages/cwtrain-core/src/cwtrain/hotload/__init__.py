@@ -83,12 +83,12 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
     from cwtrain.hotload.publish.tensor_checks import DtypeWarning
     from cwtrain.hotload.publish.upload import SnapshotUpload, check_snapshot_access, upload_snapshot
-    from cwtrain.hotload.settings import HotLoadSettings, parse_prompt_cache_policy, validate_run_id
+    from cwtrain.hotload.settings import DEFAULT_TIMEOUT, HotLoadSettings, parse_prompt_cache_policy, validate_run_id
 
 _MODULES = {
     "cwtrain.hotload.loader": ("HotLoader",),
     "cwtrain.hotload.follow": ("HotLoadStatus", "ProgressEvent"),
-    "cwtrain.hotload.settings": ("HotLoadSettings", "parse_prompt_cache_policy", "validate_run_id"),
+    "cwtrain.hotload.settings": ("DEFAULT_TIMEOUT", "HotLoadSettings", "parse_prompt_cache_policy", "validate_run_id"),
     "cwtrain.hotload.publish.session": ("PublishOutcome", "PublishSession", "VersionPlan", "build_loader"),
     "cwtrain.hotload.publish.cadence": (
         "MAX_FULL_EVERY",
@@ -131,6 +131,7 @@ _MODULES = {
     "cwtrain.hotload.format.chain": ("MAX_CHAIN_DELTAS",),
     "cwtrain.hotload.format.index": (
         "DEFAULT_SHARD_BYTES",
+    "DEFAULT_TIMEOUT",
         "INDEX_NAME",
         "SINGLE_FILE_NAME",
         "SnapshotFile",

@@ -10,7 +10,9 @@ from being reused under another::
 
 A salt is 1–128 characters without ``@``, ``/``, ``\\`` or NUL; anything else is replaced
 by its SHA-256 hex (:func:`as_cache_salt`). Whoever publishes weights writes the identity
-now served to ``<state_dir>/served_identity`` (identity + ``\\n``, replaced atomically).
+now served to ``<state_dir>/served_identity`` (identity + ``\\n``, replaced atomically);
+readers learn the publisher's run and version from it (:func:`recorded_run_id`,
+:func:`recorded_version`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import RolloutError
+from cwtrain.hotload.format.identity import identity_version, split_version_identity
 
 __all__ = [
     "SERVED_IDENTITY_FILE",
     "as_cache_salt",
     "read_served_identity",
+    "recorded_run_id",
+    "recorded_version",
     "require_served_salt",
     "rollout_cache_salt",
     "served_salt",
@@ -87,6 +92,27 @@ def read_served_identity(state_dir: str | os.PathLike[str] | None) -> str | None
     except FileNotFoundError:
         return None
     return text or None
+
+
+def recorded_run_id(state_dir: str | os.PathLike[str] | None) -> str | None:
+    """The run of the identity in ``<state_dir>/served_identity`` (the publisher's run id).
+
+    ``None`` when there is no such file, it cannot be read, or its identity names no version.
+    """
+    try:
+        parts = split_version_identity(read_served_identity(state_dir))
+    except OSError:
+        return None
+    return parts[0] if parts is not None else None
+
+
+def recorded_version(state_dir: str | os.PathLike[str] | None, run_id: str) -> int | None:
+    """The version of ``run_id`` in ``<state_dir>/served_identity``; ``None`` for another run's
+    identity, no file, or one that cannot be read."""
+    try:
+        return identity_version(read_served_identity(state_dir), run_id)
+    except OSError:
+        return None
 
 
 def served_salt(state_dir: str | os.PathLike[str] | None) -> str | None:

@@ -26,13 +26,14 @@ before it reads a byte of a body, bounds bodies, and listens only where it is to
 
 - :class:`JSONHandler`, :class:`RequestRefused`, :class:`BodyError`, :func:`check_bearer`:
   the handler side (:mod:`cwtrain.serving.handler` has the rules ``read_body`` applies).
-- :class:`GuardedHTTPServer`, :class:`BackgroundServer`, :func:`is_loopback`: the server side.
+- :class:`GuardedHTTPServer`, :class:`BackgroundServer`, :func:`bind_address` (listen only
+  where callers are told to reach it), :func:`is_loopback`: the server side.
 """
 
 from __future__ import annotations
 
 from cwtrain.serving.handler import DEFAULT_MAX_BODY_BYTES, BodyError, JSONHandler, RequestRefused, check_bearer
-from cwtrain.serving.server import LOOPBACK, BackgroundServer, GuardedHTTPServer, is_loopback, url_host
+from cwtrain.serving.server import LOOPBACK, BackgroundServer, GuardedHTTPServer, bind_address, is_loopback, url_host
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -42,6 +43,7 @@ __all__ = [
     "GuardedHTTPServer",
     "JSONHandler",
     "RequestRefused",
+    "bind_address",
     "check_bearer",
     "is_loopback",
     "url_host",

@@ -8,7 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
-__all__ = ["LOOPBACK", "BackgroundServer", "GuardedHTTPServer", "is_loopback", "url_host"]
+__all__ = ["LOOPBACK", "BackgroundServer", "GuardedHTTPServer", "bind_address", "is_loopback", "url_host"]
 
 #: The IPv4 loopback address, where servers that only this machine calls listen.
 LOOPBACK = "127.0.0.1"
@@ -22,6 +22,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def bind_address(advertise: str) -> str:
+    """Where to listen so that callers of ``advertise`` reach the server, and no wider: the
+    address itself for an IP address, loopback for ``localhost``, else the address the host
+    name resolves to."""
+    bare = advertise.strip("[]")
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        pass
+    if is_loopback(bare):
+        return LOOPBACK
+    return socket.gethostbyname(bare)
 
 
 def url_host(host: str) -> str:
@@ -74,7 +88,9 @@ class GuardedHTTPServer(ThreadingHTTPServer):
 
 
 class BackgroundServer:
-    """Serves a :class:`GuardedHTTPServer` in a daemon thread.
+    """Serves a :class:`GuardedHTTPServer` in a daemon thread (or in the caller's: :meth:`serve_forever`).
+
+    ``with server:`` starts it and stops it on the way out.
 
     Args:
         server: the server (already listening).
@@ -84,6 +100,11 @@ class BackgroundServer:
     def __init__(self, server: GuardedHTTPServer, name: str) -> None:
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
+
+    @property
+    def host(self) -> str:
+        """The address it listens on."""
+        return self._server.host
 
     @property
     def port(self) -> int:
@@ -96,9 +117,20 @@ class BackgroundServer:
         return self._server.url
 
     def start(self) -> Self:
-        """Serve in the background."""
-        self._thread.start()
+        """Serve in the background (a second call does nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
         return self
+
+    def serve_forever(self) -> None:
+        """Serve in this thread instead, until interrupted (then :meth:`stop`)."""
+        self._server.serve_forever()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         """Stop serving and close the socket."""

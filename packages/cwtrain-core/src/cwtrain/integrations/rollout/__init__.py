@@ -70,6 +70,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cwtrain.errors import RolloutError
+from cwtrain.integrations.rollout._runtime import run_sync
 from cwtrain.integrations.rollout.canary import (
     DEFAULT_CANARY_BOUND,
     Canary,
@@ -86,6 +87,7 @@ from cwtrain.integrations.rollout.sampler import (
     IDENTITY_HEADER,
     CompletionSampler,
     RolloutBatch,
+    merge_batches,
     served_version_metrics,
 )
 from cwtrain.integrations.rollout.samples import fill_group, version_tag
@@ -109,9 +111,11 @@ __all__ = [
     "TrainerLogprobs",
     "decode_routed_experts",
     "fill_group",
+    "merge_batches",
     "note_published",
     "sample_groups",
     "sample_prompt",
+    "run_sync",
     "served_version_metrics",
     "shared_sampler",
     "version_tag",

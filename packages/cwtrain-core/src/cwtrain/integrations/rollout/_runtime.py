@@ -1,4 +1,4 @@
-"""The sampler's machinery: a private event-loop thread and a sequence-counting limiter."""
+"""The sampler's machinery: a private event-loop thread, a sequence-counting limiter, ``run_sync``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,37 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread", "SequenceLimiter"]
+__all__ = ["LoopThread", "SequenceLimiter", "run_sync"]
 
 T = TypeVar("T")
+
+
+def run_sync[R](coro: Coroutine[Any, Any, R]) -> R:
+    """Run ``coro`` to completion from synchronous code, inside or outside a running loop.
+
+    Outside a loop it is ``asyncio.run``; inside one (a framework calling a plain function
+    from async code) it runs on a fresh loop in a new thread, and its result or exception
+    comes back here.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    result: list[R] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coro))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="cwtrain-rollout")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
 
 
 class LoopThread:

@@ -50,7 +50,7 @@ from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingPa
 from cwtrain.integrations.rollout.responses import Completion, read_completions, unfinished
 from cwtrain.jsondoc import load_json
 
-__all__ = ["IDENTITY_HEADER", "CompletionSampler", "RolloutBatch", "served_version_metrics"]
+__all__ = ["IDENTITY_HEADER", "CompletionSampler", "RolloutBatch", "merge_batches", "served_version_metrics"]
 
 log = logging.getLogger("cwtrain.integrations.rollout")
 
@@ -166,8 +166,7 @@ def served_version_metrics(
         mixed: groups re-sampled for holding two identities.
         unversioned: samples served by no version of the run (``None``: the run is not known).
 
-    Integrations that merge several batches sum ``versions``, ``stale``, ``mixed`` and
-    ``unversioned`` and call this once.
+    :func:`merge_batches` calls it once over several batches.
     """
     metrics = {"coreweave/stale_rerequested": float(stale), "coreweave/mixed_groups_resampled": float(mixed)}
     if unversioned is not None:
@@ -182,6 +181,49 @@ def served_version_metrics(
         if published is not None:
             metrics["coreweave/staleness_max"] = float(max(0, published - min(counted)))
     return metrics
+
+
+def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
+    """One batch of several ``sample_groups`` calls of one sampler (one per sampling-parameter bucket, say).
+
+    Groups in call order, identities in first-seen order, versions summed. The metrics are
+    the last batch's, except what the batches held (``stale_rerequested``,
+    ``mixed_groups_resampled``, ``samples_without_version``, ``served_version_*``,
+    ``staleness_max``): those count every batch's samples (:func:`served_version_metrics`),
+    measured from the newest version published when the last batch ended.
+    """
+    versions: Counter[int] = Counter()
+    identities: dict[str, None] = {}
+    metrics: dict[str, float] = {}
+    for batch in batches:
+        versions.update(batch.versions)
+        identities.update(dict.fromkeys(batch.identities))
+        metrics.update(batch.metrics)
+    published = batches[-1].published_version if batches else None
+    held = {
+        key: sum(int(batch.metrics.get(f"coreweave/{key}", 0)) for batch in batches)
+        for key in ("stale_rerequested", "mixed_groups_resampled", "samples_without_version")
+    }
+    unversioned = held["samples_without_version"] if "coreweave/samples_without_version" in metrics else None
+    metrics = {
+        k: v for k, v in metrics.items() if not k.startswith(("coreweave/served_version", "coreweave/staleness_max"))
+    }
+    metrics.update(
+        served_version_metrics(
+            versions,
+            published=published,
+            stale=held["stale_rerequested"],
+            mixed=held["mixed_groups_resampled"],
+            unversioned=unversioned,
+        )
+    )
+    return RolloutBatch(
+        groups=[group for batch in batches for group in batch.groups],
+        metrics=metrics,
+        identities=tuple(identities),
+        versions=dict(sorted(versions.items())),
+        published_version=published,
+    )
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -8,28 +8,7 @@ segment, not ``.`` or ``..``); errors name the config key when it was the source
 NeMo-RL's own rules: ``hotload_timeout`` falls back to ``timeout`` when that is set in the
 config, and ``state_dir`` must be an absolute path.
 
-| key | variable | default |
-|---|---|---|
-| `base_url`, `model`, `api_key`, `api_key_file` | `CWTRAIN_ROLLOUT_BASE_URL`, `_MODEL`, `_API_KEY`, `_API_KEY_FILE` | required, required, –, – |
-| `concurrency`, `timeout`, `max_attempts` | `CWTRAIN_ROLLOUT_CONCURRENCY`, `_TIMEOUT`, `_MAX_ATTEMPTS` | 16, 600, 6 |
-| `logprobs`, `token_ids`, `token_id_prompts`, `seeds` | `CWTRAIN_ROLLOUT_…` | true |
-| `max_staleness` | `CWTRAIN_ROLLOUT_MAX_STALENESS` | unset (no limit) |
-| `require_logprobs` | – | true |
-| `importance_sampling` | – | false (true needs temperature 1, top_p 1, no top_k) |
-| `max_model_len` | – | none (prompt + generation cap) |
-| `deployment_id` | `CWTRAIN_HOTLOAD_DEPLOYMENT_ID` | required to publish |
-| `run_id` | `CWTRAIN_HOTLOAD_RUN_ID` | `nemo-rl-<UTC %Y%m%dT%H%M%SZ>` |
-| `full_every` | `CWTRAIN_HOTLOAD_FULL_EVERY` | auto (or 0–64) |
-| `verify`, `wait` | `CWTRAIN_HOTLOAD_VERIFY`, `_WAIT` | false, true |
-| `hotload_timeout` | `CWTRAIN_HOTLOAD_TIMEOUT` | `timeout` when set in the config, else 1800 |
-| `state_dir` | `CWTRAIN_HOTLOAD_STATE_DIR` | none |
-| `prompt_cache_policy` | `CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY` | unset (field omitted) |
-| `upload_workers` | `CWTRAIN_HOTLOAD_UPLOAD_WORKERS` | 8 |
-| `on_failure` | `CWTRAIN_HOTLOAD_ON_FAILURE` | `reactivate` (or `stop`) |
-
-The other hot-load and API variables (``CWTRAIN_HOTLOAD_MIRROR``, ``COREWEAVE_API_URL``,
-``CWTRAIN_API_HEADERS``, ...) are read as core reads them for every framework
-(``docs/configuration.md``).
+The keys, their variables and defaults: ``docs/nemo-rl.md`` ("The YAML to set"; a test keeps it complete).
 """
 
 from __future__ import annotations

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +56,7 @@ from cwtrain.integrations.frameworks import require
 from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
 from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.protocols import Tokenizer, WeightSync
-from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams, served_version_metrics
+from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams, merge_batches
 
 if TYPE_CHECKING:
     from cwtrain.integrations.nemo_rl.gym_model import GymModelServer
@@ -242,35 +241,17 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         for (prompt, stops), members in groups.items():
             buckets.setdefault(self._params(len(prompt), stops, greedy), []).append((prompt, members))
 
-        results: dict[int, Completion] = {}
-        identities: list[str] = []
-        metrics: dict[str, float] = {}
-        versions: Counter[int] = Counter()
-        held = {"stale": 0, "mixed": 0, "unversioned": 0}
-        for params, items in buckets.items():
-            batch = self.sampler.sample_groups_sync([p for p, _ in items], [len(m) for _, m in items], params)
-            for (_, members), completions in zip(items, batch.groups):
-                for row, completion in zip(members, completions):
-                    results[row] = completion
-            identities.extend(i for i in batch.identities if i not in identities)
-            metrics.update(batch.metrics)
-            versions.update(batch.versions)
-            held["stale"] += int(batch.metrics.get("coreweave/stale_rerequested", 0))
-            held["mixed"] += int(batch.metrics.get("coreweave/mixed_groups_resampled", 0))
-            held["unversioned"] += int(batch.metrics.get("coreweave/samples_without_version", 0))
-        # what the whole generate held, not its last bucket's
-        metrics = {k: v for k, v in metrics.items() if not k.startswith("coreweave/served_version_samples/")}
-        metrics.update(
-            served_version_metrics(
-                versions,
-                published=self.sampler.published_version,
-                stale=held["stale"],
-                mixed=held["mixed"],
-                unversioned=held["unversioned"] if self.sampler.run_id is not None else None,
-            )
+        # one batch per bucket; what the whole generate held is counted over all of them
+        batch = merge_batches(
+            [
+                self.sampler.sample_groups_sync([p for p, _ in items], [len(m) for _, m in items], params)
+                for params, items in buckets.items()
+            ]
         )
-        self.served_identities = tuple(identities)
-        self._metrics = metrics
+        members = [rows for items in buckets.values() for _, rows in items]
+        results = {row: c for rows, group in zip(members, batch.groups) for row, c in zip(rows, group)}
+        self.served_identities = batch.identities
+        self._metrics = dict(batch.metrics)
         return self._output(input_ids, lengths, results)
 
     # ------------------------------------------------------------ helpers

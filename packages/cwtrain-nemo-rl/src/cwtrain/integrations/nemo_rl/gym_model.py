@@ -1,77 +1,21 @@
 """``gym_model``: the OpenAI endpoint NeMo Gym's model server uses, served from the deployment.
 
-NeMo-RL trains on NeMo Gym environments (``env.should_use_nemo_gym: true``) by starting
-Gym's servers in its ``NemoGym`` actor, with Gym's own ``vllm_model`` model server
-(``responses_api_models/vllm_model/configs/vllm_model_for_training.yaml``) pointed at the
-generation backend's ``dp_openai_server_base_urls``. NeMo-RL's vLLM backend serves those
-URLs from its engines; the coreweave backend serves them with this module, which
-:class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration` starts on first use
-(in the driver, where the trainer's tokenizer and the synchronizer are). Gym's model
-server needs no change; it talks to this one exactly as it talks to NeMo-RL's vLLM.
-
-Each ``POST /v1/chat/completions`` (``n`` = 1) becomes one token-id ``/v1/completions``
-call on the deployment:
-
-1. the chat (``messages``, ``tools``, ``chat_template_kwargs``) is rendered with the
-   trainer's tokenizer and chat template, then encoded without special tokens, as vLLM
-   renders it;
-2. multi-turn: the last message that carries ``prompt_token_ids`` and
-   ``generation_token_ids`` (Gym puts them on the assistant turns it sends back), or an
-   explicit ``required_prefix_token_ids``, is the exact prefix of the new prompt. The
-   template's rendering of the history is replaced up to the end of the last assistant
-   turn (the last EOS there) by those ids, so the ids of every turn are the ones the model
-   produced, even when the template re-tokenizes earlier turns differently (NeMo-RL's
-   vLLM server does the same). A rendering that does not extend the history, or that ends
-   turns without the EOS token, is refused with a 400 naming the template;
-3. ``max_tokens`` is capped to ``max_model_len - prompt``; a prompt that leaves no room is
-   a 400 whose message starts with ``context length:`` and carries vLLM's wording (Gym
-   turns it into an empty turn with ``finish_reason: length``);
-4. the request goes to the deployment with *its* model name and key (NeMo-RL's actor
-   sends the checkpoint path and a dummy key, which are ignored here), the prompt cache
-   salted with the identity now served (``nvext.cache_salt``); with no served identity
-   yet the request is refused (503): it fails closed;
-5. the sampler samples for the run (its ``run_id``): completions are fenced by version
-   (``CWTRAIN_ROLLOUT_MAX_STALENESS``), and ``coreweave/served_version`` counts only this
-   run's identities, so a request served by another run's weights never passes for one of
-   its versions;
-6. the answer is a ``chat.completion`` whose message carries ``prompt_token_ids``,
-   ``generation_token_ids`` and ``generation_log_probs`` (what Gym's model server copies
-   onto its output items and NeMo-RL trains on), plus ``logprobs.content`` with
-   ``token_id:<id>`` tokens when ``logprobs`` was asked, ``system_fingerprint`` and the
-   ``x-cwtrain-snapshot-identity`` header naming the served identity.
-
-``POST /tokenize`` (at the server root, as vLLM serves it) returns ``{"tokens": [...]}``,
-the same ids the chat would use; ``GET /v1/models`` names the deployment's model.
-Completion text is returned as the assistant's ``content``; tool calls are not parsed
-out of it.
-
-The endpoint forwards to the deployment with the deployment's own key, so it is no open
-relay: it listens only where Gym reaches it (loopback when it advertises loopback, else the
-one address it advertises; never every interface unless told), every request must carry
-``Authorization: Bearer <its token>`` (checked before a byte of the body is read), and
-bodies are bounded (:data:`MAX_BODY_BYTES`, else 413) by :mod:`cwtrain.serving`. The token
-is random per server; :class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration`
-hands it to Gym as its model server's ``api_key`` in the Gym config NeMo-RL passes on (NeMo-RL
-itself gives Gym the placeholder ``policy_api_key: dummy_key``, which the server's own
-``api_key`` overrides).
-
-Standalone (the deployment from ``CWTRAIN_ROLLOUT_BASE_URL``, ``_MODEL``, ``_API_KEY``;
-the served identity from ``<state dir>/served_identity``, which the publisher writes; the
-run from ``--run-id``, else ``CWTRAIN_HOTLOAD_RUN_ID``, else that identity's; the token from
-``CWTRAIN_GYM_MODEL_TOKEN``, else a random one printed as ``api_key``)::
-
-    CWTRAIN_GYM_MODEL_TOKEN=$(cat /secrets/gym-token) \\
-    python -m cwtrain.integrations.nemo_rl.gym_model --tokenizer /shared/hf/base \\
-        --max-model-len 10240 --state-dir /shared/hotload-state --advertise 10.0.0.7 --port 8001
-
-then point Gym at ``http://10.0.0.7:8001/v1`` (``policy_base_url``) with that token as
-``policy_api_key``.
+With NeMo Gym environments NeMo-RL points Gym's own ``vllm_model`` model server at the
+generation backend's ``dp_openai_server_base_urls``; the coreweave backend serves them with
+this module (:class:`GymModelServer`, which
+:class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration` starts in the driver on
+first use), so Gym needs no change. Each ``POST /v1/chat/completions`` becomes one token-id
+``/v1/completions`` call on the deployment, sampled for the run and salted with the identity
+now served; ``POST /tokenize`` and ``GET /v1/models`` answer as vLLM's do. What each request
+goes through, how the endpoint is guarded (one advertised address, a bearer token checked
+before the body is read, bounded bodies) and the standalone server
+(``python -m cwtrain.integrations.nemo_rl.gym_model``, token from ``CWTRAIN_GYM_MODEL_TOKEN``)
+are in ``docs/nemo-rl.md`` ("NeMo Gym environments"), the one description of them.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import math
@@ -92,11 +36,12 @@ from cwtrain.jsondoc import load_json
 from cwtrain.serving import (
     DEFAULT_MAX_BODY_BYTES,
     LOOPBACK,
+    BackgroundServer,
     GuardedHTTPServer,
     JSONHandler,
     RequestRefused,
+    bind_address,
     check_bearer,
-    is_loopback,
     url_host,
 )
 
@@ -598,33 +543,20 @@ def node_address() -> str:
     return LOOPBACK
 
 
-def bind_address(advertise: str) -> str:
-    """Where to listen so that callers of ``advertise`` reach the endpoint, and no wider: the
-    address itself for an IP address, loopback for ``localhost``, else the address the host
-    name resolves to."""
-    bare = advertise.strip("[]")
-    try:
-        return str(ipaddress.ip_address(bare))
-    except ValueError:
-        pass
-    if is_loopback(bare):
-        return LOOPBACK
-    return socket.gethostbyname(bare)
-
-
-class GymModelServer:
+class GymModelServer(BackgroundServer):
     """:class:`GymModel` over HTTP, in a background thread, behind a bearer token.
 
-    It listens on the address it advertises (:func:`bind_address`): loopback when Gym runs on
-    this node's loopback, else the one interface Gym's node reaches, never every interface
-    unless ``host`` says so. Every request needs ``Authorization: Bearer <token>`` (checked
-    before a byte of the body is read; bodies over :data:`MAX_BODY_BYTES` are refused with
-    413): the token is random unless given, and reaches Gym as its model server's
+    It listens on the address it advertises (:func:`~cwtrain.serving.bind_address`): loopback
+    when Gym runs on this node's loopback, else the one interface Gym's node reaches, never
+    every interface unless ``host`` says so. Every request needs ``Authorization: Bearer
+    <token>`` (checked before a byte of the body is read; bodies over :data:`MAX_BODY_BYTES`
+    are refused with 413): the token is random unless given, and reaches Gym as its model server's
     ``api_key`` (:meth:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration.configure_nemo_gym`).
+    ``start``/``close``/``serve_forever`` and ``with`` are core's :class:`~cwtrain.serving.BackgroundServer`.
 
     Args:
         model: the endpoint's logic.
-        host: the address to listen on (default: :func:`bind_address` of ``advertise``).
+        host: the address to listen on (default: :func:`~cwtrain.serving.bind_address` of ``advertise``).
         port: the port (0: any free one).
         advertise: the host the base URL names (default :func:`node_address`).
         token: the bearer token callers must send (default: a random one).
@@ -642,49 +574,17 @@ class GymModelServer:
         self.model = model
         self.advertise = advertise or node_address()
         self.token = token or secrets.token_urlsafe(32)
-        self._server = _Server(host or bind_address(self.advertise), port, model, self.token)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def host(self) -> str:
-        """The address it listens on."""
-        return self._server.host
-
-    @property
-    def port(self) -> int:
-        """The port it listens on."""
-        return self._server.port
+        super().__init__(_Server(host or bind_address(self.advertise), port, model, self.token), "cwtrain-gym-model")
+        log.info("gym_model at %s (listening on %s) for model %s", self.base_url, self.host, model.model)
 
     @property
     def base_url(self) -> str:
         """``http://<advertised host>:<port>/v1``: what Gym's ``policy_base_url`` should be."""
         return f"http://{url_host(self.advertise)}:{self.port}/v1"
 
-    def start(self) -> GymModelServer:
-        """Serve in a daemon thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, name="cwtrain-gym-model", daemon=True)
-            self._thread.start()
-            log.info("gym_model serving %s (listening on %s) for model %s", self.base_url, self.host, self.model.model)
-        return self
-
     def close(self) -> None:
         """Stop serving and release the port."""
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=10)
-            self._thread = None
-        self._server.server_close()
-
-    def serve_forever(self) -> None:
-        """Serve in this thread until interrupted."""
-        self._server.serve_forever()
-
-    def __enter__(self) -> GymModelServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -717,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer  # type: ignore[import-not-found,unused-ignore]
 
     from cwtrain.config import env_str
-    from cwtrain.integrations.nvext import require_served_salt
+    from cwtrain.integrations.nvext import recorded_run_id, require_served_salt
     from cwtrain.integrations.rollout import RolloutConfig
 
     try:
@@ -730,13 +630,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         template = Path(args.chat_template)
         tokenizer.chat_template = template.read_text(encoding="utf-8") if template.is_file() else args.chat_template
     state_dir = args.state_dir or env_str("CWTRAIN_HOTLOAD_STATE_DIR")
-    run_id = args.run_id or env_str("CWTRAIN_HOTLOAD_RUN_ID")
-    if run_id is None and state_dir:  # the run of the identity the publisher recorded
-        from cwtrain.hotload import split_version_identity
-        from cwtrain.integrations.nvext import read_served_identity
-
-        recorded = split_version_identity(read_served_identity(state_dir))
-        run_id = recorded[0] if recorded is not None else None
+    # else the run of the identity the publisher recorded
+    run_id = args.run_id or env_str("CWTRAIN_HOTLOAD_RUN_ID") or recorded_run_id(state_dir)
     model = GymModel(
         CompletionSampler(config, run_id=run_id),
         ChatRenderer(tokenizer),

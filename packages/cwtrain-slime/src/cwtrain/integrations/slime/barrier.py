@@ -40,6 +40,7 @@ from typing import Any
 
 from cwtrain.config import env_float
 from cwtrain.errors import ConfigError
+from cwtrain.hotload import DEFAULT_TIMEOUT
 
 __all__ = [
     "HOOK_PATHS",
@@ -74,7 +75,7 @@ def barrier_timeout(args: argparse.Namespace | None, environ: Mapping[str, str] 
     Raises:
         ConfigError: ``CWTRAIN_HOTLOAD_TIMEOUT`` is malformed.
     """
-    publish = env_float("CWTRAIN_HOTLOAD_TIMEOUT", 1800.0, environ)
+    publish = env_float("CWTRAIN_HOTLOAD_TIMEOUT", DEFAULT_TIMEOUT, environ)
     minutes = getattr(args, "distributed_timeout_minutes", None)
     configured = timedelta(minutes=float(minutes)) if isinstance(minutes, int | float) else timedelta(0)
     return max(configured, timedelta(seconds=2 * publish), TORCH_DEFAULT_TIMEOUT)

@@ -1,35 +1,13 @@
 """Configuration of the slime/miles hook: :class:`HookConfig`, run ids, ranks, slime's own flags.
 
-:class:`HookConfig` is core's :class:`~cwtrain.hotload.HotLoadSettings` (the one
-reader of the hot-load variables, its defaults and its run-id rule) with slime's words:
-the state directory beside ``--update-weight-disk-dir`` and the run id derived from slime's
-arguments. Precedence: an explicit argument beats the ``CWTRAIN_HOTLOAD_*`` variable, which
-beats the default. :meth:`HookConfig.from_env` reads:
-
-======================================= ============================= ========================================
-variable                                default                       meaning
-======================================= ============================= ========================================
-``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``       required                      target deployment
-``CWTRAIN_HOTLOAD_RUN_ID``              ``default_run_id(args)``      identity prefix (<= 120 chars, no ``/``)
-``CWTRAIN_HOTLOAD_WAIT``                true                          wait for each hot-load to complete
-``CWTRAIN_HOTLOAD_TIMEOUT``             1800                          seconds per publish
-``CWTRAIN_HOTLOAD_PUBLISH_BASELINE``    true                          publish ``<run>-v000000``
-``CWTRAIN_HOTLOAD_FULL_EVERY``          auto                          ``auto`` (by cost) or every N (0-64)
-``CWTRAIN_HOTLOAD_FULL_SHARE``          0.9                           ``auto``: a delta this share of a FULL
-``CWTRAIN_HOTLOAD_REPLAY_BUDGET``       2                             ``auto``: FULLs of deltas in a chain
-``CWTRAIN_HOTLOAD_MIRROR``              on unless FULL_EVERY=0        keep the served copy
-``CWTRAIN_HOTLOAD_VERIFY``              false                         every replica READY on the identity
-``CWTRAIN_HOTLOAD_STATE_DIR``           ``<disk dir>-hotload``        local working directory
-``CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY`` unset                         ``preserve`` or ``reset_all``
-``CWTRAIN_HOTLOAD_UPLOAD_WORKERS``      8                             files uploaded in parallel
-``COREWEAVE_API_URL``                   ``https://api.coreweave.com`` API origin
-``CWTRAIN_API_HEADERS``                 none                          JSON object of extra headers (secret)
-``CWTRAIN_API_INSECURE``                false                         skip TLS verification
-======================================= ============================= ========================================
-
-The API token (``COREWEAVE_API_TOKEN``, then ``CW_API_TOKEN``) is read by the client, never
-stored here. ``RANK`` (see :func:`resolve_rank`) is read through :mod:`cwtrain.config` like
-every other variable.
+:class:`HookConfig` is core's :class:`~cwtrain.hotload.HotLoadSettings` (the one reader of
+the ``CWTRAIN_HOTLOAD_*``, ``COREWEAVE_API_URL`` and ``CWTRAIN_API_*`` variables, their
+defaults and the run-id rule: ``docs/configuration.md``) with slime's words: the deployment
+is required, ``CWTRAIN_HOTLOAD_RUN_ID`` defaults to :func:`run_id_from` of slime's arguments,
+and ``CWTRAIN_HOTLOAD_STATE_DIR`` to ``<--update-weight-disk-dir>-hotload``. An explicit
+argument beats the variable, which beats the default. The API token (``COREWEAVE_API_TOKEN``,
+then ``CW_API_TOKEN``) is read by the client, never stored here; ``RANK`` (see
+:func:`resolve_rank`) is read through :mod:`cwtrain.config` like every other variable.
 """
 
 from __future__ import annotations
@@ -140,12 +118,7 @@ def is_rank_zero(args: argparse.Namespace | None = None) -> bool:
 class HookConfig(HotLoadSettings):
     """Settings of the slime/miles post-write hook: core's hot-load settings, fields in the same order.
 
-    ``HookConfig(deployment_id, run_id, wait=True, timeout=1800.0, publish_baseline=True,
-    full_every="auto", mirror=None, verify=False, state_dir="", prompt_cache_policy=UNSPECIFIED,
-    upload_workers=8, api_base_url="https://api.coreweave.com", api_headers={},
-    api_insecure=False, full_share=0.9, replay_budget=2.0)``; :meth:`from_env` (core's) reads the variables of the module
-    docstring, an explicit value always winning. ``state_dir`` empty means
-    ``<--update-weight-disk-dir>-hotload`` (:meth:`with_state_dir`).
+    ``state_dir`` empty means ``<--update-weight-disk-dir>-hotload`` (:meth:`with_state_dir`).
     """
 
     def __post_init__(self) -> None:

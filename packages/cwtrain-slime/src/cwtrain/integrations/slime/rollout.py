@@ -50,16 +50,16 @@ import argparse
 import asyncio
 import logging
 import os
-import threading
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cwtrain.config import env_str
 from cwtrain.errors import ConfigError
-from cwtrain.hotload import identity_version, split_version_identity
+from cwtrain.hotload import identity_version
 from cwtrain.integrations.frameworks import require
-from cwtrain.integrations.nvext import read_served_identity
+from cwtrain.integrations.nvext import recorded_run_id, recorded_version
+from cwtrain.integrations.rollout import run_sync
 from cwtrain.integrations.slime.framework import SLIME
 
 from .barrier import check_standalone_publish
@@ -143,15 +143,7 @@ def rollout_run_id(args: argparse.Namespace, environ: Mapping[str, str] | None =
     state directory (the hook's own run id, when the rollout runs on the trainer's node).
     """
     env = os.environ if environ is None else environ
-    run_id = shared_run_id(args, env)
-    if run_id is not None:
-        return run_id
-    try:
-        recorded = read_served_identity(_state_dir(args, env))
-    except OSError:
-        return None
-    parts = split_version_identity(recorded)
-    return parts[0] if parts is not None else None
+    return shared_run_id(args, env) or recorded_run_id(_state_dir(args, env))
 
 
 def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int | None:
@@ -163,22 +155,20 @@ def served_version(args: argparse.Namespace, environ: Mapping[str, str] | None =
     """
     env = dict(os.environ if environ is None else environ)
     run_id = rollout_run_id(args, env)
+    if run_id is None:
+        return None
     if env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", env):
         try:
             from cwtrain.hotload import build_loader
 
-            config = HookConfig.from_env(env, default_run_id=run_id or "unknown")
-            loader = build_loader(config)
+            loader = build_loader(HookConfig.from_env(env, default_run_id=run_id))
             try:
-                return identity_version(loader.current_identity(), run_id) if run_id else None
+                return identity_version(loader.current_identity(), run_id)
             finally:
                 loader.client.close()
         except Exception as exc:
             log.warning("could not ask the deployment which identity it serves: %s", exc)
-    try:
-        return identity_version(read_served_identity(_state_dir(args, env)), run_id) if run_id else None
-    except OSError:
-        return None
+    return recorded_version(_state_dir(args, env), run_id)
 
 
 def prompt_of(sample: Any, tokenizer: PromptTokenizer | None) -> Prompt:
@@ -291,29 +281,6 @@ async def _score(args: argparse.Namespace, groups: Sequence[Sequence[Any]], rm: 
     rewards = await asyncio.gather(*(rm.async_rm(args, sample) for sample in pending))
     for sample, reward in zip(pending, rewards, strict=True):
         sample.reward = reward
-
-
-def run_sync[T](coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion from synchronous code, inside or outside a running loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(asyncio.run(coro))
-        except BaseException as exc:
-            error.append(exc)
-
-    thread = threading.Thread(target=target, name="cwtrain-rollout")
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
 
 
 def generate_rollout(

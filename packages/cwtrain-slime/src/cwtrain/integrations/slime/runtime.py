@@ -200,17 +200,11 @@ def reset() -> None:
 
 
 def default_run_id(args: argparse.Namespace | None = None) -> str:
-    """The run id used when ``CWTRAIN_HOTLOAD_RUN_ID`` is unset.
+    """The run id used when ``CWTRAIN_HOTLOAD_RUN_ID`` is unset: :func:`~.config.run_id_from` ``args``.
 
-    The basename of ``--update-weight-disk-dir`` (characters outside ``[A-Za-z0-9._-]`` become
-    ``-``; empty gives ``slime``), then ``-<wandb run id>`` when the run logs to wandb (every
-    process of the run sees the same ``args.wandb_run_id``), else ``-<UTC %Y%m%dT%H%M%SZ>``;
-    cut to 100 characters. The stamp is taken once per process (until :func:`reset`), so
-    every call in one process agrees, but the rollout manager cannot know it: set
+    Without a wandb run id its stamp is taken once per process (until :func:`reset`), so every
+    call in one process agrees, but the rollout manager cannot know it: set
     ``CWTRAIN_HOTLOAD_RUN_ID`` (the recipes do) or log to wandb, and a resumed run keeps its
     identities too.
-
-    Args:
-        args: slime's or miles' argument namespace (``update_weight_disk_dir``, ``wandb_run_id``).
     """
     return _CURRENT.default_run_id(args)

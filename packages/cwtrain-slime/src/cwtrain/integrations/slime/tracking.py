@@ -17,23 +17,9 @@ rank when pipeline parallelism is above 1) joins the run as a secondary writer t
 framework's own ``init_tracking(args, primary=False)``, as slime's and miles' train ranks do.
 Logging never fails a publish: an error is logged once and the record dropped.
 
-========================== ===================================================================
-metric                     meaning
-========================== ===================================================================
-``hotload/step``           the record's step: the version (0 = the baseline)
-``hotload/version``        the version this record is about
-``hotload/publish_seconds`` upload plus hot-load (absent when nothing was published)
-``hotload/upload_seconds``  uploading the snapshot
-``hotload/hot_load_seconds`` from the hot-load request until every replica serves it
-``hotload/snapshot_bytes``  bytes uploaded
-``hotload/incremental``     1 for an INCREMENTAL snapshot, 0 for FULL (or nothing published)
-``hotload/chain_cut``       1 for a FULL snapshot (the baseline, a FULL cut, or after a failure)
-``hotload/chain_length``    deltas since the chain's FULL snapshot, after this version
-``hotload/cut_reason``      why it is FULL: 0 none, 1 first, 2 requested, 3 failed, 4 count, 5 chain_limit, 6 share, 7 replay
-``hotload/replay_bytes``    bytes a cold replica reads to serve it (its chain's FULL and every delta since)
-``hotload/served_version``  the version the replicas serve afterwards
-``hotload/skipped_empty``   1 when nothing changed (nothing published)
-========================== ===================================================================
+The record is core's :meth:`~cwtrain.hotload.PublishOutcome.metrics` (every ``hotload/*``
+name has one meaning for every publisher, documented there), plus ``hotload/step``: the
+record's step, the version (0 = the baseline).
 """
 
 from __future__ import annotations
