@@ -26,8 +26,8 @@ from cwtrain.integrations.rollout import (
     SamplingParams,
     fill_group,
     merge_batches,
-    run_sync,
     note_published,
+    run_sync,
     shared_sampler,
     version_tag,
 )

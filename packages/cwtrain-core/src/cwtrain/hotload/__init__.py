@@ -131,7 +131,6 @@ _MODULES = {
     "cwtrain.hotload.format.chain": ("MAX_CHAIN_DELTAS",),
     "cwtrain.hotload.format.index": (
         "DEFAULT_SHARD_BYTES",
-    "DEFAULT_TIMEOUT",
         "INDEX_NAME",
         "SINGLE_FILE_NAME",
         "SnapshotFile",
@@ -151,6 +150,7 @@ __all__ = [
     "Collective",
     "CutReason",
     "DEFAULT_SHARD_BYTES",
+    "DEFAULT_TIMEOUT",
     "DeltaEncoder",
     "DeltaReport",
     "DtypeWarning",
