@@ -294,7 +294,7 @@ def test_cli_gym_eval_with_a_stand_in_gym(
             child.kill()
             child.communicate()
     assert child.returncode == 143, err
-    assert "error: interrupted" in err
+    assert err.rstrip().endswith("error: terminated (SIGTERM)")
     assert out == ""  # no result document for an interrupted evaluation
     assert json.loads((tmp_path / "sigterm-gym-state.json").read_text(encoding="utf-8"))["stopped"] is True
     with InferenceClient(stack.token, base_url=stack.api_url) as api:
