@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from cwtrain.errors import SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.files.checkpoint import apply_delta_dir, load_full_dir
-from cwtrain.hotload.files.write import checkpoint_checksums, write_delta, write_full_snapshot
+from cwtrain.hotload.files.write import checkpoint_checksums, staged_directory, write_delta, write_full_snapshot
 from cwtrain.hotload.format.safetensors import read_header
 
 
@@ -239,3 +240,23 @@ def test_write_full_snapshot_uses_given_checksums(tmp_path: Path) -> None:
     src = save_checkpoint(tmp_path / "src", {"a": np.zeros(2, np.float32)})
     dest = write_full_snapshot(src, tmp_path / "full", {"a": "12345678"})
     assert (read_header(dest / "model.safetensors").metadata or {})["a"] == "12345678"
+
+
+def test_an_interrupt_just_after_the_staging_directory_is_made_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C or SIGTERM can land between making the hidden staging directory and the code that
+    removes it on failure (a loaded machine makes that window real): nothing may stay behind."""
+    made: list[str] = []
+    real_mkdir = os.mkdir
+
+    def mkdir_then_interrupted(path: str | os.PathLike[str], mode: int = 0o777, **kwargs: object) -> None:
+        real_mkdir(path, mode)
+        if str(path).endswith(".partial"):
+            made.append(str(path))
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_interrupted)
+    with pytest.raises(KeyboardInterrupt), staged_directory(tmp_path / "out"):
+        raise AssertionError("the block never runs")
+    assert made and list(tmp_path.iterdir()) == []

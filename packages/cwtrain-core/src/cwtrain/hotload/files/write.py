@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Buffer, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -216,8 +216,17 @@ def staged_directory(dest: str | Path) -> Iterator[Path]:
     """
     target = usable_output(dest)
     target.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    # The name is chosen before the directory exists and the directory made inside the ``try``:
+    # an interrupt (Ctrl-C, SIGTERM) that lands just after it is made still removes it
+    # (``tempfile.mkdtemp`` could be interrupted between making it and returning its name).
+    stage = target.parent / f".{target.name}.{secrets.token_hex(6)}.partial"
     try:
+        while True:
+            try:
+                stage.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                stage = target.parent / f".{target.name}.{secrets.token_hex(6)}.partial"
         yield stage
         for child in stage.iterdir():
             if child.is_file():

@@ -248,8 +248,8 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
                 for params, items in buckets.items()
             ]
         )
-        members = [ids for items in buckets.values() for _, ids in items]
-        results = {row: c for ids, group in zip(members, batch.groups, strict=True) for row, c in zip(ids, group)}
+        row_groups = [ids for items in buckets.values() for _, ids in items]
+        results = {row: c for ids, group in zip(row_groups, batch.groups, strict=True) for row, c in zip(ids, group)}
         self.served_identities = batch.identities
         self._metrics = dict(batch.metrics)
         return self._output(input_ids, lengths, results)
