@@ -19,6 +19,7 @@ import pytest
 from _faults_trainer import Trainer
 
 from cwtrain.errors import HotLoadFailedError, HotLoadVerificationError
+from cwtrain.hotload import follow
 from cwtrain.hotload.loader import HotLoader
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState
@@ -45,8 +46,11 @@ def target(stack: LocalStack) -> Any:
 
 
 @pytest.fixture(autouse=True)
-def _no_faults(stack: LocalStack) -> None:
+def _no_faults(stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
     stack.faults.replicas.clear()
+    # A replica left behind is given 1 s to catch up after COMPLETED, not the library's 30 s:
+    # the local one never will, and what is checked is what follows the wait.
+    monkeypatch.setattr(follow, "CATCH_UP_SECONDS", 1.0)
 
 
 def _trainer(stack: LocalStack, target: Any, run: str) -> Trainer:
