@@ -90,22 +90,25 @@ def test_demo_is_reproducible_with_seed(
     """
     first = json.loads(cli_run["out"])
     figures = tmp_path / "second.json"
-    code = demo.main(_args("--steps", "2", "--replicas", "1", "--no-check", "--json-file", str(figures)))
+    code = demo.main(_args("--steps", "4", "--replicas", "1", "--no-check", "--json-file", str(figures)))
     out, err = capsys.readouterr()
     assert code == 0 and out == ""  # the JSON only where it was asked for
     assert err.rstrip("\n").splitlines()[-1].endswith("; everything torn down.")
     second = json.loads(figures.read_text())
-    assert second["rewards"] == first["rewards"][:2]
+    assert second["rewards"][:3] == first["rewards"][:3]
     keys = ("identity", "mean_reward", "logprob_gap", "served_identities")
-    assert [[r[k] for k in keys] for r in second["steps"]] == [[r[k] for k in keys] for r in first["steps"][:3]]
+    assert [[r[k] for k in keys] for r in second["steps"][:4]] == [[r[k] for k in keys] for r in first["steps"][:4]]
     # step 1 is a delta in both runs: byte-identical snapshots
     assert second["steps"][1]["snapshot_bytes"] == first["steps"][1]["snapshot_bytes"]
-    # auto: deltas of about half a FULL stay deltas for two steps; the budget is the FULL and two FULLs of deltas
-    assert (
-        second["config"]["full_every"] == "auto"
-        and [r["cut_reason"] for r in second["steps"]] == ["first"] + ["none"] * 2
-    )
+    # auto: deltas of about half a FULL stay deltas for three steps; the fourth would make a cold
+    # replica read more than the FULL and two FULLs of deltas, so it is cut FULL, and says so
+    assert second["config"]["full_every"] == "auto"
+    assert [(r["snapshot_type"], r["cut_reason"]) for r in second["steps"]] == [
+        ("FULL", "first"), *[("INCREMENTAL", "none")] * 3, ("FULL", "replay")
+    ]  # fmt: skip
     assert second["replay_budget_bytes"] == 3 * second["steps"][0]["snapshot_bytes"]
+    assert second["steps"][4]["replay_bytes"] == second["steps"][4]["snapshot_bytes"]  # a new chain
+    assert "FULL/replay" in err and "FULL snapshots by reason" in err and "first 1, replay 1" in err
 
 
 def test_bad_options_are_refused() -> None:
