@@ -163,7 +163,7 @@ def _record(outcome: PublishOutcome, fraction: float, encode_seconds: float) -> 
     return {
         "version": outcome.version,
         "changed_fraction": fraction,
-        "type": "FULL" if outcome.chain_cut else "INCREMENTAL" if outcome.incremental else "SKIPPED",
+        "type": outcome.kind,
         "cut_reason": CutReason(outcome.cut_reason).label,
         "snapshot_bytes": outcome.snapshot_bytes,
         "wire_bytes": outcome.wire_bytes,

@@ -264,6 +264,14 @@ class PublishOutcome:
     replay_bytes: int = 0
     hot_load: HotLoad | None = field(default=None, repr=False)
 
+    @property
+    def kind(self) -> str:
+        """What the version published: ``"FULL"`` (a version planned as a delta may have been cut
+        FULL once its size was known), ``"INCREMENTAL"``, or ``"SKIPPED"`` (nothing changed)."""
+        if self.chain_cut:
+            return "FULL"
+        return "INCREMENTAL" if self.incremental else "SKIPPED"
+
     def metrics(self) -> dict[str, float]:
         """Every field but ``identity`` and ``hot_load`` as ``hotload/<field>``, as floats."""
         return {

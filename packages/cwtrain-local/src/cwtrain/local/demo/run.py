@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cwtrain.errors import ConfigError
-from cwtrain.hotload import FullEvery, PublishOutcome, check_full_every, parse_full_every
+from cwtrain.hotload import FullEvery, check_full_every, parse_full_every
 from cwtrain.local.demo.report import PASS_RULE, TASK, LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
@@ -229,14 +229,6 @@ def _start_deployment(
     return gateway, deployment, base_url
 
 
-def _snapshot_type(outcome: PublishOutcome) -> str:
-    """What the version published, from its outcome: a plan begun as a delta may be cut FULL by
-    the share or replay rule once the delta's size is known."""
-    if outcome.skipped_empty:
-        return "SKIPPED"
-    return "FULL" if outcome.chain_cut else "INCREMENTAL"
-
-
 def _rollout_and_train(
     step: int,
     config: DemoConfig,
@@ -345,7 +337,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
                     StepRecord(
                         step=step,
                         identity=outcome.identity or session.served_identity or "initial",
-                        snapshot_type=_snapshot_type(outcome),
+                        snapshot_type=outcome.kind,
                         snapshot_bytes=outcome.snapshot_bytes,
                         tensors_changed=outcome.tensors_changed,
                         publish_seconds=outcome.upload_seconds,
