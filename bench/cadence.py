@@ -44,7 +44,7 @@ import torch
 
 from cwtrain.hotload import HotLoader, HotLoadSettings, PublishOutcome, PublishSession
 from cwtrain.hotload.codec.encode import DeltaEncoder
-from cwtrain.hotload.publish.cadence import DEFAULT_FULL_SHARE, DEFAULT_REPLAY_BUDGET, CutReason
+from cwtrain.hotload.lifecycle.cadence import DEFAULT_FULL_SHARE, DEFAULT_REPLAY_BUDGET, CutReason
 from cwtrain.infra import InferenceClient
 from cwtrain.local import LocalStack
 from cwtrain.local.engine.model import ModelConfig, init_weights

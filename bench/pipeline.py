@@ -4,7 +4,7 @@ For each ``--sizes`` entry, a child process builds a BF16 model of that size fro
 tensors (the shapes of ``bench/codec.py``: hidden 1024, vocabulary 50,000, 2-6 MB layer
 matrices) and a realistic optimizer step (``--changed``, 1 %, of the values move by one or
 two units in the last place), then publishes the delta with
-:meth:`cwtrain.hotload.publish.store.SnapshotStore.upload_tensors` (what ``HotLoader.publish`` runs
+:meth:`cwtrain.hotload.store.prefix.SnapshotStore.upload_tensors` (what ``HotLoader.publish`` runs
 for tensors) to moto's S3 server on loopback, through :func:`cwtrain.infra.s3_client`: the
 real encoder, the real upload path; ``--repeat`` times (2), keeping the fastest, since on a
 shared machine one publish may meet other work. Stages are timed where they run, inside
@@ -269,7 +269,7 @@ def publish_once(size: int, args: argparse.Namespace) -> dict[str, Any]:
     """The child's work: build the model, publish it ``--repeat`` times as a delta, keep the fastest (JSON)."""
     import torch
 
-    from cwtrain.hotload.publish.store import SnapshotStore
+    from cwtrain.hotload.store.prefix import SnapshotStore
     from cwtrain.infra.s3 import s3_client
 
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@ run, rounds interleaved. Only this process's CPU time is counted
 the server is another process and is not counted). The bucket is reset between runs so
 the server's memory stays flat.
 
-- **cwtrain**: :func:`cwtrain.hotload.publish.upload.upload_snapshot` with the ``s3_client()``
+- **cwtrain**: :func:`cwtrain.hotload.store.snapshot_upload.upload_snapshot` with the ``s3_client()``
   settings: each file read once with ``pread`` into reused buffers, SHA-256 of those bytes,
   the same buffers sent (64 MiB parts, ``If-None-Match``, ``x-amz-checksum-sha256`` on
   single PutObjects), a HEAD per stored object, the index last. Its first round is also
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from cwtrain.hotload.publish.upload import upload_snapshot
+from cwtrain.hotload.store.snapshot_upload import upload_snapshot
 from cwtrain.infra.s3 import s3_client
 from cwtrain.local.harness.objectstore import DEFAULT_REGION, MotoS3Server
 

@@ -348,7 +348,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from cwtrain.hotload.loader import _check, HotLoader
 from cwtrain.hotload import loader as hl
-import cwtrain.hotload.publish.upload
+import cwtrain.hotload.store.snapshot_upload
 from . import _private_sibling
 if TYPE_CHECKING:
     from cwtrain.integrations.rollout._runtime import LoopThread
@@ -356,19 +356,19 @@ if TYPE_CHECKING:
 def later(obj):
     import cwtrain.integrations.rollout._runtime as runtime
     hl._bucket(obj)
-    cwtrain.hotload.publish.upload._parts(obj)
+    cwtrain.hotload.store.snapshot_upload._parts(obj)
     obj.{some_private}()
     self._mine = 1
     obj._mine()
 """
     edges, reaches = _scan("cwtrain.integrations.slime.made_up", ast.parse(source))
-    assert {"cwtrain.hotload.loader", "cwtrain.hotload.publish.upload"} <= edges
+    assert {"cwtrain.hotload.loader", "cwtrain.hotload.store.snapshot_upload"} <= edges
     assert "cwtrain.integrations.rollout._runtime" in edges  # type-only imports count
     assert {r.target for r in reaches} == {
         "cwtrain.hotload.loader._check",
         "cwtrain.integrations.rollout._runtime",
         "cwtrain.hotload.loader._bucket",
-        "cwtrain.hotload.publish.upload._parts",
+        "cwtrain.hotload.store.snapshot_upload._parts",
         f"obj.{some_private}",
         "cwtrain.integrations.slime._private_sibling",
     }

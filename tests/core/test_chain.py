@@ -8,8 +8,8 @@ import pytest
 
 from cwtrain.errors import ConfigError
 from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
-from cwtrain.hotload.publish.cadence import ChainCadence, CutReason
-from cwtrain.hotload.settings import HotLoadSettings
+from cwtrain.hotload.lifecycle.cadence import ChainCadence, CutReason
+from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 
 
 def _kinds(cadence: ChainCadence, versions: range) -> list[bool]:

@@ -467,9 +467,9 @@ def publishing(
     """A hot-load deployment on the test bucket; records every publish of the library's one cycle.
 
     ``HotLoader.publish`` and ``HotLoader.publish_diff`` both end in
-    :func:`cwtrain.hotload.publish.cycle.publish_snapshot`.
+    :func:`cwtrain.hotload.lifecycle.cycle.publish_snapshot`.
     """
-    from cwtrain.hotload.publish import cycle
+    from cwtrain.hotload.lifecycle import cycle
 
     fake.add_deployment()
     fake.deployments["dep-1"]["spec"]["hotLoad"]["bucket"] = s3_bucket[1]

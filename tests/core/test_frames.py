@@ -29,7 +29,7 @@ def _frame(data: bytes, **options: object) -> bytes:
 def test_the_decoders_the_encoder_and_the_upload_share_one_budget_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     from cwtrain.hotload.codec.common import MemoryBudget
     from cwtrain.hotload.codec.encode import DeltaEncoder
-    from cwtrain.hotload.publish.upload import SnapshotUpload
+    from cwtrain.hotload.store.snapshot_upload import SnapshotUpload
 
     monkeypatch.setenv("CWTRAIN_HOTLOAD_MEMORY_BUDGET", str(3 * MiB))
     with DeltaEncoder() as encoder:

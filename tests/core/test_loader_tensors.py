@@ -11,7 +11,7 @@ import pytest
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.format.chain import deltas_after, resolve_type
 from cwtrain.hotload.format.tensors import TensorData, as_tensor_data, to_tensor_data
-from cwtrain.hotload.publish.tensor_checks import DtypeWarning, check_published_tensors
+from cwtrain.hotload.store.snapshot_checks import DtypeWarning, check_published_tensors
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.models import HotLoad
 

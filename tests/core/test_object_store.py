@@ -17,8 +17,8 @@ from _s3_proxy import S3Proxy
 from botocore.config import Config
 
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.publish.sources import BufferPool, ObjectSource
-from cwtrain.hotload.publish.store import SnapshotStore
+from cwtrain.hotload.store.object_source import BufferPool, ObjectSource
+from cwtrain.hotload.store.prefix import SnapshotStore
 from cwtrain.infra import InferenceClient
 from cwtrain.infra import objectstore as os_
 from cwtrain.infra.objectstore import (

@@ -20,16 +20,16 @@ from fakeapi import FakeAPI
 from cwtrain.errors import ConfigError, CWTrainError, HotLoadFailedError, SnapshotError, UsageError
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.publish.cadence import CutReason
-from cwtrain.hotload.publish.distributed import (
+from cwtrain.hotload.lifecycle.cadence import CutReason
+from cwtrain.hotload.lifecycle.shares import (
     RankShare,
     SharePlan,
     SingleProcess,
     layout_by_sizes,
 )
-from cwtrain.hotload.publish.session import PublishOutcome, PublishSession
-from cwtrain.hotload.publish.spmd import publish_spmd
-from cwtrain.hotload.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
+from cwtrain.hotload.lifecycle.session import PublishOutcome, PublishSession
+from cwtrain.hotload.lifecycle.spmd import publish_spmd
+from cwtrain.hotload.lifecycle.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
 from cwtrain.integrations.nvext import read_served_identity
 
 
@@ -419,7 +419,7 @@ def test_auto_publishes_full_when_a_delta_is_nearly_a_full_and_logs_why(
     session.publish_tensors(session.begin(), new, base=served, extra_files=CONFIG)
     served = new
     dense = _dense(served, 1.0, 7)
-    with caplog.at_level(logging.INFO, logger="cwtrain.hotload.publish.session"):
+    with caplog.at_level(logging.INFO, logger="cwtrain.hotload.lifecycle.session"):
         plan = session.begin()
         assert not plan.full and plan.cut_at_bytes == math.ceil(0.9 * full_bytes)
         outcome = session.publish_tensors(plan, dense, base=served, extra_files=CONFIG)
@@ -544,7 +544,7 @@ def test_weigh_directory_sizes_equal_the_stored_bytes(
 
     from cwtrain.hotload.files.validate import inspect_snapshot
     from cwtrain.hotload.files.write import write_delta
-    from cwtrain.hotload.publish.session import _directory_bytes
+    from cwtrain.hotload.lifecycle.session import _directory_bytes
 
     s3, bucket = s3_bucket
     session, outcomes = _session(fake, s3, tmp_path)

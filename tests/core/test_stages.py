@@ -16,7 +16,7 @@ from cwtrain.hotload.codec.encode import DeltaEncoder
 from cwtrain.hotload.codec.stages import StageStats
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.format.tensors import TensorData
-from cwtrain.hotload.publish.store import SnapshotStore
+from cwtrain.hotload.store.prefix import SnapshotStore
 
 MIB = 1 << 20
 
@@ -189,7 +189,7 @@ def test_store_full_uploads_shard_k_while_shard_k_plus_1_is_built(
 ) -> None:
     """Building shard k+1 waits until shard k's upload has begun: a store that builds every
     shard before uploading any would time out here."""
-    from cwtrain.hotload.publish.sources import ObjectSource
+    from cwtrain.hotload.store.object_source import ObjectSource
 
     client, bucket = s3_bucket
     real_layout = codec_module._default_layout

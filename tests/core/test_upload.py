@@ -13,8 +13,8 @@ from _upload_util import MIB, open_uploads, sha256, stored, write_full_snapshot
 
 from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, UsageError
 from cwtrain.hotload.format.index import INDEX_NAME, SnapshotFile
-from cwtrain.hotload.publish import object_writer as objects
-from cwtrain.hotload.publish.upload import SnapshotUpload, UploadedFile, upload_snapshot
+from cwtrain.hotload.store import object_writer as objects
+from cwtrain.hotload.store.snapshot_upload import SnapshotUpload, UploadedFile, upload_snapshot
 from cwtrain.infra.s3 import s3_client
 from cwtrain.progress import ByteProgress
 

@@ -15,8 +15,8 @@ import pytest
 from _upload_util import MIB, open_uploads, sha256, stored, write_full_snapshot
 
 from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.publish import object_writer as objects
-from cwtrain.hotload.publish.upload import UploadedFile, upload_snapshot
+from cwtrain.hotload.store import object_writer as objects
+from cwtrain.hotload.store.snapshot_upload import UploadedFile, upload_snapshot
 from cwtrain.infra.s3 import s3_client
 
 PART = 5 * MIB
@@ -28,8 +28,8 @@ PUBLISHER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from cwtrain.errors import SnapshotConflictError
-    from cwtrain.hotload.publish import object_writer as objects
-    from cwtrain.hotload.publish.upload import upload_snapshot
+    from cwtrain.hotload.store import object_writer as objects
+    from cwtrain.hotload.store.snapshot_upload import upload_snapshot
     from cwtrain.infra.s3 import s3_client
 
     objects.MIN_PART_SIZE = 5 << 20

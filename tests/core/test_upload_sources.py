@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from cwtrain.errors import SnapshotError
-from cwtrain.hotload.publish import buffers as pool_module
-from cwtrain.hotload.publish import sources
-from cwtrain.hotload.publish.buffers import BufferPool, release_read_buffers
-from cwtrain.hotload.publish.sources import ObjectSource
+from cwtrain.hotload.store import object_buffers as pool_module
+from cwtrain.hotload.store import object_source as sources
+from cwtrain.hotload.store.object_buffers import BufferPool, release_read_buffers
+from cwtrain.hotload.store.object_source import ObjectSource
 
 MIB = 1 << 20
 

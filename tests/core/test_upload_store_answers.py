@@ -13,9 +13,9 @@ from _upload_util import MIB, open_uploads, sha256, stored
 
 from cwtrain.errors import SnapshotConflictError, SnapshotError
 from cwtrain.hotload.format.index import SnapshotFile
-from cwtrain.hotload.publish import object_writer as objects
-from cwtrain.hotload.publish.object_writer import ObjectSource, ObjectWriter
-from cwtrain.hotload.publish.upload import SnapshotUpload
+from cwtrain.hotload.store import object_writer as objects
+from cwtrain.hotload.store.object_writer import ObjectSource, ObjectWriter
+from cwtrain.hotload.store.snapshot_upload import SnapshotUpload
 from cwtrain.infra.s3 import s3_client
 
 PART = 5 * MIB
@@ -108,7 +108,7 @@ def test_501_falls_back_to_check_then_write_with_one_warning(
     proxy.add_rule(refuse_conditions)
     s3 = s3_client(proxy.endpoint_url)
     big = bytes(range(256)) * (24 * 1024)
-    caplog.set_level(logging.WARNING, logger="cwtrain.hotload.publish.object_writer")
+    caplog.set_level(logging.WARNING, logger="cwtrain.hotload.store.object_writer")
     for identity in ("one", "two"):
         with SnapshotUpload(s3, bucket=bucket, identity=identity, part_size=PART, workers=2) as up:
             up.add(SnapshotFile.from_bytes("big", big))

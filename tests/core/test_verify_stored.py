@@ -15,8 +15,8 @@ from cwtrain.errors import SnapshotChecksumError
 from cwtrain.hotload.codec.encode import DeltaEncoder
 from cwtrain.hotload.format.tensors import TensorData
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.publish.store import SnapshotStore
-from cwtrain.hotload.publish.verify import verify_stored_snapshot
+from cwtrain.hotload.store.prefix import SnapshotStore
+from cwtrain.hotload.store.snapshot_verify import verify_stored_snapshot
 
 PREFIX = "hotload"
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from cwtrain.hotload import HotLoader, HotLoadSettings, PublishOutcome, PublishSession
-from cwtrain.hotload.publish.cadence import CutReason
+from cwtrain.hotload.lifecycle.cadence import CutReason
 from cwtrain.infra import InferenceClient
 from cwtrain.local import LocalStack
 from cwtrain.local.engine.model import ModelConfig, init_weights, weights_to_safetensors, write_base_checkpoint

@@ -18,7 +18,7 @@ import torch
 from _reference_snapshot import assert_same_weights, check_served, served_by_replicas
 
 from cwtrain.hotload.codec.encode import DeltaEncoder
-from cwtrain.hotload.publish.object_writer import SHA256_METADATA
+from cwtrain.hotload.store.object_writer import SHA256_METADATA
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState, SnapshotType
 from cwtrain.infra.models import IncrementalSnapshotMetadata

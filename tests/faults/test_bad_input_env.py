@@ -117,7 +117,7 @@ HOOK_VARS: dict[str, tuple[str, Any]] = {
 CORE_READERS: dict[str, tuple[Any, Any]] = {
     "CWTRAIN_HOTLOAD_FULL_EVERY": (
         lambda env: (
-            __import__("cwtrain.hotload.settings", fromlist=["x"])
+            __import__("cwtrain.hotload.lifecycle.settings", fromlist=["x"])
             .HotLoadSettings.from_env(env, default_run_id="r", require_deployment=False)
             .full_every
         ),
@@ -146,7 +146,7 @@ def _upload_setting(variable: str, attribute: str) -> Any:
     """A reader that builds a ``SnapshotUpload`` (which reads the variable from ``os.environ``)."""
 
     def read(env: dict[str, str]) -> Any:
-        from cwtrain.hotload.publish.upload import SnapshotUpload
+        from cwtrain.hotload.store.snapshot_upload import SnapshotUpload
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(variable, env[variable])

@@ -25,8 +25,8 @@ from cwtrain.hotload.files.mirror import WeightMirror
 from cwtrain.hotload.files.validate import inspect_snapshot
 from cwtrain.hotload.files.write import write_applied_snapshot, write_delta
 from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.publish.sources import ObjectSource
-from cwtrain.hotload.publish.upload import SnapshotUpload, upload_snapshot
+from cwtrain.hotload.store.object_source import ObjectSource
+from cwtrain.hotload.store.snapshot_upload import SnapshotUpload, upload_snapshot
 
 pytestmark = [pytest.mark.faults, pytest.mark.fault_row("undecodable-name")]
 

@@ -32,9 +32,9 @@ from cwtrain.cli import main
 from cwtrain.errors import FailedPreconditionError, HotLoadTimeoutError, PublishTimeoutError
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.publish import cycle
-from cwtrain.hotload.publish import object_writer as objects
-from cwtrain.hotload.publish.upload import upload_snapshot
+from cwtrain.hotload.lifecycle import cycle
+from cwtrain.hotload.store import object_writer as objects
+from cwtrain.hotload.store.snapshot_upload import upload_snapshot
 from cwtrain.infra.enums import HotLoadState
 from cwtrain.infra.objectstore import ObjectStoreDeadlineError
 from cwtrain.infra.s3 import object_store, s3_client

@@ -36,8 +36,8 @@ from safetensors.numpy import save_file
 
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.publish import object_writer as objects
-from cwtrain.hotload.publish.upload import upload_snapshot
+from cwtrain.hotload.store import object_writer as objects
+from cwtrain.hotload.store.snapshot_upload import upload_snapshot
 from cwtrain.infra.s3 import s3_client
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -51,8 +51,8 @@ SMALL = "model-00002-of-00002.safetensors"
 PUBLISHER = textwrap.dedent(
     """
     import sys
-    from cwtrain.hotload.publish import object_writer as objects
-    from cwtrain.hotload.publish.upload import upload_snapshot
+    from cwtrain.hotload.store import object_writer as objects
+    from cwtrain.hotload.store.snapshot_upload import upload_snapshot
     objects.MIN_PART_SIZE = 5 << 20
     print(upload_snapshot(sys.argv[1], bucket=sys.argv[2], identity=sys.argv[3], workers=1, part_size=5 << 20))
     """

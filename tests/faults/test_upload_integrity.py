@@ -30,8 +30,8 @@ from safetensors.numpy import save_file
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
 from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.publish import object_writer as objects
-from cwtrain.hotload.publish.upload import upload_snapshot
+from cwtrain.hotload.store import object_writer as objects
+from cwtrain.hotload.store.snapshot_upload import upload_snapshot
 from cwtrain.infra.s3 import s3_client
 
 pytestmark = [pytest.mark.faults]
@@ -170,11 +170,11 @@ def test_file_larger_than_the_budget_rewritten_between_hash_and_send_is_not_publ
 PUBLISHER = textwrap.dedent(
     """
     import sys
-    from cwtrain.hotload.publish import object_writer as objects
+    from cwtrain.hotload.store import object_writer as objects
     objects.MIN_PART_SIZE = 5 << 20
     snap, bucket, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     if mode == "upload_snapshot":
-        from cwtrain.hotload.publish.upload import upload_snapshot
+        from cwtrain.hotload.store.snapshot_upload import upload_snapshot
         upload_snapshot(snap, bucket=bucket, identity="cut", workers=1, part_size=5 << 20)
     else:
         sys.path.insert(0, sys.argv[4])

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from cwtrain.hotload.publish.object_writer import SHA256_METADATA
+from cwtrain.hotload.store.object_writer import SHA256_METADATA
 from cwtrain.local.engine.model import write_base_checkpoint
 from cwtrain.local.engine.processes import TOKEN_VARIABLE
 from cwtrain.local.harness.objectstore import free_port

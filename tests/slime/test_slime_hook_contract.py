@@ -344,7 +344,7 @@ def test_wait_off_returns_once_created_and_verify_counts_replicas(
 
 
 def test_manifest_bytes_are_the_ones_published_before() -> None:
-    from cwtrain.hotload.publish.manifest import manifest_bytes, snapshot_manifest
+    from cwtrain.hotload.store.prefix_manifests import manifest_bytes, snapshot_manifest
 
     checksums = {"b.weight": "00000002", "a.weight": "00000001"}
     slime = snapshot_manifest("run-v000001", "dep-1", "run", checksums, "000001")

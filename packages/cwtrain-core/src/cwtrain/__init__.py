@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from cwtrain.hotload.files.validate import inspect_snapshot
     from cwtrain.hotload.format.tensors import TensorData
     from cwtrain.hotload.loader import HotLoader
-    from cwtrain.hotload.publish.upload import upload_snapshot
+    from cwtrain.hotload.store.snapshot_upload import upload_snapshot
     from cwtrain.infra.client import InferenceClient
 
 __all__ = ["HotLoader", "InferenceClient", "TensorData", "__version__", "inspect_snapshot", "upload_snapshot"]
@@ -43,7 +43,7 @@ _LAZY = {
     "InferenceClient": "cwtrain.infra.client",
     "TensorData": "cwtrain.hotload.format.tensors",
     "inspect_snapshot": "cwtrain.hotload.files.validate",
-    "upload_snapshot": "cwtrain.hotload.publish.upload",
+    "upload_snapshot": "cwtrain.hotload.store.snapshot_upload",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

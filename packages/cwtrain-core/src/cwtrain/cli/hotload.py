@@ -49,7 +49,7 @@ from cwtrain.cli.options import (
 from cwtrain.cli.output import emit
 from cwtrain.config import env_float, env_int
 from cwtrain.errors import ConfigError, HotLoadFailedError
-from cwtrain.hotload.settings import DEFAULT_TIMEOUT, FAILURE_POLICIES, FIELD_VARIABLES
+from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, FAILURE_POLICIES, FIELD_VARIABLES
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
 from cwtrain.infra.models import HotLoad
@@ -322,7 +322,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from cwtrain.hotload.publish.upload import check_snapshot_access
+    from cwtrain.hotload.store.snapshot_upload import check_snapshot_access
     from cwtrain.infra.s3 import s3_client
 
     if not args.bucket and resolve_deployment(args):

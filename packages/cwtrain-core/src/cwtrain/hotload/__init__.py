@@ -13,7 +13,7 @@ up (``docs/internals.md`` maps every module):
 * :mod:`~cwtrain.hotload.publish` — object storage and the cycle of one version: uploads,
   the store, manifests, the permission check, stored-object verification, the
   distributed publisher and :class:`PublishSession`;
-* :mod:`~cwtrain.hotload.settings` (the hot-load settings, declared once) and
+* :mod:`~cwtrain.hotload.lifecycle.settings` (the hot-load settings, declared once) and
   :mod:`~cwtrain.hotload.loader` (:class:`HotLoader`, one deployment's hot-loads).
 
 Names are resolved on first use, so importing this package stays cheap (no torch, no boto3).
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     from cwtrain.hotload.format.safetensors import header_of_bytes
     from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
     from cwtrain.hotload.loader import HotLoader
-    from cwtrain.hotload.publish.cadence import (
+    from cwtrain.hotload.lifecycle.cadence import (
         MAX_FULL_EVERY,
         ChainCadence,
         CutReason,
@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         check_full_every,
         parse_full_every,
     )
-    from cwtrain.hotload.publish.distributed import (
+    from cwtrain.hotload.lifecycle.shares import (
         Collective,
         RankShare,
         SharePlan,
@@ -76,21 +76,21 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         host_copy,
         layout_by_sizes,
     )
-    from cwtrain.hotload.publish.manifest import snapshot_manifest
-    from cwtrain.hotload.publish.object_writer import SHA256_METADATA
-    from cwtrain.hotload.publish.session import PublishOutcome, PublishSession, VersionPlan, build_loader
-    from cwtrain.hotload.publish.spmd import publish_spmd
-    from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
-    from cwtrain.hotload.publish.tensor_checks import DtypeWarning
-    from cwtrain.hotload.publish.upload import SnapshotUpload, check_snapshot_access, upload_snapshot
-    from cwtrain.hotload.settings import DEFAULT_TIMEOUT, HotLoadSettings, parse_prompt_cache_policy, validate_run_id
+    from cwtrain.hotload.store.prefix_manifests import snapshot_manifest
+    from cwtrain.hotload.store.object_writer import SHA256_METADATA
+    from cwtrain.hotload.lifecycle.session import PublishOutcome, PublishSession, VersionPlan, build_loader
+    from cwtrain.hotload.lifecycle.spmd import publish_spmd
+    from cwtrain.hotload.store.prefix import SnapshotStore, StoredSnapshot
+    from cwtrain.hotload.store.snapshot_checks import DtypeWarning
+    from cwtrain.hotload.store.snapshot_upload import SnapshotUpload, check_snapshot_access, upload_snapshot
+    from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, HotLoadSettings, parse_prompt_cache_policy, validate_run_id
 
 _MODULES = {
     "cwtrain.hotload.loader": ("HotLoader",),
     "cwtrain.hotload.follow": ("HotLoadStatus", "ProgressEvent"),
-    "cwtrain.hotload.settings": ("DEFAULT_TIMEOUT", "HotLoadSettings", "parse_prompt_cache_policy", "validate_run_id"),
-    "cwtrain.hotload.publish.session": ("PublishOutcome", "PublishSession", "VersionPlan", "build_loader"),
-    "cwtrain.hotload.publish.cadence": (
+    "cwtrain.hotload.lifecycle.settings": ("DEFAULT_TIMEOUT", "HotLoadSettings", "parse_prompt_cache_policy", "validate_run_id"),
+    "cwtrain.hotload.lifecycle.session": ("PublishOutcome", "PublishSession", "VersionPlan", "build_loader"),
+    "cwtrain.hotload.lifecycle.cadence": (
         "MAX_FULL_EVERY",
         "ChainCadence",
         "CutReason",
@@ -98,8 +98,8 @@ _MODULES = {
         "check_full_every",
         "parse_full_every",
     ),
-    "cwtrain.hotload.publish.spmd": ("publish_spmd",),
-    "cwtrain.hotload.publish.distributed": (
+    "cwtrain.hotload.lifecycle.spmd": ("publish_spmd",),
+    "cwtrain.hotload.lifecycle.shares": (
         "Collective",
         "RankShare",
         "SharePlan",
@@ -108,11 +108,11 @@ _MODULES = {
         "host_copy",
         "layout_by_sizes",
     ),
-    "cwtrain.hotload.publish.store": ("SnapshotStore", "StoredSnapshot"),
-    "cwtrain.hotload.publish.tensor_checks": ("DtypeWarning",),
-    "cwtrain.hotload.publish.upload": ("SnapshotUpload", "check_snapshot_access", "upload_snapshot"),
-    "cwtrain.hotload.publish.object_writer": ("SHA256_METADATA",),
-    "cwtrain.hotload.publish.manifest": ("snapshot_manifest",),
+    "cwtrain.hotload.store.prefix": ("SnapshotStore", "StoredSnapshot"),
+    "cwtrain.hotload.store.snapshot_checks": ("DtypeWarning",),
+    "cwtrain.hotload.store.snapshot_upload": ("SnapshotUpload", "check_snapshot_access", "upload_snapshot"),
+    "cwtrain.hotload.store.object_writer": ("SHA256_METADATA",),
+    "cwtrain.hotload.store.prefix_manifests": ("snapshot_manifest",),
     "cwtrain.hotload.files.validate": ("SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"),
     "cwtrain.hotload.files.checkpoint": ("SnapshotDirectory", "open_checkpoint", "open_snapshot_dir", "side_files"),
     "cwtrain.hotload.files.write": ("checkpoint_checksums", "write_delta", "write_full_snapshot"),

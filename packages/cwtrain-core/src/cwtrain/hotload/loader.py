@@ -18,11 +18,11 @@ modules (service-api.md section 8, snapshot-format.md)::
 
 ``publish`` is inspect (or encode) → upload → ``trigger`` (readiness and single-flight
 handled there) → ``wait`` inside one time budget (``timeout``, default 1800 s); the
-cycle itself lives in :mod:`cwtrain.hotload.publish.cycle`, which every method here calls
+cycle itself lives in :mod:`cwtrain.hotload.lifecycle.cycle`, which every method here calls
 once, so a call never comes back into this module midway. In-memory tensors (a mapping of
 name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.tensors.TensorData`) are
 encoded by :mod:`cwtrain.hotload.codec.encode` and streamed into the deployment's
-:class:`~cwtrain.hotload.publish.store.SnapshotStore` (``loader.store``) without touching disk.
+:class:`~cwtrain.hotload.store.prefix.SnapshotStore` (``loader.store``) without touching disk.
 
 Progress: ``on_progress`` (of ``publish``, ``upload`` and ``wait``) receives
 :class:`~cwtrain.hotload.follow.ProgressEvent` objects, one type throughout: upload
@@ -59,8 +59,8 @@ from cwtrain.errors import ConfigError, SnapshotError
 from cwtrain.hotload.follow import HotLoadStatus, ProgressEvent, wait_for_hot_load
 from cwtrain.hotload.format import chain
 from cwtrain.hotload.format.identity import validate_identity
-from cwtrain.hotload.publish import cycle
-from cwtrain.hotload.publish.store import SnapshotStore
+from cwtrain.hotload.lifecycle import cycle
+from cwtrain.hotload.store.prefix import SnapshotStore
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import PromptCachePolicy, SnapshotType
@@ -151,7 +151,7 @@ class HotLoader:
 
     @property
     def target(self) -> cycle.Target:
-        """What the cycle functions of :mod:`cwtrain.hotload.publish.cycle` run against."""
+        """What the cycle functions of :mod:`cwtrain.hotload.lifecycle.cycle` run against."""
         return cycle.Target(self.client, self.deployment_id, lambda: self.store, self.poll_interval)
 
     def _budget(self, timeout: float | None) -> Budget:
@@ -241,7 +241,7 @@ class HotLoader:
         hot-load because it is not READY is waited for (within ``timeout``) and asked again.
         With ``verify``, the stored objects of ``identity`` are first read back and checked
         against the SHA-256 each was uploaded with, and a FULL snapshot's tensors against
-        their Adler-32s (:func:`cwtrain.hotload.publish.verify.verify_stored_snapshot`;
+        their Adler-32s (:func:`cwtrain.hotload.store.snapshot_verify.verify_stored_snapshot`;
         skipped when no index is stored). ``cwtrain hotload trigger`` verifies unless
         ``--no-verify``.
 
@@ -399,10 +399,10 @@ class HotLoader:
                 ``SnapshotInfo``, or in-memory tensors (name → numpy array / torch tensor /
                 :class:`~cwtrain.hotload.format.tensors.TensorData`; numpy has no bfloat16, so BF16
                 bytes go over as ``TensorData("BF16", shape, raw_bytes)``). Tensors are
-                checked first (:func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`): a
+                checked first (:func:`~cwtrain.hotload.store.snapshot_checks.check_published_tensors`): a
                 delta must keep the served dtypes, a FULL snapshot needs ``config.json`` in
                 ``extra_files``, and tensors in another dtype than its ``torch_dtype`` give a
-                :class:`~cwtrain.hotload.publish.tensor_checks.DtypeWarning`.
+                :class:`~cwtrain.hotload.store.snapshot_checks.DtypeWarning`.
             identity: the new snapshot identity.
             previous_identity: the predecessor (a delta directory's default comes from
                 its index; for tensors it makes the snapshot a delta against ``base``).
@@ -421,7 +421,7 @@ class HotLoader:
                 beside the shards; a FULL snapshot needs ``config.json`` (the served model's).
             on_failure: ``stop`` raises when the hot-load ends FAILED or CANCELED;
                 ``reactivate`` first brings every replica back to the newest intact identity
-                that completed (:func:`cwtrain.hotload.publish.cycle.reactivate`), then raises.
+                that completed (:func:`cwtrain.hotload.lifecycle.cycle.reactivate`), then raises.
         """
         return cycle.publish_snapshot(
             self.target,

@@ -6,7 +6,7 @@
     client.upload_part(..., Body=request_body(payload))
 
 A :class:`~cwtrain.infra.objectstore.Payload` is memory views: the encoder's buffers, or
-the buffers a file was read into and hashed from (:mod:`cwtrain.hotload.publish.sources`).
+the buffers a file was read into and hashed from (:mod:`cwtrain.hotload.store.object_source`).
 :func:`request_body` hands it to botocore as a :class:`_BodyFile`, a file-like object
 botocore validates and measures; the ``before-send`` hook that :func:`install_zero_copy`
 registers then swaps it for the views themselves, which urllib3 passes to ``sendall`` as

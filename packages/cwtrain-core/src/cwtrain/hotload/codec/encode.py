@@ -175,7 +175,7 @@ class ShardSink:
 
     The default keeps frames in memory and builds :class:`SnapshotFile` objects;
     :mod:`cwtrain.hotload.files.write` subclasses it to stream shards to disk and
-    :mod:`cwtrain.hotload.publish.distributed` to pack a rank's share. It is core's own seam,
+    :mod:`cwtrain.hotload.lifecycle.shares` to pack a rank's share. It is core's own seam,
     not an extension point: :mod:`cwtrain.hotload` does not export it, and plug-ins, which
     import core only from package roots (``tests/test_imports.py``), cannot subclass it.
     """

@@ -4,7 +4,7 @@ A delta is applied on top of its predecessor, which may itself be a delta: the r
 chain runs back to the last FULL snapshot. A replica starting cold replays the whole
 chain from object storage and handles at most :data:`MAX_CHAIN_DELTAS` (63) deltas, so a
 delta that would make the chain longer is refused before anything is uploaded (publish
-FULL instead). When a publisher cuts its chain is :mod:`cwtrain.hotload.publish.cadence`.
+FULL instead). When a publisher cuts its chain is :mod:`cwtrain.hotload.lifecycle.cadence`.
 
 ``deltas_after`` counts from the deployment's hot-load listing: the predecessor's newest
 COMPLETED (else unfinished) hot-load gives its ``snapshotChain`` when the service resolved

@@ -1,9 +1,9 @@
 """One version published by every rank in step (SPMD): :func:`publish_spmd`.
 
-The flow a plug-in's ranks run over its own process group (a :class:`~cwtrain.hotload.publish.distributed.Collective`):
-rank 0 holds the :class:`~cwtrain.hotload.publish.session.PublishSession` and the version's
+The flow a plug-in's ranks run over its own process group (a :class:`~cwtrain.hotload.lifecycle.shares.Collective`):
+rank 0 holds the :class:`~cwtrain.hotload.lifecycle.session.PublishSession` and the version's
 plan and shares the plan; every rank encodes its chunks
-(:class:`~cwtrain.hotload.publish.distributed.RankShare`); the file counts are all-gathered to
+(:class:`~cwtrain.hotload.lifecycle.shares.RankShare`); the file counts are all-gathered to
 number the shards; every rank stores its share; rank 0 commits the index and runs the hot-load
 cycle; the outcome is broadcast, so every rank commits or discards its new served copy and a
 failure anywhere raises on every rank. No rank leaves the collectives early: an error on one
@@ -12,9 +12,9 @@ rank travels through them.
 The cost rule of ``CWTRAIN_HOTLOAD_FULL_EVERY=auto`` adds no collective: the plan every rank
 receives carries ``cut_at_bytes``, the file-count all-gather also carries each rank's shard
 bytes, and every rank compares their sum with it, so all reach rank 0's verdict
-(:meth:`~cwtrain.hotload.publish.session.PublishSession.weigh`) without a broadcast. On a cut
+(:meth:`~cwtrain.hotload.lifecycle.session.PublishSession.weigh`) without a broadcast. On a cut
 each rank builds its FULL share from its served copy
-(:meth:`~cwtrain.hotload.publish.distributed.RankShare.full_from_served`) and one more
+(:meth:`~cwtrain.hotload.lifecycle.shares.RankShare.full_from_served`) and one more
 all-gather numbers the FULL shards: the only extra collective, and only for a cut. The delta
 is weighed by its shards' bytes (the index, written by rank 0 at the commit, is left out).
 """
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cwtrain.errors import CWTrainError
-from cwtrain.hotload.publish.distributed import (
+from cwtrain.hotload.lifecycle.shares import (
     Chunk,
     Collective,
     EncodedShare,
@@ -34,7 +34,7 @@ from cwtrain.hotload.publish.distributed import (
     ShareResult,
     number_by_counts,
 )
-from cwtrain.hotload.publish.session import PublishOutcome, PublishSession, VersionPlan
+from cwtrain.hotload.lifecycle.session import PublishOutcome, PublishSession, VersionPlan
 
 __all__ = ["publish_spmd"]
 

@@ -3,7 +3,7 @@
 ``HotLoader.trigger(..., verify=True)`` and ``cwtrain hotload trigger`` (unless
 ``--no-verify``) call :func:`verify_stored_snapshot` on the deployment's store::
 
-    from cwtrain.hotload.publish.verify import verify_stored_snapshot
+    from cwtrain.hotload.store.snapshot_verify import verify_stored_snapshot
 
     checked = verify_stored_snapshot(loader.store, "run1-v000007")
     if checked is None:
@@ -36,11 +36,11 @@ from cwtrain.hotload.codec.common import run_parallel
 from cwtrain.hotload.format.checksum import adler32
 from cwtrain.hotload.format.index import CHECKSUM_FORMAT, INDEX_NAME, index_metadata, is_delta_index, parse_index
 from cwtrain.hotload.format.safetensors import SafetensorsHeader, read_header_from
-from cwtrain.hotload.publish.object_writer import SHA256_METADATA
+from cwtrain.hotload.store.object_writer import SHA256_METADATA
 from cwtrain.infra.objectstore import ObjectStream
 
 if TYPE_CHECKING:
-    from cwtrain.hotload.publish.store import SnapshotStore
+    from cwtrain.hotload.store.prefix import SnapshotStore
 
 __all__ = ["StoredSnapshotCheck", "verify_stored_snapshot"]
 

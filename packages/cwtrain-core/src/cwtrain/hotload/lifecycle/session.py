@@ -2,7 +2,7 @@
 
 One session lives on the publishing process of a run (rank 0, the driver, the demo) and owns
 what publishing a version means: the version counter and the served identity, the chain
-cadence (:class:`~cwtrain.hotload.publish.cadence.ChainCadence`), one time budget for the
+cadence (:class:`~cwtrain.hotload.lifecycle.cadence.ChainCadence`), one time budget for the
 whole cycle (``settings.timeout``: encode, upload, readiness, single-flight, completion,
 verification), READY → trigger → wait → verify, the served-identity file, the manifest, and
 one metrics schema (:class:`PublishOutcome`, turned into ``hotload/*`` metrics in one
@@ -16,14 +16,14 @@ config keys, loggers::
     outcome.metrics()                                            # {"hotload/version": 1.0, ...}
 
 Distributed publishers make a plan on the committing process, let every rank store its
-share (:mod:`cwtrain.hotload.publish.distributed`), and finish with
+share (:mod:`cwtrain.hotload.lifecycle.shares`), and finish with
 :meth:`PublishSession.commit_shares`.
 
 **When a hot-load fails.** A hot-load that ends FAILED or CANCELED, that completes while
 ``verify`` finds replicas not caught up, or whose served weights the optional canary refuses,
 may leave the fleet serving a mix. With ``on_failure="reactivate"`` (the integrations'
 default) the session re-activates the newest intact identity that completed, waits until
-every replica serves it (:func:`cwtrain.hotload.publish.cycle.reactivate`), logs why, and
+every replica serves it (:func:`cwtrain.hotload.lifecycle.cycle.reactivate`), logs why, and
 returns an outcome with ``failed=1`` and ``reactivated=1``: the run goes on, and its next
 version is FULL. With ``stop`` the error is raised (after the outcome reached the sink), as
 is any failure before a hot-load was created (the fleet did not change then).
@@ -45,9 +45,9 @@ publishes the version FULL instead. No source encodes twice to decide: ``publish
 and ``publish_diff`` encode the delta in memory and upload it or build the FULL (from the
 tensors, or the new checkpoint's directory); a delta directory is weighed by its files'
 sizes (:meth:`PublishSession.weigh_directory`; slime's FULL then comes from its mirror); a
-distributed publish weighs the sum of the ranks' shard bytes (:func:`~cwtrain.hotload.publish.spmd.publish_spmd`).
+distributed publish weighs the sum of the ranks' shard bytes (:func:`~cwtrain.hotload.lifecycle.spmd.publish_spmd`).
 The decision and its reason are logged and reach the metrics as ``hotload/cut_reason``
-(:class:`~cwtrain.hotload.publish.cadence.CutReason`'s code) and ``hotload/replay_bytes``.
+(:class:`~cwtrain.hotload.lifecycle.cadence.CutReason`'s code) and ``hotload/replay_bytes``.
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ from cwtrain.closing import Closing
 from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError, SnapshotError, UsageError
 from cwtrain.hotload.follow import ProgressEvent, wait_for_hot_load
 from cwtrain.hotload.format.identity import identity_version, version_identity
-from cwtrain.hotload.publish import cycle
-from cwtrain.hotload.publish.cadence import ChainCadence, CutReason
-from cwtrain.hotload.publish.manifest import snapshot_manifest
-from cwtrain.hotload.settings import HotLoadSettings
+from cwtrain.hotload.lifecycle import cycle
+from cwtrain.hotload.lifecycle.cadence import ChainCadence, CutReason
+from cwtrain.hotload.store.prefix_manifests import snapshot_manifest
+from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.infra.enums import HotLoadState, SnapshotType
 from cwtrain.infra.models import HotLoad
 from cwtrain.polling import Budget
@@ -76,8 +76,8 @@ if TYPE_CHECKING:
     from cwtrain.hotload.codec.encode import EncodedSnapshot
     from cwtrain.hotload.files.validate import SnapshotInfo
     from cwtrain.hotload.loader import HotLoader
-    from cwtrain.hotload.publish.distributed import ShareResult
-    from cwtrain.hotload.publish.store import StoredSnapshot
+    from cwtrain.hotload.lifecycle.shares import ShareResult
+    from cwtrain.hotload.store.prefix import StoredSnapshot
 
 __all__ = [
     "METRIC_PREFIX",
@@ -225,7 +225,7 @@ class PublishOutcome:
         canary_gap: its largest gap (nats; 0 when it did not run).
         served_version: the version the replicas serve afterwards (-1: none of this run).
         chain_length: deltas since the chain's FULL snapshot, after this version.
-        cut_reason: why the snapshot is FULL, as :class:`~cwtrain.hotload.publish.cadence.CutReason`'s
+        cut_reason: why the snapshot is FULL, as :class:`~cwtrain.hotload.lifecycle.cadence.CutReason`'s
             code (0 none: a delta or nothing; 1 first, 2 requested, 3 failed, 4 count,
             5 chain_limit, 6 share, 7 replay).
         replay_bytes: bytes a cold replica reads to serve the served version afterwards: the
@@ -580,7 +580,7 @@ class PublishSession(Closing):
         Raises:
             CWTrainError: a rank reported an error (nothing is committed).
         """
-        from cwtrain.hotload.publish.distributed import commit_shares
+        from cwtrain.hotload.lifecycle.shares import commit_shares
 
         checksums = {name: value for share in shares for name, value in share.checksums.items()}
         with self._run(plan, checksums) as run:

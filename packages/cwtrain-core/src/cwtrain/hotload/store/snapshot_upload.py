@@ -25,14 +25,14 @@ sections 1 and 7). Two entry points:
   (Ctrl-C, or SIGTERM in the CLI) a warning says what stays stored.
 
 **Guarantees.** Every object carries ``x-amz-meta-cwtrain-sha256`` (one SHA-256 pass per
-file, see :mod:`cwtrain.hotload.publish.object_writer`) and is written create-only
+file, see :mod:`cwtrain.hotload.store.object_writer`) and is written create-only
 (``If-None-Match: *``). Before writing, the keys directly under the snapshot prefix are
 listed: objects with the local SHA-256 are skipped, so a second run of the same snapshot
 uploads nothing and a re-run after a crash sends only what is missing (unfinished multipart
 uploads continue at part granularity); different bytes, or keys that are not part of the
 snapshot, raise :class:`~cwtrain.errors.SnapshotConflictError` naming each key, before
 anything is written. An object found stored is checked against the local bytes, not only
-its recorded SHA-256 (:meth:`~cwtrain.hotload.publish.object_writer.ObjectWriter.check_existing`),
+its recorded SHA-256 (:meth:`~cwtrain.hotload.store.object_writer.ObjectWriter.check_existing`),
 and an unfinished multipart upload is resumed only when it was made for the same bytes (its
 marker part), so the index is written only over objects whose bytes are their record. The first file in name order is written alone before the others: two
 publishers racing on one identity collide on it, so exactly one proceeds and the other gets
@@ -42,7 +42,7 @@ every other object is confirmed, so a reader that sees it can rely on the shards
 **The bytes hashed are the bytes sent.** Files on disk are read with ``pread`` (never
 memory-mapped) into buffers, hashed as they are read and sent from the same buffers; a file
 larger than ``memory_budget`` is hashed, then re-read and hashed again in order, and its
-object is completed only when both digests agree (see :mod:`cwtrain.hotload.publish.sources`).
+object is completed only when both digests agree (see :mod:`cwtrain.hotload.store.object_source`).
 A file that shrinks, changes or is replaced between the moment it is opened and the end
 of the upload raises :class:`~cwtrain.errors.SnapshotError` naming it: its multipart
 upload is aborted and the index is never written (every file is checked again before
@@ -53,7 +53,7 @@ are in flight across them (``CWTRAIN_HOTLOAD_UPLOAD_WORKERS`` in the integration
 on disk are read into at most ``memory_budget`` bytes of buffers
 (``CWTRAIN_HOTLOAD_MEMORY_BUDGET``, 1 GiB), which stay allocated for the next publish of
 the process (fresh memory costs as much CPU as hashing it;
-:func:`cwtrain.hotload.publish.buffers.release_read_buffers` frees them); in the streaming form
+:func:`cwtrain.hotload.store.object_buffers.release_read_buffers` frees them); in the streaming form
 :meth:`SnapshotUpload.add` also blocks while the encoded bytes in flight exceed that budget. Part size:
 ``part_size`` or ``CWTRAIN_HOTLOAD_PART_SIZE`` (64 MiB, at least 50 MB).
 
@@ -61,7 +61,7 @@ the process (fresh memory costs as much CPU as hashing it;
 part or object (skipped objects count as done), the signature of
 :class:`cwtrain.progress.ByteProgress`; ``on_file(UploadedFile)`` once per object.
 
-The permission check :func:`~cwtrain.hotload.publish.access.check_snapshot_access` (spec section
+The permission check :func:`~cwtrain.hotload.store.prefix_access.check_snapshot_access` (spec section
 9) is re-exported here.
 """
 
@@ -81,9 +81,9 @@ from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, Us
 from cwtrain.hotload.codec.common import MemoryBudget
 from cwtrain.hotload.format.identity import snapshot_prefix, validate_identity
 from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.publish.access import check_snapshot_access
-from cwtrain.hotload.publish.buffers import BufferPool
-from cwtrain.hotload.publish.object_writer import (
+from cwtrain.hotload.store.prefix_access import check_snapshot_access
+from cwtrain.hotload.store.object_buffers import BufferPool
+from cwtrain.hotload.store.object_writer import (
     DEFAULT_PART_SIZE,
     ObjectSource,
     ObjectWriter,
@@ -298,7 +298,7 @@ class SnapshotUpload:
 
         Args:
             file: a :class:`~cwtrain.hotload.format.index.SnapshotFile` (``name``, ``buffers``)
-                or an :class:`~cwtrain.hotload.publish.object_writer.ObjectSource`.
+                or an :class:`~cwtrain.hotload.store.object_writer.ObjectSource`.
 
         Raises:
             SnapshotConflictError: an earlier file found a conflict.

@@ -2,7 +2,7 @@
 
 At scale every trainer rank encodes and uploads the tensors it holds, and one process (rank 0,
 or a driver) writes the index over every rank's shards and runs the hot-load cycle
-(:meth:`~cwtrain.hotload.publish.session.PublishSession.commit_shares`). The pieces:
+(:meth:`~cwtrain.hotload.lifecycle.session.PublishSession.commit_shares`). The pieces:
 
 * :class:`SharePlan`: what one version asks of every rank (picklable: it travels to Ray
   workers or over a process group).
@@ -18,14 +18,14 @@ or a driver) writes the index over every rank's shards and runs the hot-load cyc
 * :func:`commit_shares` writes the index last, refusing until every shard it names is stored.
 * The cost rule of ``CWTRAIN_HOTLOAD_FULL_EVERY=auto``: a delta plan carries
   ``cut_at_bytes``; the ranks encode their delta shares and report their shard bytes
-  (the file-count all-gather of :func:`~cwtrain.hotload.publish.spmd.publish_spmd`, or the
+  (the file-count all-gather of :func:`~cwtrain.hotload.lifecycle.spmd.publish_spmd`, or the
   driver's :meth:`RankShare.encode_owned` round); when their sum reaches ``cut_at_bytes`` the
   version is FULL and every rank builds its FULL share from its served copy
   (:meth:`RankShare.full_from_served`: the new weights are the served copy plus the changed
   tensors; the checksums are the delta encode's), so nothing is gathered or encoded twice.
 * :class:`Collective`: the two collectives a distributed publish needs, which a plug-in
   implements over its own process group (``torch.distributed`` in slime); :class:`SingleProcess`
-  is a world of one. :func:`cwtrain.hotload.publish.spmd.publish_spmd` runs one version over them.
+  is a world of one. :func:`cwtrain.hotload.lifecycle.spmd.publish_spmd` runs one version over them.
 
 ::
 
@@ -61,8 +61,8 @@ from cwtrain.hotload.format.index import (
     upload_index_bytes,
 )
 from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
-from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
-from cwtrain.hotload.publish.upload import SnapshotUpload
+from cwtrain.hotload.store.prefix import SnapshotStore, StoredSnapshot
+from cwtrain.hotload.store.snapshot_upload import SnapshotUpload
 from cwtrain.infra.enums import SnapshotType
 
 __all__ = [
@@ -84,7 +84,7 @@ Chunk = Iterable[tuple[str, Any]]
 
 
 class PlannedVersion(Protocol):
-    """What a share plan takes from a session's version plan (:class:`~cwtrain.hotload.publish.session.VersionPlan`)."""
+    """What a share plan takes from a session's version plan (:class:`~cwtrain.hotload.lifecycle.session.VersionPlan`)."""
 
     @property
     def identity(self) -> str:
@@ -591,7 +591,7 @@ class RankShare:
         """The first half of :meth:`publish_owned`: encode this rank's share and keep it; report its sizes.
 
         The result carries ``payload_bytes`` (this rank's shard bytes: the committing process
-        sums them and weighs the delta, :meth:`~cwtrain.hotload.publish.session.PublishSession.weigh`),
+        sums them and weighs the delta, :meth:`~cwtrain.hotload.lifecycle.session.PublishSession.weigh`),
         ``tensors_changed``, ``bytes_changed`` and ``stage_seconds``, or the error.
         """
         try:

@@ -3,7 +3,7 @@
 An :class:`ObjectSource` is one object's bytes: the encoder's buffers
 (:meth:`ObjectSource.from_buffers`: memory the caller hands over and leaves alone) or a
 file on disk (:meth:`ObjectSource.from_path`: read with ``pread``, never memory-mapped).
-The writer (:mod:`cwtrain.hotload.publish.object_writer`) opens a :class:`Reading` of it for each write
+The writer (:mod:`cwtrain.hotload.store.object_writer`) opens a :class:`Reading` of it for each write
 and takes the request bodies from it::
 
     pool = BufferPool(1 << 30)                       # at most 1 GiB of read buffers
@@ -39,7 +39,7 @@ before publishing it, and leave it alone until the publish returns.
 **Cost** (client CPU, 2-core VM, ``bench/upload.py``): the SHA-256 (about 0.56 CPU-s/GB
 with SHA-NI), one copy out of the page cache (``pread``, about 0.13), and the send of the
 buffers; files larger than the pool pay a second read and a second SHA-256. Buffers are
-reused across parts, files and uploads (:mod:`cwtrain.hotload.publish.buffers`), so a publish
+reused across parts, files and uploads (:mod:`cwtrain.hotload.store.object_buffers`), so a publish
 after the first faults in no new pages.
 """
 
@@ -56,7 +56,7 @@ from typing import Any
 from cwtrain.closing import Closing
 from cwtrain.errors import SnapshotError
 from cwtrain.hotload.format.fileio import pread_into
-from cwtrain.hotload.publish.buffers import BufferPool, release_read_buffers
+from cwtrain.hotload.store.object_buffers import BufferPool, release_read_buffers
 from cwtrain.infra.objectstore import Payload
 
 __all__ = ["BufferPool", "ObjectSource", "Reading", "release_read_buffers"]  # the pool re-exported from buffers

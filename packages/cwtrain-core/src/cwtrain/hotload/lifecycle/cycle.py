@@ -1,7 +1,7 @@
 """The hot-load cycle of one snapshot: chain check, upload, create, wait, verify, rollback.
 
 :class:`~cwtrain.hotload.loader.HotLoader` is a thin front over these functions, and
-:class:`~cwtrain.hotload.publish.session.PublishSession` drives them for every version of a
+:class:`~cwtrain.hotload.lifecycle.session.PublishSession` drives them for every version of a
 run; each takes a :class:`Target` (the client, the deployment, its snapshot store) and one
 :class:`~cwtrain.polling.Budget` for the whole call, so nothing here calls back into the
 loader::
@@ -15,9 +15,9 @@ loader::
 The route of a publish, module by module (each visited once): identity rules
 (:mod:`~cwtrain.hotload.format.identity`) → the snapshot (a directory:
 :mod:`~cwtrain.hotload.files.validate`; tensors: :mod:`~cwtrain.hotload.codec.encode` inside
-:mod:`~cwtrain.hotload.publish.store`) → chain rules (:mod:`~cwtrain.hotload.format.chain`, over
-the deployment's listing) → :mod:`~cwtrain.hotload.publish.store` →
-:mod:`~cwtrain.hotload.publish.upload` (objects, index last) → the API client (create, with
+:mod:`~cwtrain.hotload.store.prefix`) → chain rules (:mod:`~cwtrain.hotload.format.chain`, over
+the deployment's listing) → :mod:`~cwtrain.hotload.store.prefix` →
+:mod:`~cwtrain.hotload.store.snapshot_upload` (objects, index last) → the API client (create, with
 single-flight and readiness handled here) → :mod:`~cwtrain.hotload.follow` (the wait).
 
 Single-flight: when the service says another hot-load is in progress, :func:`create_hot_load`
@@ -64,7 +64,7 @@ from cwtrain.errors import (
 from cwtrain.hotload.follow import ProgressEvent, UploadProgress, wait_for_hot_load, wait_until_terminal
 from cwtrain.hotload.format import chain
 from cwtrain.hotload.format.identity import validate_identity
-from cwtrain.hotload.publish.store import SnapshotStore, StoredSnapshot
+from cwtrain.hotload.store.prefix import SnapshotStore, StoredSnapshot
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ResourceStatus, SnapshotType
 from cwtrain.infra.models import HotLoad, HotLoadReplica, IncrementalSnapshotMetadata
@@ -269,7 +269,7 @@ def create_hot_load(
         incremental = IncrementalSnapshotMetadata(previous)
     policy = PromptCachePolicy.parse(prompt_cache_policy)
     if verify:
-        from cwtrain.hotload.publish.verify import verify_stored_snapshot
+        from cwtrain.hotload.store.snapshot_verify import verify_stored_snapshot
 
         checked = verify_stored_snapshot(target.store, identity)
         if checked is not None:

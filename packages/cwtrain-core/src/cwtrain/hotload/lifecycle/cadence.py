@@ -28,7 +28,7 @@ when:
 
 In every mode the first version of a session and the one after a failed publish are FULL.
 Every publisher drives the cadence through
-:class:`~cwtrain.hotload.publish.session.PublishSession`; none of them writes the rule again.
+:class:`~cwtrain.hotload.lifecycle.session.PublishSession`; none of them writes the rule again.
 
 :class:`CutReason` is the ``hotload/cut_reason`` metric (metrics are floats):
 

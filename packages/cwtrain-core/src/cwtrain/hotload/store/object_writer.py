@@ -1,14 +1,14 @@
 """Writing one snapshot object: create-only, resumable, with its SHA-256 in user metadata.
 
-This is the object layer under :mod:`cwtrain.hotload.publish.upload` (which plans a whole
+This is the object layer under :mod:`cwtrain.hotload.store.snapshot_upload` (which plans a whole
 snapshot). It follows spec ``snapshot-format.md`` section 7 for a single key:
 
 * **Hash what is sent.** The bytes come from an :class:`ObjectSource` (the encoder's
   buffers, or a file read with ``pread``, never memory-mapped). A file is read once into
-  buffers from a :class:`~cwtrain.hotload.publish.buffers.BufferPool`, hashed as it is read, and
+  buffers from a :class:`~cwtrain.hotload.store.object_buffers.BufferPool`, hashed as it is read, and
   its request bodies are those same buffers; a file larger than the pool is hashed first
   and re-read part by part with a second, in-order SHA-256 that must equal the first
-  before CompleteMultipartUpload (see :mod:`cwtrain.hotload.publish.sources`). A file that shrinks,
+  before CompleteMultipartUpload (see :mod:`cwtrain.hotload.store.object_source`). A file that shrinks,
   changes size, ``mtime`` or ``ctime``, or is replaced while it is read or sent raises
   :class:`~cwtrain.errors.SnapshotError` and its multipart upload is aborted. A single
   PutObject carries ``x-amz-checksum-sha256`` (the same digest as ``cwtrain-sha256``, so
@@ -69,8 +69,8 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from cwtrain.errors import ConfigError, SnapshotChecksumError, SnapshotConflictError, SnapshotError
-from cwtrain.hotload.publish.buffers import BufferPool
-from cwtrain.hotload.publish.sources import ObjectSource, Reading
+from cwtrain.hotload.store.object_buffers import BufferPool
+from cwtrain.hotload.store.object_source import ObjectSource, Reading
 from cwtrain.infra.objectstore import (
     ConditionalConflictError,
     ObjectStore,
@@ -322,7 +322,7 @@ class ObjectWriter:
     def write(self, key: str, source: ObjectSource) -> str:
         """Write ``source`` at ``key``: ``"uploaded"``, or ``"existing"`` when it was already there.
 
-        The bytes are read once into buffers (see :mod:`cwtrain.hotload.publish.sources`), hashed,
+        The bytes are read once into buffers (see :mod:`cwtrain.hotload.store.object_source`), hashed,
         and sent from those buffers; a stored object is then checked with a HEAD.
 
         Raises:

@@ -1,6 +1,6 @@
 """Read buffers for uploads: a bounded pool whose buffers outlive it, reused by later parts, files and uploads.
 
-:mod:`cwtrain.hotload.publish.sources` reads files into these buffers, hashes them there and
+:mod:`cwtrain.hotload.store.object_source` reads files into these buffers, hashes them there and
 sends them from there::
 
     pool = BufferPool(1 << 30)             # at most 1 GiB out at once (an upload's memory budget)

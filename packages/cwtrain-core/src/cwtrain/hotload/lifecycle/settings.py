@@ -29,7 +29,7 @@ from typing import Any, Self
 from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
 from cwtrain.errors import ConfigError, SnapshotError
 from cwtrain.hotload.format.identity import validate_identity, version_identity
-from cwtrain.hotload.publish.cadence import (
+from cwtrain.hotload.lifecycle.cadence import (
     DEFAULT_FULL_EVERY,
     DEFAULT_FULL_SHARE,
     DEFAULT_REPLAY_BUDGET,
@@ -156,7 +156,7 @@ class HotLoadSettings:
         publish_baseline: publish the base checkpoint as ``<run>-v000000`` (skipped when an
             identical one completed); ``False`` asserts that it exists.
         full_every: ``"auto"`` (FULL when a delta costs nearly as much as a FULL, or the chain
-            would make a cold start replay too much: :mod:`~cwtrain.hotload.publish.cadence`),
+            would make a cold start replay too much: :mod:`~cwtrain.hotload.lifecycle.cadence`),
             or a FULL snapshot every N versions (0-64; 0 never cuts the chain by count).
         mirror: keep a byte-exact copy of the served weights; ``None`` = on unless ``full_every`` is 0.
         verify: require every replica READY on the identity after completion.

@@ -32,8 +32,8 @@ from cwtrain.errors import SnapshotError
 from cwtrain.hotload.format.identity import snapshot_prefix
 from cwtrain.hotload.format.index import INDEX_NAME, SnapshotFile
 from cwtrain.hotload.format.tensors import to_tensor_data
-from cwtrain.hotload.publish import manifest
-from cwtrain.hotload.publish.tensor_checks import check_published_tensors
+from cwtrain.hotload.store import prefix_manifests as manifest
+from cwtrain.hotload.store.snapshot_checks import check_published_tensors
 from cwtrain.infra.enums import SnapshotType
 from cwtrain.infra.objectstore import Deadline, ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from cwtrain.hotload.codec.encode import EncodedSnapshot
     from cwtrain.hotload.codec.stages import StageStats
     from cwtrain.hotload.files.validate import SnapshotInfo
-    from cwtrain.hotload.publish.upload import SnapshotUpload, UploadedFile
+    from cwtrain.hotload.store.snapshot_upload import SnapshotUpload, UploadedFile
 
 __all__ = ["SnapshotStore", "StoredSnapshot"]
 
@@ -135,7 +135,7 @@ class SnapshotStore:
         (:func:`cwtrain.infra.objectstore.within`).
         """
         from cwtrain.hotload.files.validate import SnapshotInfo, inspect_snapshot
-        from cwtrain.hotload.publish.upload import upload_snapshot
+        from cwtrain.hotload.store.snapshot_upload import upload_snapshot
 
         info = snapshot if isinstance(snapshot, SnapshotInfo) else inspect_snapshot(snapshot)
         files: list[UploadedFile] = []
@@ -175,7 +175,7 @@ class SnapshotStore:
         which the commit requires before it writes the index; ``deadline`` bounds every
         object-store call.
         """
-        from cwtrain.hotload.publish.upload import SnapshotUpload
+        from cwtrain.hotload.store.snapshot_upload import SnapshotUpload
 
         return SnapshotUpload(
             self.s3,
@@ -232,12 +232,12 @@ class SnapshotStore:
             accept: asked with a (non-empty) delta once it is encoded, before any byte of
                 it is uploaded; ``False`` stores nothing and returns a ``declined`` result
                 (a publisher that publishes this version FULL instead: the cadence's cost
-                rule, :meth:`~cwtrain.hotload.publish.session.PublishSession.weigh`).
+                rule, :meth:`~cwtrain.hotload.lifecycle.session.PublishSession.weigh`).
             deadline: bounds every object-store call (a :class:`cwtrain.polling.Budget`).
 
-        Before anything is encoded, :func:`~cwtrain.hotload.publish.tensor_checks.check_published_tensors`
+        Before anything is encoded, :func:`~cwtrain.hotload.store.snapshot_checks.check_published_tensors`
         checks the dtypes against the served ones and a FULL snapshot's ``config.json``
-        (an error, or a :class:`~cwtrain.hotload.publish.tensor_checks.DtypeWarning`).
+        (an error, or a :class:`~cwtrain.hotload.store.snapshot_checks.DtypeWarning`).
 
         Raises:
             SnapshotError: a delta without ``base``, an empty delta (nothing changed, so
@@ -313,7 +313,7 @@ class SnapshotStore:
 
     def check_access(self) -> str:
         """The four-call permission check on the prefix (snapshot-format.md section 9); returns the URI."""
-        from cwtrain.hotload.publish.access import check_snapshot_access
+        from cwtrain.hotload.store.prefix_access import check_snapshot_access
 
         return check_snapshot_access(self.s3, self.bucket, self.path_prefix)
 
@@ -357,7 +357,7 @@ def _source(file: SnapshotFile, stats: StageStats | None) -> Any:
     """What ``SnapshotUpload.add`` takes: the file itself, or with ``stats`` a source whose SHA-256 pass is timed."""
     if stats is None:
         return file
-    from cwtrain.hotload.publish.sources import ObjectSource
+    from cwtrain.hotload.store.object_source import ObjectSource
 
     timed: StageStats = stats
     lock = threading.Lock()
