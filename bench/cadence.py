@@ -143,7 +143,7 @@ def run_policy(
     served = init_weights(seed=seed)
     config_json = json.dumps(ModelConfig().to_json()).encode()
     settings = HotLoadSettings(deployment_id, run_id, full_every=full_every, verify=True, timeout=120.0)
-    session = PublishSession(settings, loader=loader)
+    session = PublishSession(settings, target=loader.target)
     files = {"config.json": config_json}
     records = []
     clock = EncodeClock()

@@ -464,23 +464,26 @@ def _checkpoint(root: Path) -> Path:
 def publishing(
     fake: FakeAPI, s3_bucket: tuple[Any, str], s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> list[dict[str, Any]]:
-    """A hot-load deployment on the test bucket; records every publish of the library's one cycle.
+    """A hot-load deployment on the test bucket; records every version published through the one composer.
 
     ``HotLoader.publish`` and ``HotLoader.publish_diff`` both end in
-    :func:`cwtrain.hotload.lifecycle.cycle.publish_snapshot`.
+    :meth:`cwtrain.hotload.lifecycle.cycle.VersionCycle.publish`: each record holds its plan's
+    budget, the cycle's policy (``wait``, ``workers``, ``prompt_cache_policy``) and the source.
     """
-    from cwtrain.hotload.lifecycle import cycle
+    from cwtrain.hotload.lifecycle.cycle import VersionCycle
 
     fake.add_deployment()
     fake.deployments["dep-1"]["spec"]["hotLoad"]["bucket"] = s3_bucket[1]
     calls: list[dict[str, Any]] = []
-    original = cycle.publish_snapshot
+    original = VersionCycle.publish
 
-    def publish(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return original(*args, **kwargs)
+    def publish(self: VersionCycle, plan: Any, source: Any, **kwargs: Any) -> Any:
+        policy = self.policy
+        calls.append({"budget": plan.budget, "wait": policy.wait, "workers": policy.upload_workers,
+                      "prompt_cache_policy": policy.prompt_cache_policy, "source": source})  # fmt: skip
+        return original(self, plan, source, **kwargs)
 
-    monkeypatch.setattr(cycle, "publish_snapshot", publish)
+    monkeypatch.setattr(VersionCycle, "publish", publish)
     return calls
 
 
@@ -595,7 +598,8 @@ def test_publish_with_base_is_diff_plus_publish_in_one_pass(
     assert code == 0, err
     assert hot["status"]["state"] == "COMPLETED" and hot["spec"]["type"] == "INCREMENTAL"
     assert hot["spec"]["incremental_snapshot_metadata"]["previous_snapshot_identity"] == "run-v000000"
-    assert publishing[-1]["base"] is not None  # the library's in-memory delta path
+    source = publishing[-1]["source"]
+    assert type(source).__name__ == "DiffSource" and source.keep is None  # the library's in-memory delta path
     assert sorted(tmp_path.rglob("*")) == before  # no delta directory, no staging left behind
     one_pass = _stored(s3, bucket, "hotload/run-v000001")
 

@@ -19,17 +19,18 @@ from fakeapi import FakeAPI
 
 from cwtrain.errors import ConfigError, CWTrainError, HotLoadFailedError, SnapshotError, UsageError
 from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.loader import HotLoader
 from cwtrain.hotload.lifecycle.cadence import CutReason
+from cwtrain.hotload.lifecycle.session import PublishSession
+from cwtrain.hotload.lifecycle.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
 from cwtrain.hotload.lifecycle.shares import (
     RankShare,
     SharePlan,
     SingleProcess,
     layout_by_sizes,
 )
-from cwtrain.hotload.lifecycle.session import PublishOutcome, PublishSession
 from cwtrain.hotload.lifecycle.spmd import publish_spmd
-from cwtrain.hotload.lifecycle.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
+from cwtrain.hotload.lifecycle.target import Target
+from cwtrain.hotload.lifecycle.version import PublishOutcome
 from cwtrain.integrations.nvext import read_served_identity
 
 
@@ -43,10 +44,10 @@ def fake(s3_bucket: tuple[Any, str]) -> FakeAPI:
 
 
 def _session(fake: FakeAPI, s3: Any, tmp_path: Path, **settings: Any) -> tuple[PublishSession, list[PublishOutcome]]:
-    loader = HotLoader(fake.client(), "dep-1", s3=s3, poll_interval=0.0, timeout=30)
+    target = Target.of_deployment(fake.client(), "dep-1", s3=s3, poll_interval=0.0)
     outcomes: list[PublishOutcome] = []
     config = HotLoadSettings("dep-1", "run", state_dir=str(tmp_path / "state"), **settings)
-    return PublishSession(config, loader=loader, sink=outcomes.append), outcomes
+    return PublishSession(config, target=target, sink=outcomes.append), outcomes
 
 
 #: A FULL snapshot carries the model's config.json (the session passes it with FULL plans only).
@@ -139,7 +140,7 @@ def test_full_then_deltas_then_a_cut_then_an_empty_delta(
         assert outcome.snapshot_bytes == outcome.wire_bytes == sum(item["Size"] for item in listed)
     assert _objects(s3, bucket, "run-v000004") == []
     assert read_served_identity(tmp_path / "state") == "run-v000003"
-    manifest = session.loader.read_manifest("run-v000002")
+    manifest = session.target.store.read_manifest("run-v000002")
     assert manifest is not None and set(manifest["tensors"]) == set(weights)
     metrics = outcomes[1].metrics()
     assert metrics["hotload/version"] == 1.0 and metrics["hotload/incremental"] == 1.0
@@ -292,7 +293,7 @@ def _spmd(
             chunks = [[(name, parts[rank][name])] for name in sorted(parts[rank])]
             results[rank] = publish_spmd(
                 world.view(rank), shares[rank], chunks,
-                session=session if rank == 0 else None, plan=plan if rank == 0 else None, s3=session.loader.s3,
+                session=session if rank == 0 else None, plan=plan if rank == 0 else None, s3=session.target.store.s3,
             )  # fmt: skip
         except BaseException as exc:  # collected for the test thread
             errors.append(exc)
@@ -432,7 +433,7 @@ def test_auto_publishes_full_when_a_delta_is_nearly_a_full_and_logs_why(
     assert outcomes[1].replay_bytes == full_bytes + outcomes[1].snapshot_bytes
     assert outcome.metrics()["hotload/cut_reason"] == 6.0 and "hotload/replay_bytes" in outcome.metrics()
     assert any("FULL instead of a delta (share: delta" in r.getMessage() for r in caplog.records)
-    manifest = session.loader.read_manifest("run-v000002")
+    manifest = session.target.store.read_manifest("run-v000002")
     assert manifest is not None and len(manifest["tensors"]) == 4
     assert session.begin().previous_identity == "run-v000002"  # the chain restarts at the cut
 
@@ -507,18 +508,19 @@ def test_publish_diff_cuts_to_the_new_checkpoints_directory(
     assert [(o.incremental, o.cut_reason) for o in outcomes] == [(False, 1), (True, 0), (False, 6)]
     assert outcome.completed and outcome.snapshot_bytes == _stored(s3, bucket, "run-v000002")
     assert _objects(s3, bucket, "run-v000002") == sorted([INDEX_NAME, *(p.name for p in dense.iterdir())])  # its files
-    manifest = session.loader.read_manifest("run-v000002")  # from the delta's encode: every tensor's Adler-32
+    manifest = session.target.store.read_manifest("run-v000002")  # from the delta's encode: every tensor's Adler-32
     assert manifest is not None and len(manifest["tensors"]) == 4
 
 
-def test_weigh_directory_keeps_half_a_full_as_a_delta_and_cuts_a_dense_one(
+def test_a_delta_directory_keeps_half_a_full_as_a_delta_and_cuts_a_dense_one_to_its_full(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
 ) -> None:
     from codec_helpers import save_checkpoint
 
     from cwtrain.hotload.files.write import write_delta
+    from cwtrain.hotload.lifecycle.sources import DirectorySource
 
-    s3, _bucket = s3_bucket
+    s3, bucket = s3_bucket
     session, outcomes = _session(fake, s3, tmp_path)
     weights = _model(4)
     base = save_checkpoint(tmp_path / "v0", weights)
@@ -526,13 +528,14 @@ def test_weigh_directory_keeps_half_a_full_as_a_delta_and_cuts_a_dense_one(
     half = save_checkpoint(tmp_path / "v1", _dense(weights, 0.5, 1))
     write_delta(base, half, tmp_path / "d1", version="000001", base_version="000000")
     plan = session.begin()
-    assert session.weigh_directory(plan, tmp_path / "d1") is plan  # about half a FULL: a delta
-    session.publish_directory(plan, tmp_path / "d1")
+    session.publish_directory(plan, tmp_path / "d1", full=DirectorySource(half))  # about half a FULL: a delta
     assert outcomes[-1].incremental and session.cadence.chain_bytes == outcomes[-1].snapshot_bytes
     dense = save_checkpoint(tmp_path / "v2", _dense(weights, 1.0, 2))
     write_delta(half, dense, tmp_path / "d2", version="000002", base_version="000001")
-    cut = session.weigh_directory(session.begin(), tmp_path / "d2")
-    assert cut.full and cut.cut_reason is CutReason.SHARE and cut.previous_identity is None
+    cut = session.publish_directory(session.begin(), tmp_path / "d2", full=DirectorySource(dense))
+    assert cut.chain_cut and not cut.incremental and cut.cut_reason == int(CutReason.SHARE)
+    assert _objects(s3, bucket, "run-v000002") == sorted([INDEX_NAME, *(p.name for p in dense.iterdir())])  # FULL
+    assert cut.hot_load is not None and fake.hot_loads[cut.hot_load.id]["spec"]["type"] == "SNAPSHOT_TYPE_FULL"
     with pytest.raises(UsageError, match="must be >= 0"):
         session.weigh(session.begin(), -1)
 
@@ -544,7 +547,6 @@ def test_weigh_directory_sizes_equal_the_stored_bytes(
 
     from cwtrain.hotload.files.validate import inspect_snapshot
     from cwtrain.hotload.files.write import write_delta
-    from cwtrain.hotload.lifecycle.session import _directory_bytes
 
     s3, bucket = s3_bucket
     session, outcomes = _session(fake, s3, tmp_path)
@@ -554,7 +556,7 @@ def test_weigh_directory_sizes_equal_the_stored_bytes(
     write_delta(base, save_checkpoint(tmp_path / "v1", _sparse(weights, 3)), tmp_path / "d1", version="000001",
                 base_version="000000")  # fmt: skip
     info = inspect_snapshot(tmp_path / "d1", previous_identity="run-v000000")
-    size = _directory_bytes(info, "run-v000001")
+    size = info.stored_bytes("run-v000001")
     session.publish_directory(session.begin(), tmp_path / "d1")
     assert size == outcomes[-1].snapshot_bytes == _stored(s3, bucket, "run-v000001")
 

@@ -12,7 +12,7 @@ from _upload_util import open_uploads
 
 from cwtrain.cli import main
 from cwtrain.errors import SnapshotAccessError
-from cwtrain.hotload.store.snapshot_upload import check_snapshot_access
+from cwtrain.hotload.store.prefix_access import check_snapshot_access
 from cwtrain.infra.s3 import s3_client
 from cwtrain.local.harness.objectstore import free_port
 

@@ -101,7 +101,9 @@ def _through_session(
     loader: HotLoader, run_id: str, tmp_path: Path, settings: dict[str, Any], steps: list[Step]
 ) -> list[PublishOutcome]:
     outcomes: list[PublishOutcome] = []
-    session = PublishSession(_settings(loader, run_id, tmp_path, **settings), loader=loader, sink=outcomes.append)
+    session = PublishSession(
+        _settings(loader, run_id, tmp_path, **settings), target=loader.target, sink=outcomes.append
+    )
     files = {"config.json": json.dumps(ModelConfig().to_json()).encode()}
     rng = np.random.default_rng(0)
     served = init_weights(seed=0)

@@ -382,7 +382,7 @@ def publish_env(world: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", target.deployment_id)
     monkeypatch.setenv("CWTRAIN_HOTLOAD_FULL_EVERY", "0")  # no cuts: version 1 is a delta for everyone
     monkeypatch.setenv("CWTRAIN_HOTLOAD_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setattr("cwtrain.hotload.lifecycle.session.POLL_INTERVAL", 0.1)
+    monkeypatch.setattr("cwtrain.hotload.lifecycle.target.POLL_INTERVAL", 0.1)
     reset_slime()
     reset_miles()
     yield local, target

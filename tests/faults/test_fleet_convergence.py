@@ -75,7 +75,7 @@ def _run(stack: LocalStack, target: Any, run: str, arm: Any) -> tuple[list[Publi
     prompts = [TOK.encode(text) for text in ("the quick brown fox", "hello there", "one two three four")]
     canary = Canary(rollout, CanaryProbe.from_prompts(prompts, count=3), _trainer_logprobs(trainer), rounds=2)
     settings = HotLoadSettings(target.deployment_id, run, timeout=TIMEOUT, full_every=0, verify=True)
-    session = PublishSession(settings, loader=loader, canary=canary)
+    session = PublishSession(settings, target=loader.target, canary=canary)
     faulty = random.Random(run).randrange(2, VERSIONS - 1)
     print(f"{run}: the fault fires at version {faulty}")
     arm(trainer.identity(faulty))
@@ -173,7 +173,7 @@ def test_stop_keeps_raising(stack: LocalStack, target: Any) -> None:
     trainer = Trainer(loader, run="conv-stop")
     settings = HotLoadSettings(target.deployment_id, "conv-stop", timeout=TIMEOUT, on_failure="stop")
     seen: list[PublishOutcome] = []
-    session = PublishSession(settings, loader=loader, sink=seen.append)
+    session = PublishSession(settings, target=loader.target, sink=seen.append)
     session.publish_tensors(session.begin(0), dict(trainer.weights), extra_files=CONFIG)
     served = {name: tensor.clone() for name, tensor in trainer.weights.items()}
     trainer.step()

@@ -32,10 +32,9 @@ from cwtrain.cli import main
 from cwtrain.errors import FailedPreconditionError, HotLoadTimeoutError, PublishTimeoutError
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.hotload.lifecycle import cycle
 from cwtrain.hotload.store import object_writer as objects
 from cwtrain.hotload.store.snapshot_upload import upload_snapshot
-from cwtrain.infra.enums import HotLoadState
+from cwtrain.infra.enums import HotLoadState, SnapshotType
 from cwtrain.infra.objectstore import ObjectStoreDeadlineError
 from cwtrain.infra.s3 import object_store, s3_client
 from cwtrain.polling import Budget
@@ -254,7 +253,7 @@ def test_no_create_is_sent_once_the_budget_is_spent(fake: FakeAPI) -> None:
     assert fake.hot_loads == {}
     assert [c for c in fake.calls if c[:2] == ("POST", "/hotLoads")] and not fake.hot_loads
     with pytest.raises(PublishTimeoutError, match="no hot-load was created"):
-        cycle.create_hot_load(loader.target, "late-v000003", snapshot_type=None, budget=Budget(0.0))
+        loader.target.create("late-v000003", SnapshotType.FULL, None, budget=Budget(0.0))
     assert fake.hot_loads == {}
 
 

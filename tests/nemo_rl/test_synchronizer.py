@@ -137,7 +137,7 @@ def test_each_sync_is_one_version_of_the_session_with_its_metrics(
         assert metrics["hotload/stage_seconds"] > 0 and metrics["hotload/publish_seconds"] > 0
         assert sync.served_identity == identity and sync.version == step + 1
         assert (tmp_path / "state" / "served_identity").read_text() == identity + "\n"
-        manifest = sync.loader.read_manifest(identity)
+        manifest = sync.session.target.store.read_manifest(identity)
         trainer = policy.weights()
         assert manifest is not None and manifest["tensors"] == {
             name: f"{zlib.adler32(trainer[name].contiguous().view(torch.uint8).numpy().tobytes()):08x}"
@@ -268,7 +268,7 @@ def test_auto_weighs_the_workers_delta_between_encode_and_store(
     assert (metrics["hotload/chain_cut"], metrics["hotload/cut_reason"], metrics["hotload/completed"]) == (1, 6, 1)
     stored = _stored(s3, bucket, "nemo-v000002")
     assert "config.json" in stored and metrics["hotload/replay_bytes"] == sum(stored.values())  # FULL: side files
-    manifest = sync.loader.read_manifest("nemo-v000002")
+    manifest = sync.session.target.store.read_manifest("nemo-v000002")
     trainer = policy.weights()
     assert manifest is not None and manifest["tensors"] == {
         n: f"{zlib.adler32(trainer[n].contiguous().view(torch.uint8).numpy().tobytes()):08x}" for n in sorted(trainer)

@@ -46,7 +46,7 @@ def stack_env(stack: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CWTRAIN_ROLLOUT_BASE_URL", target.base_url)
     monkeypatch.setenv("CWTRAIN_ROLLOUT_MODEL", target.model)
     monkeypatch.setenv("CWTRAIN_ROLLOUT_API_KEY", local.token)
-    monkeypatch.setattr("cwtrain.hotload.lifecycle.session.POLL_INTERVAL", 0.1)
+    monkeypatch.setattr("cwtrain.hotload.lifecycle.target.POLL_INTERVAL", 0.1)
     return target
 
 

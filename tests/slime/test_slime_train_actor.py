@@ -92,7 +92,7 @@ def test_the_gather_holds_one_buffer_at_a_time(
     from slime.backends.megatron_utils.update_weight.update_weight_from_distributed import GATHER
 
     buffer = 1024  # four 256-byte tensors per chunk
-    actor, _ = _actor(tmp_path, monkeypatch, s3_bucket, update_weight_buffer_size=buffer)
+    actor, loader = _actor(tmp_path, monkeypatch, s3_bucket, update_weight_buffer_size=buffer)
     model_bytes = sum(t.numel() * t.element_size() for t in actor.weights.values())
     largest = max(t.numel() * t.element_size() for t in actor.weights.values())
     actor.update_weights()  # the baseline gathers too
@@ -105,7 +105,7 @@ def test_the_gather_holds_one_buffer_at_a_time(
         # slime's own updaters hold a buffer plus the tensor that overflows it; so may publishing
         assert GATHER.peak <= buffer + largest, (GATHER.peak, buffer, model_bytes)
         assert GATHER.alive == 0
-    assert _last(actor._cwtrain.publisher.session.loader)[0] == "live-v000002"
+    assert _last(loader)[0] == "live-v000002"
 
 
 def test_offload_wakes_the_actor_and_puts_it_back_to_sleep(

@@ -322,7 +322,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from cwtrain.hotload.store.snapshot_upload import check_snapshot_access
+    from cwtrain.hotload.store.prefix_access import check_snapshot_access
     from cwtrain.infra.s3 import s3_client
 
     if not args.bucket and resolve_deployment(args):

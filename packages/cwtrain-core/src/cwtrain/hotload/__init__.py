@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     )
     from cwtrain.hotload.format.safetensors import header_of_bytes
     from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
-    from cwtrain.hotload.loader import HotLoader
     from cwtrain.hotload.lifecycle.cadence import (
         MAX_FULL_EVERY,
         ChainCadence,
@@ -66,6 +65,14 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         FullEvery,
         check_full_every,
         parse_full_every,
+    )
+    from cwtrain.hotload.lifecycle.cycle import CyclePolicy, VersionCycle
+    from cwtrain.hotload.lifecycle.session import PublishSession
+    from cwtrain.hotload.lifecycle.settings import (
+        DEFAULT_TIMEOUT,
+        HotLoadSettings,
+        parse_prompt_cache_policy,
+        validate_run_id,
     )
     from cwtrain.hotload.lifecycle.shares import (
         Collective,
@@ -76,20 +83,50 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         host_copy,
         layout_by_sizes,
     )
-    from cwtrain.hotload.store.prefix_manifests import snapshot_manifest
-    from cwtrain.hotload.store.object_writer import SHA256_METADATA
-    from cwtrain.hotload.lifecycle.session import PublishOutcome, PublishSession, VersionPlan, build_loader
+    from cwtrain.hotload.lifecycle.sources import (
+        DiffSource,
+        DirectorySource,
+        RestoreSource,
+        ShareSource,
+        StoredSource,
+        TensorSource,
+        UnchangedSource,
+        VersionSource,
+    )
     from cwtrain.hotload.lifecycle.spmd import publish_spmd
+    from cwtrain.hotload.lifecycle.target import Target
+    from cwtrain.hotload.lifecycle.version import PublishOutcome, VersionPlan
+    from cwtrain.hotload.loader import HotLoader, build_loader
+    from cwtrain.hotload.store.object_writer import SHA256_METADATA
     from cwtrain.hotload.store.prefix import SnapshotStore, StoredSnapshot
+    from cwtrain.hotload.store.prefix_access import check_snapshot_access
+    from cwtrain.hotload.store.prefix_manifests import snapshot_manifest
     from cwtrain.hotload.store.snapshot_checks import DtypeWarning
-    from cwtrain.hotload.store.snapshot_upload import SnapshotUpload, check_snapshot_access, upload_snapshot
-    from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, HotLoadSettings, parse_prompt_cache_policy, validate_run_id
+    from cwtrain.hotload.store.snapshot_upload import SnapshotUpload, upload_snapshot
 
 _MODULES = {
-    "cwtrain.hotload.loader": ("HotLoader",),
+    "cwtrain.hotload.loader": ("HotLoader", "build_loader"),
     "cwtrain.hotload.follow": ("HotLoadStatus", "ProgressEvent"),
-    "cwtrain.hotload.lifecycle.settings": ("DEFAULT_TIMEOUT", "HotLoadSettings", "parse_prompt_cache_policy", "validate_run_id"),
-    "cwtrain.hotload.lifecycle.session": ("PublishOutcome", "PublishSession", "VersionPlan", "build_loader"),
+    "cwtrain.hotload.lifecycle.settings": (
+        "DEFAULT_TIMEOUT",
+        "HotLoadSettings",
+        "parse_prompt_cache_policy",
+        "validate_run_id",
+    ),
+    "cwtrain.hotload.lifecycle.session": ("PublishSession",),
+    "cwtrain.hotload.lifecycle.version": ("PublishOutcome", "VersionPlan"),
+    "cwtrain.hotload.lifecycle.cycle": ("CyclePolicy", "VersionCycle"),
+    "cwtrain.hotload.lifecycle.target": ("Target",),
+    "cwtrain.hotload.lifecycle.sources": (
+        "DiffSource",
+        "DirectorySource",
+        "RestoreSource",
+        "ShareSource",
+        "StoredSource",
+        "TensorSource",
+        "UnchangedSource",
+        "VersionSource",
+    ),
     "cwtrain.hotload.lifecycle.cadence": (
         "MAX_FULL_EVERY",
         "ChainCadence",
@@ -110,7 +147,8 @@ _MODULES = {
     ),
     "cwtrain.hotload.store.prefix": ("SnapshotStore", "StoredSnapshot"),
     "cwtrain.hotload.store.snapshot_checks": ("DtypeWarning",),
-    "cwtrain.hotload.store.snapshot_upload": ("SnapshotUpload", "check_snapshot_access", "upload_snapshot"),
+    "cwtrain.hotload.store.snapshot_upload": ("SnapshotUpload", "upload_snapshot"),
+    "cwtrain.hotload.store.prefix_access": ("check_snapshot_access",),
     "cwtrain.hotload.store.object_writer": ("SHA256_METADATA",),
     "cwtrain.hotload.store.prefix_manifests": ("snapshot_manifest",),
     "cwtrain.hotload.files.validate": ("SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"),
@@ -146,6 +184,17 @@ _MODULES = {
 }
 
 __all__ = [
+    "VersionSource",
+    "VersionCycle",
+    "UnchangedSource",
+    "TensorSource",
+    "Target",
+    "StoredSource",
+    "ShareSource",
+    "RestoreSource",
+    "DirectorySource",
+    "DiffSource",
+    "CyclePolicy",
     "ChainCadence",
     "Collective",
     "CutReason",

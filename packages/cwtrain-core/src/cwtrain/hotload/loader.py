@@ -16,10 +16,13 @@ modules (service-api.md section 8, snapshot-format.md)::
                         previous_identity="run1-v000003")                  # delta of two checkpoints
     loader.rollback("run1-v000000")
 
-``publish`` is inspect (or encode) → upload → ``trigger`` (readiness and single-flight
-handled there) → ``wait`` inside one time budget (``timeout``, default 1800 s); the
-cycle itself lives in :mod:`cwtrain.hotload.lifecycle.cycle`, which every method here calls
-once, so a call never comes back into this module midway. In-memory tensors (a mapping of
+A thin facade: each method checks what it is given (identities, a directory, misuse of
+the arguments) where it enters, then makes one call on the composer of a version's cycle,
+:class:`~cwtrain.hotload.lifecycle.cycle.VersionCycle` (the one every framework's run drives
+too), with the CLI's policy: stop on a failed hot-load unless ``on_failure="reactivate"``, no
+replica verification unless asked, no canary. ``publish`` is inspect (or encode) → upload →
+create (readiness and single-flight handled) → wait, inside one time budget (``timeout``,
+default 1800 s); nothing comes back into this module midway. In-memory tensors (a mapping of
 name → numpy array, torch tensor or :class:`~cwtrain.hotload.format.tensors.TensorData`) are
 encoded by :mod:`cwtrain.hotload.codec.encode` and streamed into the deployment's
 :class:`~cwtrain.hotload.store.prefix.SnapshotStore` (``loader.store``) without touching disk.
@@ -59,7 +62,12 @@ from cwtrain.errors import ConfigError, SnapshotError
 from cwtrain.hotload.follow import HotLoadStatus, ProgressEvent, wait_for_hot_load
 from cwtrain.hotload.format import chain
 from cwtrain.hotload.format.identity import validate_identity
-from cwtrain.hotload.lifecycle import cycle
+from cwtrain.hotload.lifecycle import target as targets
+from cwtrain.hotload.lifecycle.cycle import CyclePolicy, VersionCycle
+from cwtrain.hotload.lifecycle.settings import HotLoadSettings
+from cwtrain.hotload.lifecycle.sources import DiffSource, DirectorySource, StoredSource, TensorSource, VersionSource
+from cwtrain.hotload.lifecycle.target import Target, deployment_store, require_hot_load
+from cwtrain.hotload.lifecycle.version import Attempt, VersionPlan
 from cwtrain.hotload.store.prefix import SnapshotStore
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
@@ -72,9 +80,22 @@ from cwtrain.polling import Budget
 if TYPE_CHECKING:
     from cwtrain.hotload.files.validate import SnapshotInfo
 
-__all__ = ["HotLoadStatus", "HotLoader", "ProgressEvent"]
+__all__ = ["HotLoadStatus", "HotLoader", "ProgressEvent", "build_loader"]
 
 log = logging.getLogger(__name__)
+
+
+def build_loader(settings: HotLoadSettings) -> HotLoader:
+    """A :class:`HotLoader` for a run's ``settings`` (a new API client; the token from the environment).
+
+    Raises:
+        CWTrainError: the settings name no deployment.
+    """
+    if not settings.deployment_id:
+        raise ConfigError("no deployment to publish to: set CWTRAIN_HOTLOAD_DEPLOYMENT_ID")
+    return HotLoader(
+        settings.client(), settings.deployment_id, timeout=settings.timeout, poll_interval=targets.POLL_INTERVAL
+    )
 
 
 class HotLoader:
@@ -134,25 +155,24 @@ class HotLoader:
     def refresh_deployment(self) -> Deployment:
         """Re-read the deployment and check that hot-load is enabled on it."""
         deployment = self.client.get_deployment(self.deployment_id)
-        if deployment.hot_load is None or not deployment.hot_load.bucket:
-            raise ConfigError(
-                f"deployment {self.deployment_id} ({deployment.name}) has no hotLoad block, so it cannot hot-load; "
-                "hotLoad is only settable at creation: create a deployment with hotLoad {bucket, pathPrefix}"
-            )
+        require_hot_load(deployment)
         self._deployment = deployment
         return deployment
 
     @property
     def store(self) -> SnapshotStore:
         """Where this deployment's snapshots live (its ``hotLoad`` bucket and prefix, and :attr:`s3`)."""
-        hot_load = self.deployment.hot_load
-        assert hot_load is not None  # refresh_deployment refuses a deployment without one
-        return SnapshotStore(self.s3, hot_load.bucket, hot_load.path_prefix)
+        return deployment_store(self.deployment, self.s3)
 
     @property
-    def target(self) -> cycle.Target:
-        """What the cycle functions of :mod:`cwtrain.hotload.lifecycle.cycle` run against."""
-        return cycle.Target(self.client, self.deployment_id, lambda: self.store, self.poll_interval)
+    def target(self) -> Target:
+        """What the composer runs against: the client, the deployment and (built on first use) its store."""
+        return Target(self.client, self.deployment_id, lambda: self.store, self.poll_interval)
+
+    def _cycle(self, **policy: Any) -> VersionCycle:
+        """The composer, with the CLI's policy and this call's options."""
+        policy.setdefault("timeout", self.timeout)
+        return VersionCycle(self.target, CyclePolicy(**policy))
 
     def _budget(self, timeout: float | None) -> Budget:
         return Budget(self.timeout if timeout is None else timeout)
@@ -197,19 +217,19 @@ class HotLoader:
 
     def active_hot_load(self) -> HotLoad | None:
         """The newest unfinished hot-load of the deployment, if any."""
-        return next((h for h in cycle.hot_loads_newest_first(self.target) if not h.terminal), None)
+        return self.target.active()
 
     def latest_completed(self) -> HotLoad | None:
         """The newest COMPLETED hot-load of the deployment, if any."""
-        return cycle.completed_hot_load(self.target)
+        return self.target.completed()
 
     def completed_hot_load(self, identity: str) -> HotLoad | None:
         """The newest COMPLETED hot-load of ``identity``, if any."""
-        return cycle.completed_hot_load(self.target, identity)
+        return self.target.completed(identity)
 
     def current_identity(self) -> str:
         """The identity of the newest COMPLETED hot-load, else ``"initial"``."""
-        latest = cycle.completed_hot_load(self.target)
+        latest = self.target.completed()
         return latest.identity if latest is not None else "initial"
 
     def chain_deltas(self, previous_identity: str) -> int | None:
@@ -217,7 +237,7 @@ class HotLoader:
 
         ``None`` when the predecessor's chain cannot be resolved from the listing.
         """
-        return chain.deltas_after(cycle.hot_loads_newest_first(self.target), previous_identity)
+        return self.target.chain_deltas(previous_identity)
 
     # --------------------------------------------------------------------- trigger
 
@@ -251,18 +271,16 @@ class HotLoader:
             SnapshotChecksumError: with ``verify``, a stored object is not what was uploaded.
             HotLoadInProgressError: another hot-load was still running when the budget ran out.
         """
-        return cycle.create_hot_load(
-            self.target,
-            identity,
-            info,
-            previous_identity=previous_identity,
-            snapshot_type=snapshot_type,
-            prompt_cache_policy=prompt_cache_policy,
-            hot_load_id=hot_load_id,
-            wait_for_active=wait_for_active,
-            verify=verify,
-            budget=self._budget(timeout),
+        validate_identity(identity)
+        kind, previous = chain.resolve_type(info, previous_identity, snapshot_type)
+        _check_previous(previous if kind is SnapshotType.INCREMENTAL else None)
+        plan = VersionPlan.of_identity(identity, previous if kind is SnapshotType.INCREMENTAL else None,
+                                       self._budget(timeout))  # fmt: skip
+        outcome = self._cycle(wait=False, prompt_cache_policy=prompt_cache_policy).publish(
+            plan, StoredSource(verify=verify), hot_load_id=hot_load_id, wait_for_active=wait_for_active
         )
+        assert outcome.hot_load is not None
+        return outcome.hot_load
 
     # ------------------------------------------------------------------------ wait
 
@@ -291,24 +309,19 @@ class HotLoader:
             HotLoadFailedError: FAILED or CANCELED (unless ``raise_on_failure=False``).
             HotLoadTimeoutError: the budget ran out before the hot-load ended.
         """
-        if on_failure != "stop" and raise_on_failure:
-            target = self.target
-            target.poll_interval = self.poll_interval if poll_interval is None else poll_interval
-            return cycle.follow(
-                target, hot_load_id, self._budget(timeout), on_failure=on_failure, on_progress=on_progress
-            )
-        return wait_for_hot_load(
-            self.client,
-            hot_load_id,
-            self._budget(timeout),
-            interval=self.poll_interval if poll_interval is None else poll_interval,
-            raise_on_failure=raise_on_failure,
-            on_progress=on_progress,
-        )
+        interval = self.poll_interval if poll_interval is None else poll_interval
+        if not raise_on_failure:  # the documented plain wait: the hot-load however it ended
+            return wait_for_hot_load(
+                self.client, hot_load_id, self._budget(timeout), interval=interval, raise_on_failure=False,
+                on_progress=on_progress,
+            )  # fmt: skip
+        target = Target(self.client, self.deployment_id, lambda: self.store, interval)
+        cycle = VersionCycle(target, CyclePolicy(on_failure=on_failure, timeout=self.timeout))
+        return cycle.follow(hot_load_id, self._budget(timeout), on_progress=on_progress)
 
     def verify_served(self, hot_load_id: str, identity: str) -> builtins.list[HotLoadReplica]:
         """Every replica READY on ``identity``, else :class:`HotLoadVerificationError`."""
-        return cycle.verify_served(self.target, hot_load_id, identity)
+        return self.target.verify_served(hot_load_id, identity)
 
     # ----------------------------------------------------------------- rollback
 
@@ -332,14 +345,18 @@ class HotLoader:
             UsageError: (a ``CWTrainError``) no COMPLETED hot-load of ``identity`` on this deployment.
             SnapshotError: its objects (or its chain's) are gone from the bucket.
         """
-        return cycle.rollback(
-            self.target,
-            identity,
-            prompt_cache_policy=prompt_cache_policy,
-            hot_load_id=hot_load_id,
-            wait=wait,
-            budget=self._budget(timeout),
+        validate_identity(identity)
+        return self._cycle(wait=wait).restore(
+            identity, budget=self._budget(timeout), prompt_cache_policy=prompt_cache_policy, hot_load_id=hot_load_id
         )
+
+    def reactivate(self, failed_identity: str, *, timeout: float | None = None) -> HotLoad:
+        """Bring every replica back to the newest intact identity that completed, other than ``failed_identity``.
+
+        Raises:
+            CWTrainError: nothing to go back to, or the re-activation failed.
+        """
+        return self._cycle().reactivate(failed_identity, budget=self._budget(timeout))
 
     # ------------------------------------------------------------------ publish
 
@@ -365,16 +382,14 @@ class HotLoader:
                 snapshot's total) a few times a second, and once when every byte is stored
                 (a :class:`cwtrain.progress.ByteProgress` renders them).
         """
-        stored = cycle.upload_directory(
-            self.target,
-            checkpoint,
-            identity,
-            previous_identity=previous_identity,
-            workers=workers,
-            on_progress=on_progress,
-        )
-        assert stored.info is not None  # a directory upload is inspected first
-        return stored.info
+        validate_identity(identity)
+        info = _inspected(checkpoint, previous_identity)
+        plan = VersionPlan.of_identity(identity, info.previous_identity if info.incremental else None,
+                                       self._budget(None))  # fmt: skip
+        if info.incremental and info.previous_identity:
+            self.target.check_chain(identity, info.previous_identity)
+        DirectorySource(info).store(Attempt(plan, on_progress=on_progress), self.target, workers)
+        return info
 
     def publish(
         self,
@@ -398,7 +413,7 @@ class HotLoader:
             checkpoint: a snapshot directory (FULL checkpoint or delta), its
                 ``SnapshotInfo``, or in-memory tensors (name → numpy array / torch tensor /
                 :class:`~cwtrain.hotload.format.tensors.TensorData`; numpy has no bfloat16, so BF16
-                bytes go over as ``TensorData("BF16", shape, raw_bytes)``). Tensors are
+                bytes go over as ``TensorData("BF16", shape, raw_bytes)``). TensorSource are
                 checked first (:func:`~cwtrain.hotload.store.snapshot_checks.check_published_tensors`): a
                 delta must keep the served dtypes, a FULL snapshot needs ``config.json`` in
                 ``extra_files``, and tensors in another dtype than its ``torch_dtype`` give a
@@ -421,31 +436,22 @@ class HotLoader:
                 beside the shards; a FULL snapshot needs ``config.json`` (the served model's).
             on_failure: ``stop`` raises when the hot-load ends FAILED or CANCELED;
                 ``reactivate`` first brings every replica back to the newest intact identity
-                that completed (:func:`cwtrain.hotload.lifecycle.cycle.reactivate`), then raises.
+                that completed (:meth:`VersionCycle.reactivate <cwtrain.hotload.lifecycle.cycle.VersionCycle.reactivate>`),
+                then raises.
         """
-        return cycle.publish_snapshot(
-            self.target,
-            checkpoint,
-            identity,
-            previous_identity=previous_identity,
-            prompt_cache_policy=prompt_cache_policy,
-            wait=wait,
-            budget=self._budget(timeout),
-            workers=workers,
-            on_progress=on_progress,
-            base=base,
-            hot_load_id=hot_load_id,
-            extra_files=extra_files,
-            on_failure=on_failure,
-        )
-
-    def reactivate(self, failed_identity: str, *, timeout: float | None = None) -> HotLoad:
-        """Bring every replica back to the newest intact identity that completed, other than ``failed_identity``.
-
-        Raises:
-            CWTrainError: nothing to go back to, or the re-activation failed.
-        """
-        return cycle.reactivate(self.target, failed_identity, budget=self._budget(timeout))
+        validate_identity(identity)
+        source: VersionSource
+        if isinstance(checkpoint, Mapping):
+            previous = previous_identity or None
+            _check_previous(previous)
+            source = TensorSource(checkpoint, base=base, files=extra_files)
+        else:
+            info = _inspected(checkpoint, previous_identity)
+            previous = info.previous_identity if info.incremental else None
+            source = DirectorySource(info)
+        plan = VersionPlan.of_identity(identity, previous, self._budget(timeout))
+        return self._publish(plan, source, wait=wait, workers=workers, prompt_cache_policy=prompt_cache_policy,
+                             on_failure=on_failure, on_progress=on_progress, hot_load_id=hot_load_id)  # fmt: skip
 
     def publish_diff(
         self,
@@ -487,42 +493,29 @@ class HotLoader:
                 shapes (publish FULL instead), or nothing changed (an empty delta is never
                 published).
         """
-        from cwtrain.hotload.files.checkpoint import check_checksum_room, open_checkpoint
-        from cwtrain.hotload.files.write import write_delta
-
         validate_identity(identity)
-        validate_identity(previous_identity, what="previous identity", allow_reserved=previous_identity == "initial")
-        target, budget = self.target, self._budget(timeout)
-        options: dict[str, Any] = {
-            "prompt_cache_policy": prompt_cache_policy,
-            "wait": wait,
-            "budget": budget,
-            "workers": workers,
-            "on_progress": on_progress,
-            "hot_load_id": hot_load_id,
-            "on_failure": on_failure,
-        }
-        if keep is not None:
-            cycle.check_chain(target, identity, previous_identity)  # before the delta is written
-            stats = write_delta(
-                os.fspath(base),
-                os.fspath(checkpoint),
-                os.fspath(keep),
-                version=identity,
-                base_version=previous_identity,
-            )
-            if stats.empty:
-                raise SnapshotError(
-                    f"no tensor changed between {base} and {checkpoint}: an empty delta is never published "
-                    f"(its index is in {keep}); keep serving {previous_identity!r}"
-                )
-            return cycle.publish_snapshot(target, keep, identity, previous_identity=previous_identity, **options)
-        with open_checkpoint(os.fspath(base)) as old, open_checkpoint(os.fspath(checkpoint)) as new:
-            check_checksum_room(old, why="`snapshot apply` could never apply a delta against it")
-            log.info("encoding the delta %s -> %s as %r on %r", old.path, new.path, identity, previous_identity)
-            return cycle.publish_snapshot(
-                target, new.tensors, identity, previous_identity=previous_identity, base=old.tensors, **options
-            )
+        _check_previous(previous_identity)
+        plan = VersionPlan.of_identity(identity, previous_identity, self._budget(timeout))
+        return self._publish(plan, DiffSource(checkpoint, base, keep=keep), wait=wait, workers=workers,
+                             prompt_cache_policy=prompt_cache_policy, on_failure=on_failure, on_progress=on_progress,
+                             hot_load_id=hot_load_id)  # fmt: skip
+
+    def _publish(
+        self,
+        plan: VersionPlan,
+        source: VersionSource,
+        *,
+        on_progress: Callable[[ProgressEvent], None] | None,
+        hot_load_id: str | None,
+        **policy: Any,
+    ) -> HotLoad:
+        """One version through the composer; a failed hot-load the fleet was brought back from is raised too."""
+        policy["upload_workers"] = policy.pop("workers")
+        outcome = self._cycle(**policy).publish(plan, source, on_progress=on_progress, hot_load_id=hot_load_id)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.hot_load is not None
+        return outcome.hot_load
 
     # ---------------------------------------------------------------- manifests
 
@@ -541,3 +534,21 @@ class HotLoader:
     def read_manifest(self, identity: str) -> dict[str, Any] | None:
         """The manifest of ``identity``, or ``None`` when absent."""
         return self.store.read_manifest(identity)
+
+
+def _check_previous(previous_identity: str | None) -> None:
+    """A predecessor given by the caller is a valid identity (``initial`` too)."""
+    if previous_identity:
+        validate_identity(previous_identity, what="previous identity", allow_reserved=previous_identity == "initial")
+
+
+def _inspected(checkpoint: str | os.PathLike[str] | SnapshotInfo, previous_identity: str | None) -> SnapshotInfo:
+    """The directory inspected where it enters (or the ``SnapshotInfo`` given, without a second predecessor)."""
+    from cwtrain.hotload.files.validate import SnapshotInfo, inspect_snapshot
+
+    if isinstance(checkpoint, SnapshotInfo):
+        if previous_identity is not None:
+            raise SnapshotError("pass previous_identity to inspect_snapshot, not together with its SnapshotInfo")
+        return checkpoint
+    _check_previous(previous_identity)
+    return inspect_snapshot(os.fspath(checkpoint), previous_identity=previous_identity)

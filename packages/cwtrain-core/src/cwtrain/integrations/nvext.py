@@ -10,22 +10,27 @@ from being reused under another::
 
 A salt is 1–128 characters without ``@``, ``/``, ``\\`` or NUL; anything else is replaced
 by its SHA-256 hex (:func:`as_cache_salt`). Whoever publishes weights writes the identity
-now served to ``<state_dir>/served_identity`` (identity + ``\\n``, replaced atomically);
-readers learn the publisher's run and version from it (:func:`recorded_run_id`,
-:func:`recorded_version`).
+now served to ``<state_dir>/served_identity`` (identity + ``\\n``, replaced atomically;
+:mod:`cwtrain.hotload.lifecycle.served` owns the file, re-exported here); readers learn the
+publisher's run and version from it (:func:`recorded_run_id`, :func:`recorded_version`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from cwtrain.errors import RolloutError
-from cwtrain.hotload.format.identity import identity_version, split_version_identity
+from cwtrain.hotload.lifecycle.served import (
+    SERVED_IDENTITY_FILE,
+    read_served_identity,
+    recorded_run_id,
+    recorded_version,
+    write_served_identity,
+)
 
 __all__ = [
     "SERVED_IDENTITY_FILE",
@@ -39,8 +44,6 @@ __all__ = [
     "with_nvext",
     "write_served_identity",
 ]
-
-SERVED_IDENTITY_FILE = "served_identity"
 
 _FORBIDDEN = frozenset("@/\\\x00")
 
@@ -57,62 +60,6 @@ def rollout_cache_salt(identity: str | None) -> str | None:
     if not identity:
         return None
     return as_cache_salt(identity)
-
-
-def write_served_identity(state_dir: str | os.PathLike[str], identity: str) -> Path:
-    """Atomically write ``identity`` + ``\\n`` to ``<state_dir>/served_identity``.
-
-    Returns:
-        the file's path.
-    """
-    if not identity or "\n" in identity:
-        raise ValueError(f"not a snapshot identity: {identity!r}")
-    root = Path(state_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / SERVED_IDENTITY_FILE
-    fd, tmp = tempfile.mkstemp(prefix=f".{SERVED_IDENTITY_FILE}.", dir=root)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(identity + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def read_served_identity(state_dir: str | os.PathLike[str] | None) -> str | None:
-    """The identity in ``<state_dir>/served_identity``, or ``None`` when there is none."""
-    if state_dir is None:
-        return None
-    try:
-        text = (Path(state_dir) / SERVED_IDENTITY_FILE).read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        return None
-    return text or None
-
-
-def recorded_run_id(state_dir: str | os.PathLike[str] | None) -> str | None:
-    """The run of the identity in ``<state_dir>/served_identity`` (the publisher's run id).
-
-    ``None`` when there is no such file, it cannot be read, or its identity names no version.
-    """
-    try:
-        parts = split_version_identity(read_served_identity(state_dir))
-    except OSError:
-        return None
-    return parts[0] if parts is not None else None
-
-
-def recorded_version(state_dir: str | os.PathLike[str] | None, run_id: str) -> int | None:
-    """The version of ``run_id`` in ``<state_dir>/served_identity``; ``None`` for another run's
-    identity, no file, or one that cannot be read."""
-    try:
-        return identity_version(read_served_identity(state_dir), run_id)
-    except OSError:
-        return None
 
 
 def served_salt(state_dir: str | os.PathLike[str] | None) -> str | None:

@@ -9,7 +9,7 @@ It reads the deployment (``CWTRAIN_HOTLOAD_DEPLOYMENT_ID``) with the API token
 (``COREWEAVE_API_TOKEN``, then ``CW_API_TOKEN``; ``COREWEAVE_API_URL``,
 ``CWTRAIN_API_HEADERS`` and ``CWTRAIN_API_INSECURE`` apply), takes its
 ``spec.hotLoad.bucket`` and ``pathPrefix``, and runs the permission check of spec
-``snapshot-format.md`` section 9 (:func:`cwtrain.hotload.store.snapshot_upload.check_snapshot_access`)
+``snapshot-format.md`` section 9 (:func:`cwtrain.hotload.store.prefix_access.check_snapshot_access`)
 with the standard object-storage settings (``AWS_REGION``, ``CW_S3_ENDPOINT``, the boto3
 credential chain). The check lists the prefix, HEADs a random ``_preflight/`` key, creates
 a multipart upload there and aborts it: nothing stays behind.
@@ -60,7 +60,7 @@ def check_from_env(
     deployment_id = env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", environ)
     if not deployment_id:
         raise ConfigError("CWTRAIN_HOTLOAD_DEPLOYMENT_ID is not set: export the id of the hot-load deployment")
-    from cwtrain.hotload.store.snapshot_upload import check_snapshot_access
+    from cwtrain.hotload.store.prefix_access import check_snapshot_access
     from cwtrain.infra.client import InferenceClient
 
     if client is None:

@@ -97,6 +97,30 @@ class SnapshotInfo:
         """The index ``metadata`` object."""
         return index_metadata(self.index)
 
+    def uploaded_index(self, identity: str) -> bytes:
+        """The index bytes uploaded under ``identity`` (a checked identity: see :func:`delta_index_for_upload`).
+
+        For a delta: the section 5.2 form with ``version`` = ``identity`` and
+        ``base_version`` = the predecessor. For a FULL: the directory's index file as is,
+        or the generated index.
+
+        Raises:
+            SnapshotError: an empty delta (never uploaded).
+        """
+        if not self.incremental:
+            if self.generated_index is not None:
+                return self.generated_index
+            return (self.path / INDEX_NAME).read_bytes()
+        if self.empty_delta:
+            raise SnapshotError(f"{self.path}: empty delta; an empty delta is never uploaded")
+        assert self.previous_identity is not None
+        return upload_index_bytes(self.index, version=identity, base_version=self.previous_identity)
+
+    def stored_bytes(self, identity: str) -> int:
+        """What uploading this directory under ``identity`` stores: its files, the index in its uploaded form."""
+        files = sum(path.stat().st_size for path in self.files if path.name != INDEX_NAME)
+        return files + len(self.uploaded_index(identity))
+
     def to_json(self) -> dict[str, Any]:
         """The CLI's snapshot-info shape (interface.md section 1.2)."""
         incremental = None
@@ -242,21 +266,9 @@ def _check_payload(shard_path: Path, fd: int, header: Any, tensor: str) -> int:
 
 
 def delta_index_for_upload(info: SnapshotInfo, identity: str) -> bytes:
-    """The index bytes to upload for ``info`` under ``identity``.
-
-    For a delta: the section 5.2 form with ``version`` = ``identity`` and
-    ``base_version`` = the predecessor. For a FULL: the directory's index file as is,
-    or the generated index.
+    """The index bytes to upload for ``info`` under ``identity`` (:meth:`SnapshotInfo.uploaded_index`).
 
     Raises:
         SnapshotError: an invalid identity, or an empty delta (never uploaded).
     """
-    validate_identity(identity)
-    if not info.incremental:
-        if info.generated_index is not None:
-            return info.generated_index
-        return (info.path / INDEX_NAME).read_bytes()
-    if info.empty_delta:
-        raise SnapshotError(f"{info.path}: empty delta; an empty delta is never uploaded")
-    assert info.previous_identity is not None
-    return upload_index_bytes(info.index, version=identity, base_version=info.previous_identity)
+    return info.uploaded_index(validate_identity(identity))

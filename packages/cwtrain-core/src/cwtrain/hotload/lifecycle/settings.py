@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from cwtrain.config import env_bool, env_float, env_int, env_str, environ_or
 from cwtrain.errors import ConfigError, SnapshotError
@@ -40,6 +40,9 @@ from cwtrain.hotload.lifecycle.cadence import (
     parse_full_every,
 )
 from cwtrain.infra.enums import PromptCachePolicy
+
+if TYPE_CHECKING:
+    from cwtrain.infra.client import InferenceClient
 
 __all__ = [
     "DEFAULT_API_BASE_URL",
@@ -215,6 +218,14 @@ class HotLoadSettings:
         if isinstance(self.upload_workers, bool) or self.upload_workers < 1:
             raise ConfigError(f"upload_workers={self.upload_workers!r} must be >= 1")
         object.__setattr__(self, "prompt_cache_policy", PromptCachePolicy.parse(self.prompt_cache_policy))
+
+    def client(self) -> InferenceClient:
+        """An API client for these settings' API (the token from the environment)."""
+        from cwtrain.infra.client import InferenceClient
+
+        return InferenceClient(
+            base_url=self.api_base_url, headers=dict(self.api_headers) or None, verify=not self.api_insecure
+        )
 
     @property
     def use_mirror(self) -> bool:

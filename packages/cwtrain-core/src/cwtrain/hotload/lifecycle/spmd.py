@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cwtrain.errors import CWTrainError
+from cwtrain.hotload.lifecycle.session import PublishSession
 from cwtrain.hotload.lifecycle.shares import (
     Chunk,
     Collective,
@@ -34,7 +35,7 @@ from cwtrain.hotload.lifecycle.shares import (
     ShareResult,
     number_by_counts,
 )
-from cwtrain.hotload.lifecycle.session import PublishOutcome, PublishSession, VersionPlan
+from cwtrain.hotload.lifecycle.version import PublishOutcome, VersionPlan
 
 __all__ = ["publish_spmd"]
 
@@ -79,7 +80,7 @@ def publish_spmd(
         if session is None or plan is None:
             raise CWTrainError("rank 0 of a distributed publish needs the session and the version's plan")
         try:
-            target = SharePlan.of(plan, session.loader.store, upload_workers=session.settings.upload_workers)
+            target = SharePlan.of(plan, session.target.store, upload_workers=session.settings.upload_workers)
         except Exception as exc:
             target = f"{type(exc).__name__}: {exc}"
     target = collective.broadcast_object(target)
@@ -123,7 +124,7 @@ def publish_spmd(
         number_by_counts(encoded, [count for count, _, _ in counts], rank, full=target.full)
         try:
             if rank == 0 and session is not None:
-                objects = session.loader.store.s3
+                objects = session.target.store.s3
             else:
                 objects = s3() if callable(s3) else s3
             result = share.store(target, encoded, objects)

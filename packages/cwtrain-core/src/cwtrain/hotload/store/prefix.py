@@ -62,6 +62,7 @@ class StoredSnapshot:
             snapshot, when the encoder computed them.
         info: the inspected directory, for a directory upload.
         declined: the delta was encoded but not uploaded: ``accept`` said no (nothing stored).
+        earlier: stored before (a snapshot hot-loaded again, or triggered): nothing uploaded now.
     """
 
     uri: str | None
@@ -73,11 +74,12 @@ class StoredSnapshot:
     checksums: Mapping[str, str] | None = field(default=None, repr=False)
     info: SnapshotInfo | None = field(default=None, repr=False)
     declined: bool = False
+    earlier: bool = False
 
     @property
     def empty(self) -> bool:
         """Nothing changed, so nothing was stored (an empty delta is never published)."""
-        return self.uri is None and not self.declined
+        return self.uri is None and not self.declined and not self.earlier
 
     @staticmethod
     def sizes(files: Iterable[UploadedFile]) -> tuple[int, int]:

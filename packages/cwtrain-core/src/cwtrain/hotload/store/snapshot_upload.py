@@ -60,9 +60,6 @@ the process (fresh memory costs as much CPU as hashing it;
 **Progress.** ``on_progress(nbytes)`` is called from worker threads with every confirmed
 part or object (skipped objects count as done), the signature of
 :class:`cwtrain.progress.ByteProgress`; ``on_file(UploadedFile)`` once per object.
-
-The permission check :func:`~cwtrain.hotload.store.prefix_access.check_snapshot_access` (spec section
-9) is re-exported here.
 """
 
 from __future__ import annotations
@@ -81,7 +78,6 @@ from cwtrain.errors import ConfigError, SnapshotConflictError, SnapshotError, Us
 from cwtrain.hotload.codec.common import MemoryBudget
 from cwtrain.hotload.format.identity import snapshot_prefix, validate_identity
 from cwtrain.hotload.format.index import INDEX_NAME
-from cwtrain.hotload.store.prefix_access import check_snapshot_access
 from cwtrain.hotload.store.object_buffers import BufferPool
 from cwtrain.hotload.store.object_writer import (
     DEFAULT_PART_SIZE,
@@ -94,7 +90,7 @@ from cwtrain.hotload.store.object_writer import (
 from cwtrain.infra.objectstore import Deadline, ObjectStore, ObjectStoreStatusError, OpenUpload, within
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 
-__all__ = ["SnapshotUpload", "UploadedFile", "check_snapshot_access", "snapshot_uri", "upload_snapshot"]
+__all__ = ["SnapshotUpload", "UploadedFile", "snapshot_uri", "upload_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +189,6 @@ class SnapshotUpload:
         on_progress: Callable[[int], None] | None = None,
         shared_files: Iterable[str] = (),
         deadline: Deadline | None = None,
-        _existing: Mapping[str, RemoteObject] | None = None,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers={workers} must be at least 1")
@@ -216,7 +211,7 @@ class SnapshotUpload:
         self._sources: list[ObjectSource] = []
         self._on_file = on_file
         self._on_progress = on_progress
-        self._given_existing = _existing
+        self._given_existing: dict[str, RemoteObject] | None = None
         self.shared_files = frozenset(shared_files)
         self.existing: dict[str, RemoteObject] = {}
         self.results: dict[str, UploadedFile] = {}
@@ -228,6 +223,10 @@ class SnapshotUpload:
         self._objects: ThreadPoolExecutor | None = None
         self._parts: ThreadPoolExecutor | None = None
         self._committed = False
+
+    def existing_known(self, existing: Mapping[str, RemoteObject]) -> None:
+        """What the prefix holds, listed by the caller just now: entering does not list it again."""
+        self._given_existing = dict(existing)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -465,12 +464,12 @@ def _conflict_line(source: ObjectSource, remote: RemoteObject) -> str:
 
 def _snapshot_sources(snapshot: Any, identity: str) -> tuple[list[ObjectSource], ObjectSource]:
     """The files (opened now) and the index bytes as uploaded, of a directory or a ``SnapshotInfo``."""
-    from cwtrain.hotload.files.validate import SnapshotInfo, delta_index_for_upload, inspect_snapshot
+    from cwtrain.hotload.files.validate import SnapshotInfo, inspect_snapshot
 
     info = snapshot if isinstance(snapshot, SnapshotInfo) else inspect_snapshot(snapshot)
     if info.empty_delta:
         raise SnapshotError(f"{info.path}: an empty delta (no changed tensor) is never uploaded")
-    index = ObjectSource.from_buffers(INDEX_NAME, [delta_index_for_upload(info, identity)])
+    index = ObjectSource.from_buffers(INDEX_NAME, [info.uploaded_index(identity)])
     files: list[ObjectSource] = []
     try:
         for path in info.files:
@@ -516,29 +515,24 @@ def upload_snapshot(
         ObjectStoreDeadlineError: the deadline passed (what is stored stays, resumable).
         SnapshotError: the snapshot cannot be published (e.g. an empty delta).
     """
-    identity = validate_identity(identity)
-    if workers < 1:
-        raise UsageError(f"workers={workers} must be at least 1")
-    if part_size is not None:
-        check_part_size(part_size)
-    store = within(as_object_store(s3), deadline)
-    files, index = _snapshot_sources(snapshot, identity)
+    upload = SnapshotUpload(  # checks the identity, the workers and the part size before any I/O
+        s3,
+        bucket=bucket,
+        identity=identity,
+        path_prefix=path_prefix,
+        workers=workers,
+        part_size=part_size,
+        on_file=on_file,
+        on_progress=on_progress,
+        deadline=deadline,
+    )
+    files, index = _snapshot_sources(snapshot, upload.identity)
     everything = [*files, index]
     try:
-        prefix = snapshot_prefix(path_prefix, identity)
-        existing = _list_existing(store, bucket, prefix)
-        _check_conflicts(identity, existing, everything)
-        with SnapshotUpload(
-            store,
-            bucket=bucket,
-            identity=identity,
-            path_prefix=path_prefix,
-            workers=workers,
-            part_size=part_size,
-            on_file=on_file,
-            on_progress=on_progress,
-            _existing=existing,
-        ) as upload:
+        existing = _list_existing(upload.s3, bucket, upload.prefix)
+        _check_conflicts(upload.identity, existing, everything)
+        upload.existing_known(existing)
+        with upload:
             for source in files:
                 upload.add(source)
             return upload.commit(index)

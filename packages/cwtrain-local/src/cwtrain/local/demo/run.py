@@ -287,7 +287,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     """Run the demo and return its summary (what ``cwtrain demo`` prints as JSON)."""
     import torch
 
-    from cwtrain.hotload import CutReason, HotLoader, HotLoadSettings, PublishSession
+    from cwtrain.hotload import CutReason, HotLoadSettings, PublishSession, Target
     from cwtrain.infra import InferenceClient, lifecycle
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack
@@ -313,14 +313,14 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         display.say(
             f"deployment {deployment.id} READY ({config.replicas} replicas, base {base_uri}); rollouts at {base_url}"
         )
-        loader = HotLoader(client, deployment.id, s3=stack.s3_client(), timeout=config.timeout, poll_interval=0.05)
+        target = Target.of_deployment(client, deployment.id, s3=stack.s3_client(), poll_interval=0.05)
         # the demo's publisher is core's session, as every integration's is; verify: every replica on the identity
         settings = HotLoadSettings(
             deployment.id, run_id, timeout=config.timeout, full_every=config.full_every, verify=True
         )
         rollout_config = RolloutConfig(base_url=base_url, model=_MODEL, api_key=stack.token, concurrency=16)
         canary = _canary(rollout_config, tokenizer, trainer) if config.canary else None
-        session = PublishSession(settings, loader=loader, canary=canary)
+        session = PublishSession(settings, target=target, canary=canary)
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
         served: dict[str, torch.Tensor] | None = None
         try:

@@ -63,7 +63,7 @@ class PostSavePublisher:
     """
 
     def __init__(self, settings: HotLoadSettings, loader: HotLoader | None = None) -> None:
-        self.session = PublishSession(settings, loader=loader)
+        self.session = PublishSession(settings, target=loader.target if loader is not None else None)
         self._previous: Path | None = None
         self.exports_published = 0
 

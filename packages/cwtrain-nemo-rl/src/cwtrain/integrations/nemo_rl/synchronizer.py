@@ -124,11 +124,10 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         # the generation's samplers fence their samples by the newest version the fleet serves
         self.session = PublishSession(
             self.settings,
-            loader=loader,
+            target=loader.target if loader is not None else None,
             sink=self._record,
             followers=[lambda _run, version: generation.note_published(version)],
         )
-        self._own_loader = loader is None
         self._stale = True
         generation.weight_synchronizer = self
 
@@ -147,14 +146,8 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         """Nothing to set up: weights travel through object storage."""
 
     def shutdown(self) -> None:
-        """Close the API client the session built (a given loader is the caller's)."""
-        if self._own_loader:
-            self.session.close()
-
-    @property
-    def loader(self) -> HotLoader:
-        """The session's ``HotLoader``."""
-        return self.session.loader
+        """Close the API client the session built (a given loader's is the caller's)."""
+        self.session.close()
 
     @property
     def version(self) -> int:
@@ -212,7 +205,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
     def _publish_shares(self, plan: VersionPlan) -> tuple[VersionPlan, list[ShareResult]]:
         """Every worker stores its share of ``plan``'s version; under ``auto``, weighed between encode and store."""
         session = self.session
-        store, workers = session.loader.store, self.settings.upload_workers
+        store, workers = session.target.store, self.settings.upload_workers
         if plan.cut_at_bytes is None:
             if plan.full:
                 self._side_files()  # a FULL without config.json fails before any upload

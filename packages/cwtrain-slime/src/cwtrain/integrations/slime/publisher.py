@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cwtrain.errors import CWTrainError, SnapshotError, SnapshotNotFoundError
-from cwtrain.hotload import INDEX_NAME, PublishOutcome, PublishSession, checkpoint_checksums, read_index_file
+from cwtrain.hotload import (
+    INDEX_NAME,
+    PublishOutcome,
+    PublishSession,
+    TensorSource,
+    checkpoint_checksums,
+    read_index_file,
+)
 
 from .config import HookConfig, check_delta_args
 
@@ -84,7 +91,7 @@ class SlimePublisher:
 
     def __init__(self, config: HookConfig, loader: HotLoader | None = None) -> None:
         self.config = config
-        self.session = PublishSession(config, loader=loader)
+        self.session = PublishSession(config, target=loader.target if loader is not None else None)
         self._mirror: WeightMirror | None = None
         self._version = -1  # last version seen (published or skipped)
 
@@ -196,25 +203,22 @@ class SlimePublisher:
                 bytes_changed=report.bytes_changed,
             )  # else the upload reports the delta's tensors and their raw bytes
         self._version = version
-        if weight_map:  # auto: weighed by the directory's files (as uploaded) against the last FULL
-            plan = self.session.weigh_directory(plan, directory)
-        if plan.full:
-            if mirror is None:
+        if mirror is None:
+            if plan.full:
                 raise CWTrainError(
                     f"{plan.identity} must be published FULL (chain cut) but no served copy is kept: "
                     "turn CWTRAIN_HOTLOAD_MIRROR on"
                 )
-            # the cut carries the base checkpoint's small files: a FULL snapshot needs its config.json
-            return self.session.publish_tensors(
-                plan, mirror.tensors, checksums=mirror.checksums, extra_files=mirror.files
-            )
+            return self.session.publish_directory(plan, directory) if weight_map else self.session.skip(plan)
+        # a cut is published from the served copy, with the base checkpoint's small files (its config.json)
+        served = TensorSource(mirror.tensors, full_files=mirror.files)
+        if plan.full:
+            return self.session.publish(plan, served, checksums=mirror.checksums)
         if not weight_map:
-            if mirror is not None:
-                mirror.advance(f"{version:06d}")
+            mirror.advance(f"{version:06d}")
             return self.session.skip(plan)
-        return self.session.publish_directory(
-            plan, directory, checksums=mirror.checksums if mirror is not None else None
-        )
+        # auto: the delta is weighed by its files (as uploaded) against the last FULL, and cut from the served copy
+        return self.session.publish_directory(plan, directory, checksums=mirror.checksums, full=served)
 
 
 def _is_delta_dir(directory: Path) -> bool:

@@ -1,0 +1,357 @@
+"""One deployment's hot-load calls: the steps the composer is built from (service-api.md section 8).
+
+A :class:`Target` is where a cycle runs: the API client, the deployment, its snapshot store
+and the poll interval. Its methods are the single steps of a version's cycle against the
+service, each inside the :class:`~cwtrain.polling.Budget` it is given; the composer
+(:class:`~cwtrain.hotload.lifecycle.cycle.VersionCycle`) strings them together, and nothing
+here calls back into it::
+
+    target = Target(client, deployment_id, store, poll_interval=5.0)
+    target.check_chain("run1-v000008", "run1-v000007")     # a delta within the cold-start limit
+    hot_load = target.create("run1-v000008", SnapshotType.INCREMENTAL, "run1-v000007", budget=budget)
+    target.verify_served(hot_load.id, "run1-v000008")      # every replica READY on it
+
+**Single-flight.** When the service says another hot-load is in progress, :meth:`Target.create`
+adopts it if it is this request's earlier attempt (same ``hotLoadId``), otherwise waits for it to
+end and re-sends with the same id. **Readiness.** A create refused with ``failed_precondition``
+while the deployment is not READY (the service may refuse hot-loads then) waits for READY and
+retries, saying so; a deployment in ERROR accepts hot-loads (a hot-load is the way back). All of
+it inside the one budget.
+
+**Deadlines.** No create is sent once the budget is spent (:class:`~cwtrain.errors.PublishTimeoutError`,
+or after waiting for another hot-load :class:`~cwtrain.errors.HotLoadInProgressError`): a caller
+told that its publish failed never has a hot-load created on its behalf. A create answered with
+less than one poll interval left extends the budget by its own length, with a warning, so that
+the wait that follows reports how the hot-load really ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+
+from cwtrain.errors import (
+    APIError,
+    ConfigError,
+    FailedPreconditionError,
+    HotLoadInProgressError,
+    HotLoadVerificationError,
+    PublishTimeoutError,
+    TransportError,
+)
+from cwtrain.hotload.follow import wait_until_terminal
+from cwtrain.hotload.format import chain
+from cwtrain.hotload.lifecycle.settings import HotLoadSettings
+from cwtrain.hotload.store.prefix import SnapshotStore
+from cwtrain.infra.client import InferenceClient
+from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ResourceStatus, SnapshotType
+from cwtrain.infra.models import Deployment, HotLoad, HotLoadConfig, HotLoadReplica, IncrementalSnapshotMetadata
+from cwtrain.infra.objectstore import ObjectStoreDeadlineError
+from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
+from cwtrain.polling import Budget
+
+__all__ = ["POLL_INTERVAL", "Target", "deployment_store", "require_hot_load", "upload_deadline"]
+
+#: Seconds between hot-load polls of a target built for a run (a hot-load takes seconds to minutes).
+POLL_INTERVAL = 1.0
+
+log = logging.getLogger(__name__)
+
+#: Deployment statuses a hot-load may be created in (ERROR: a hot-load is the way back).
+_ACCEPTS_HOT_LOADS = frozenset({ResourceStatus.READY, ResourceStatus.ERROR})
+#: Statuses a deployment never leaves by waiting.
+_FINAL = frozenset({ResourceStatus.FAILED, ResourceStatus.DELETING})
+
+
+class Target:
+    """Where a cycle runs: the API client, the deployment and its snapshot store.
+
+    Args:
+        client: the API client.
+        deployment_id: the deployment (with a ``hotLoad`` block).
+        store: its snapshot store (bucket, prefix, object store), or a function that
+            builds it, called on first use (so misuse is refused before any I/O).
+        poll_interval: seconds between polls of the API.
+    """
+
+    def __init__(
+        self,
+        client: InferenceClient,
+        deployment_id: str,
+        store: SnapshotStore | Callable[[], SnapshotStore],
+        poll_interval: float = 5.0,
+    ) -> None:
+        self.client = client
+        self.deployment_id = deployment_id
+        self.poll_interval = poll_interval
+        self._store = store
+
+    def __repr__(self) -> str:
+        return f"Target(deployment_id={self.deployment_id!r})"
+
+    @classmethod
+    def of_deployment(
+        cls,
+        client: InferenceClient,
+        deployment_id: str,
+        *,
+        s3: ObjectStoreLike | None = None,
+        poll_interval: float = 5.0,
+    ) -> Target:
+        """The target of ``deployment_id``: its store is read from the deployment's ``hotLoad`` block on first use.
+
+        ``s3`` is the object store (or a boto3 client); default :func:`cwtrain.infra.s3.object_store`.
+        """
+        return cls(client, deployment_id, lambda: deployment_store(client.get_deployment(deployment_id), s3),
+                   poll_interval)  # fmt: skip
+
+    @classmethod
+    def of_settings(cls, settings: HotLoadSettings) -> Target:
+        """A run's target: a new API client (the token from the environment) for its deployment.
+
+        Raises:
+            ConfigError: the settings name no deployment.
+        """
+        if not settings.deployment_id:
+            raise ConfigError("no deployment to publish to: set CWTRAIN_HOTLOAD_DEPLOYMENT_ID")
+        return cls.of_deployment(settings.client(), settings.deployment_id, poll_interval=POLL_INTERVAL)
+
+    @functools.cached_property
+    def store(self) -> SnapshotStore:
+        """The deployment's snapshot store (built on first use)."""
+        store = self._store
+        return store if isinstance(store, SnapshotStore) else store()
+
+    # ------------------------------------------------------------------ listings
+
+    def hot_loads(self) -> list[HotLoad]:
+        """Every hot-load of the deployment, newest first (sorted by ``createdAt``, stable for ties)."""
+        items = list(self.client.list_hot_loads(self.deployment_id))
+        return sorted(items, key=lambda h: h.created_at.timestamp() if h.created_at else 0.0, reverse=True)
+
+    def completed(self, identity: str | None = None) -> HotLoad | None:
+        """The newest COMPLETED hot-load (of ``identity`` when given), if any."""
+        return next(
+            (
+                h
+                for h in self.hot_loads()
+                if h.state is HotLoadState.COMPLETED and (identity is None or h.identity == identity)
+            ),
+            None,
+        )
+
+    def active(self) -> HotLoad | None:
+        """The newest unfinished hot-load, if any."""
+        return next((h for h in self.hot_loads() if not h.terminal), None)
+
+    def _active_or_none(self) -> HotLoad | None:
+        """:meth:`active`, or ``None`` when the listing failed transiently."""
+        try:
+            return self.active()
+        except (APIError, TransportError) as error:
+            if not error.transient:
+                raise
+            log.warning("cannot list hot-loads (%s)", error)
+            return None
+
+    def chain_deltas(self, previous_identity: str) -> int | None:
+        """How many deltas a new delta on ``previous_identity`` would make the chain hold (``None``: unknown)."""
+        return chain.deltas_after(self.hot_loads(), previous_identity)
+
+    def check_chain(self, identity: str, previous_identity: str) -> None:
+        """Refuse a delta on ``previous_identity`` whose chain would pass the cold-start limit.
+
+        Raises:
+            SnapshotError: the chain would hold more than 63 deltas; publish FULL.
+        """
+        chain.check_delta_allowed(identity, previous_identity, self.chain_deltas(previous_identity))
+
+    def missing_objects(self, hot_load: HotLoad) -> list[str]:
+        """The identities of ``hot_load``'s chain (itself, for a FULL) whose index is no longer stored."""
+        identities = [ref.identity for ref in hot_load.snapshot_chain] or [hot_load.identity]
+        return [identity for identity in identities if not self.store.index_exists(identity)]
+
+    # ------------------------------------------------------------------ replicas
+
+    def verify_served(self, hot_load_id: str, identity: str) -> list[HotLoadReplica]:
+        """Every replica READY on ``identity``, else :class:`~cwtrain.errors.HotLoadVerificationError`."""
+        replicas = self.client.list_hot_load_replicas(hot_load_id)
+        problems = [
+            f"{r.name}: {r.state.name} on {r.current_snapshot_identity or '?'!r}"
+            + (f" ({r.error_reason})" if r.error_reason else "")
+            for r in replicas
+            if not r.caught_up(identity)
+        ]
+        if not replicas:
+            problems = ["no replicas listed"]
+        if problems:
+            raise HotLoadVerificationError(self.client.get_hot_load(hot_load_id), replicas, problems)
+        return replicas
+
+    # ------------------------------------------------------------------ create
+
+    def create(
+        self,
+        identity: str,
+        kind: SnapshotType,
+        previous_identity: str | None,
+        *,
+        budget: Budget,
+        prompt_cache_policy: PromptCachePolicy | str | None = None,
+        hot_load_id: str | None = None,
+        wait_for_active: bool = True,
+    ) -> HotLoad:
+        """Create the hot-load of a stored snapshot, with single-flight and readiness handling.
+
+        Does not wait for completion; see the module docstring for what is waited out.
+
+        Raises:
+            HotLoadInProgressError: another hot-load was still running when the budget ran out
+                (or at once without ``wait_for_active``).
+            FailedPreconditionError: refused for another reason (or the deployment never became
+                READY within the budget).
+            PublishTimeoutError: the budget was spent before the first create could be sent.
+        """
+        incremental = None
+        if kind is SnapshotType.INCREMENTAL:
+            assert previous_identity, "a delta names its predecessor"
+            incremental = IncrementalSnapshotMetadata(previous_identity)
+        policy = PromptCachePolicy.parse(prompt_cache_policy)
+        hot_load_id = hot_load_id or str(uuid.uuid4())
+        waited_for_ready = False
+        refused: Exception | None = None  # the last refusal, raised when the budget ends a wait for a retry
+        while True:
+            if budget.spent:  # never create after the deadline: the caller is told it failed
+                if refused is not None:
+                    raise refused
+                raise PublishTimeoutError(identity, budget.total, "create")
+            try:
+                created = self.client.create_hot_load(
+                    self.deployment_id,
+                    identity,
+                    snapshot_type=kind,
+                    incremental=incremental,
+                    prompt_cache_policy=policy,
+                    hot_load_id=hot_load_id,
+                )
+                return self._follow_late_create(created, budget)
+            except FailedPreconditionError as error:
+                active = self._active_or_none()
+                if active is not None and active.id == hot_load_id:
+                    log.info("hot-load %s is this request's earlier attempt; adopting it", hot_load_id)
+                    return self._follow_late_create(active, budget)
+                if active is None and not isinstance(error, HotLoadInProgressError):
+                    waited_for_ready = self._wait_until_accepting(error, budget, retry_once=waited_for_ready)
+                    refused = error
+                    continue
+                busy = HotLoadInProgressError(
+                    "failed_precondition",
+                    f"another hot-load ({active.id if active else 'unknown'}) of deployment "
+                    f"{self.deployment_id} is already in progress"
+                    + (f" after waiting {budget.elapsed:.0f}s" if wait_for_active else "")
+                    + "; wait for it or retry later; no hot-load was created",
+                    http_status=error.http_status,
+                )
+                if not wait_for_active or budget.spent:
+                    raise busy from None
+                refused = busy
+                if active is not None:
+                    log.info(
+                        "hot-load %s (%r) is in progress; waiting for it before creating %s",
+                        active.id,
+                        active.identity,
+                        hot_load_id,
+                    )
+                    wait_until_terminal(self.client, active.id, budget, interval=self.poll_interval)
+                else:
+                    budget.sleep(self.poll_interval)
+
+    def _follow_late_create(self, hot_load: HotLoad, budget: Budget) -> HotLoad:
+        """A create answered as the budget ran out: extend the budget so the hot-load is followed to its end.
+
+        The create went out, so the hot-load may go live; reporting a timeout at once would tell
+        the caller it failed while the fleet serves it.
+        """
+        if budget.remaining < self.poll_interval and not hot_load.terminal:
+            log.warning(
+                "hot-load %s of %r was created as the budget of %gs ran out; it may go live, so it is followed "
+                "to its end (up to %gs more)",
+                hot_load.id,
+                hot_load.identity,
+                budget.total,
+                budget.total,
+            )
+            budget.extend(budget.total)
+        return hot_load
+
+    def _wait_until_accepting(self, error: FailedPreconditionError, budget: Budget, *, retry_once: bool) -> bool:
+        """After a refusal that is not single-flight: wait while the deployment is not READY, else re-raise.
+
+        A deployment that is not ready (creating, updating) may become so: wait, logging why,
+        and let the caller retry within the budget; returns ``True`` then. One that is READY (or
+        in ERROR, which accepts hot-loads) refused for another reason (an unknown predecessor, a
+        missing file), which is final, unless it was not ready at the previous refusal
+        (``retry_once``): then it has just become ready and gets one more try (``False``).
+
+        Raises:
+            FailedPreconditionError: ``error``, when it is final or the budget is spent.
+        """
+        try:
+            status = self.client.get_deployment(self.deployment_id).status
+        except (APIError, TransportError) as read_error:
+            if not read_error.transient or budget.spent:
+                raise error from None
+            log.warning("cannot read deployment %s (%s); retrying the hot-load", self.deployment_id, read_error)
+            budget.sleep(self.poll_interval)
+            return retry_once
+        if status in _ACCEPTS_HOT_LOADS and retry_once and not budget.spent:
+            return False
+        if status in _ACCEPTS_HOT_LOADS or status in _FINAL or budget.spent:
+            raise error
+        log.info(
+            "deployment %s is %s and refused the hot-load (%s); waiting for it to be READY (%.0fs left)",
+            self.deployment_id,
+            status.wire,
+            error,
+            budget.remaining,
+        )
+        budget.sleep(self.poll_interval)
+        return True
+
+
+def require_hot_load(deployment: Deployment) -> HotLoadConfig:
+    """The deployment's ``hotLoad`` block.
+
+    Raises:
+        ConfigError: it has none (hot-load is only settable at creation).
+    """
+    if deployment.hot_load is None or not deployment.hot_load.bucket:
+        raise ConfigError(
+            f"deployment {deployment.id} ({deployment.name}) has no hotLoad block, so it cannot hot-load; "
+            "hotLoad is only settable at creation: create a deployment with hotLoad {bucket, pathPrefix}"
+        )
+    return deployment.hot_load
+
+
+def deployment_store(deployment: Deployment, s3: ObjectStoreLike | None = None) -> SnapshotStore:
+    """Where ``deployment``'s snapshots live: its ``hotLoad`` bucket and prefix, on ``s3``.
+
+    Raises:
+        ConfigError: it has no ``hotLoad`` block.
+    """
+    hot_load = require_hot_load(deployment)
+    return SnapshotStore(as_object_store(s3), hot_load.bucket, hot_load.path_prefix)
+
+
+@contextlib.contextmanager
+def upload_deadline(identity: str, budget: Budget | None) -> Iterator[None]:
+    """An upload whose object-store deadline passed raises :class:`~cwtrain.errors.PublishTimeoutError`."""
+    try:
+        yield
+    except ObjectStoreDeadlineError as exc:
+        if budget is None:
+            raise
+        raise PublishTimeoutError(identity, budget.total, "upload", str(exc)) from exc
