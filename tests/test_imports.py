@@ -602,3 +602,119 @@ def test_shard_sink_is_cores_own_seam() -> None:
         name for name, tree in TREES.items() if distribution_of(name) != "cwtrain-core" and "ShardSink" in names(tree)
     )
     assert users == []
+
+
+# ------------------------------------------------------------------ layers (docs/internals.md)
+
+#: Core's layers, bottom up (docs/internals.md, "Layers"): a module imports its own layer and the ones
+#: below it, never one above. Each entry is a module or a package (with everything under it).
+CORE_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cwtrain.errors", "cwtrain._version"),
+    ("cwtrain.config", "cwtrain.closing", "cwtrain.lazy", "cwtrain.polling", "cwtrain.progress", "cwtrain.jsondoc"),
+    ("cwtrain.infra",),
+    ("cwtrain.serving",),
+    ("cwtrain.hotload",),
+    ("cwtrain.integrations",),
+    ("cwtrain.cli",),
+)
+
+#: The wings of ``cwtrain.hotload``, bottom up: the bytes, the codec, files on disk, object storage, the
+#: waits, the lifecycle (the one composer, the run, the share protocol), the facade on top. ``errors``
+#: re-exports cwtrain.errors; ``delta`` and ``mirror`` re-export the files wing's old paths.
+HOTLOAD_WINGS: tuple[tuple[str, ...], ...] = (
+    ("format", "errors"),
+    ("codec",),
+    ("files", "delta", "mirror"),
+    ("store",),
+    ("follow",),
+    ("lifecycle",),
+    ("loader",),
+)
+
+#: Object storage by level (``cwtrain.hotload.store``): one object, one snapshot's objects, the prefix.
+STORE_LEVELS: tuple[tuple[str, ...], ...] = (
+    ("object_buffers", "object_source", "object_writer"),
+    ("snapshot_upload", "snapshot_verify", "snapshot_checks"),
+    ("prefix", "prefix_access", "prefix_manifests"),
+)
+
+#: The lifecycle's modules, bottom up: settings and the cadence; the deployment's calls, one version's
+#: plan and outcome, a rank's share, the served-identity file; the sources; the composer; the run; the protocol.
+LIFECYCLE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("cadence",),
+    ("settings", "served"),
+    ("target", "version", "shares"),
+    ("sources",),
+    ("cycle",),
+    ("session",),
+    ("protocol",),
+)
+
+
+def _level(module: str, layers: tuple[tuple[str, ...], ...], prefix: str = "") -> int | None:
+    """The index of the layer that holds ``module`` (``prefix`` + an entry, or a module under it)."""
+    for index, entries in enumerate(layers):
+        for entry in entries:
+            name = prefix + entry
+            if module == name or module.startswith(name + "."):
+                return index
+    return None
+
+
+def _layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs up a layer: core's layers, hotload's wings, the store's levels, the lifecycle's order.
+
+    Core's own modules only (the plug-ins and cwtrain-local sit above core and are held to its
+    package roots). A package's ``__init__`` that only re-exports (``cwtrain.hotload``) is the top of its
+    layer, so it is left out as an importer.
+    """
+    rules = (
+        (CORE_LAYERS, ""),
+        (HOTLOAD_WINGS, "cwtrain.hotload."),
+        (STORE_LEVELS, "cwtrain.hotload.store."),
+        (LIFECYCLE_ORDER, "cwtrain.hotload.lifecycle."),
+    )
+    roots = {"cwtrain", "cwtrain.hotload", "cwtrain.hotload.store", "cwtrain.hotload.lifecycle"}
+    found = []
+    for importer, targets in sorted(graph.items()):
+        if importer in roots or distribution_of(importer) != "cwtrain-core":
+            continue
+        for target in sorted(targets):
+            if target in roots or target not in MODULES or distribution_of(target) != "cwtrain-core":
+                continue
+            for layers, prefix in rules:
+                mine, theirs = _level(importer, layers, prefix), _level(target, layers, prefix)
+                if mine is not None and theirs is not None and theirs > mine:
+                    found.append(f"{importer} imports {target}, a layer above it")
+    return found
+
+
+def test_every_core_module_imports_down_its_layers() -> None:
+    """No import runs up: hotload never reaches integrations, storage never the lifecycle, the composer never the facade."""
+    breaks = _layer_breaks(GRAPH)
+    assert not breaks, "imports that run up a layer (docs/internals.md):\n" + "\n".join(breaks)
+    every = {name for name in MODULES if distribution_of(name) == "cwtrain-core"}
+    placed = {name for name in every if _level(name, CORE_LAYERS) is not None}
+    assert placed | {"cwtrain"} == every, f"core modules in no layer: {sorted(every - placed - {'cwtrain'})}"
+    for layers, prefix in ((HOTLOAD_WINGS, "cwtrain.hotload."), (STORE_LEVELS, "cwtrain.hotload.store."),
+                           (LIFECYCLE_ORDER, "cwtrain.hotload.lifecycle.")):  # fmt: skip
+        inside = {name for name in every if name.startswith(prefix)}
+        assert {name for name in inside if _level(name, layers, prefix) is None} == set(), prefix
+
+
+def test_the_layer_check_catches_what_it_is_for() -> None:
+    """The three breaks issue 30 names, on made-up edges beside the real graph."""
+    made_up = {
+        # the composer: into integrations (the served-identity file's old home), and up to the facade
+        "cwtrain.hotload.lifecycle.cycle": {"cwtrain.integrations.nvext", "cwtrain.hotload.loader"},
+        "cwtrain.hotload.store.prefix": {"cwtrain.hotload.lifecycle.session"},  # storage → the lifecycle
+        "cwtrain.hotload.store.snapshot_upload": {"cwtrain.hotload.store.prefix"},  # one snapshot → the prefix
+        "cwtrain.hotload.lifecycle.sources": {"cwtrain.hotload.lifecycle.cycle", "cwtrain.hotload.format.index"},
+    }
+    assert _layer_breaks(made_up) == [
+        "cwtrain.hotload.lifecycle.cycle imports cwtrain.hotload.loader, a layer above it",
+        "cwtrain.hotload.lifecycle.cycle imports cwtrain.integrations.nvext, a layer above it",
+        "cwtrain.hotload.lifecycle.sources imports cwtrain.hotload.lifecycle.cycle, a layer above it",
+        "cwtrain.hotload.store.prefix imports cwtrain.hotload.lifecycle.session, a layer above it",
+        "cwtrain.hotload.store.snapshot_upload imports cwtrain.hotload.store.prefix, a layer above it",
+    ]

@@ -20,15 +20,10 @@ from fakeapi import FakeAPI
 from cwtrain.errors import ConfigError, CWTrainError, HotLoadFailedError, SnapshotError, UsageError
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.lifecycle.cadence import CutReason
+from cwtrain.hotload.lifecycle.protocol import SingleProcess, publish_spmd
 from cwtrain.hotload.lifecycle.session import PublishSession
 from cwtrain.hotload.lifecycle.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
-from cwtrain.hotload.lifecycle.shares import (
-    RankShare,
-    SharePlan,
-    SingleProcess,
-    layout_by_sizes,
-)
-from cwtrain.hotload.lifecycle.spmd import publish_spmd
+from cwtrain.hotload.lifecycle.shares import RankShare, SharePlan, layout_by_sizes
 from cwtrain.hotload.lifecycle.target import Target
 from cwtrain.hotload.lifecycle.version import PublishOutcome
 from cwtrain.integrations.nvext import read_served_identity
@@ -44,7 +39,7 @@ def fake(s3_bucket: tuple[Any, str]) -> FakeAPI:
 
 
 def _session(fake: FakeAPI, s3: Any, tmp_path: Path, **settings: Any) -> tuple[PublishSession, list[PublishOutcome]]:
-    target = Target.of_deployment(fake.client(), "dep-1", s3=s3, poll_interval=0.0)
+    target = Target(fake.client(), "dep-1", poll_interval=0.0, s3=s3)
     outcomes: list[PublishOutcome] = []
     config = HotLoadSettings("dep-1", "run", state_dir=str(tmp_path / "state"), **settings)
     return PublishSession(config, target=target, sink=outcomes.append), outcomes
@@ -587,7 +582,7 @@ def test_a_fixed_count_weighs_nothing(fake: FakeAPI, s3_bucket: tuple[Any, str],
     assert outcomes[-1].incremental and outcomes[-1].cut_reason == 0  # as large as a FULL, still a delta
 
 
-def test_two_ranks_cut_to_full_from_their_served_copies_with_no_extra_broadcast(
+def test_two_ranks_cut_to_full_from_their_served_copies_in_one_more_step(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
 ) -> None:
     s3, bucket = s3_bucket
@@ -608,10 +603,13 @@ def test_two_ranks_cut_to_full_from_their_served_copies_with_no_extra_broadcast(
     cut_world = _Threads(2)
     outcome, errors = _spmd(session, shares, parts(dense), world=cut_world)
     assert not errors and outcome.chain_cut and outcome.cut_reason == 6 and outcome.completed
-    # the weighing costs a delta no collective; a cut one all-gather (the FULL shards' numbers), no broadcast
+    # the protocol's steps, each one broadcast and one all-gather: encode, store, then the settling broadcast;
+    # weighing a delta costs no step, a cut one more (every rank's FULL share from its served copy)
+    step = ["broadcast", "all_gather"]
     rank0 = [[kind for rank, kind in world.calls if rank == 0] for world in (delta_world, cut_world)]
-    assert rank0[0] == ["broadcast", "all_gather", "all_gather", "broadcast"]
-    assert rank0[1] == ["broadcast", "all_gather", "all_gather", "all_gather", "broadcast"]
+    assert rank0[0] == [*step, *step, "broadcast"]
+    assert rank0[1] == [*step, *step, *step, "broadcast"]
+    assert [[kind for rank, kind in world.calls if rank == 1] for world in (delta_world, cut_world)] == rank0
     cut = _objects(s3, bucket, "run-v000002")
     assert cut == sorted([INDEX_NAME, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"])
     # byte for byte the FULL snapshot a FULL plan of the same tensors stores

@@ -238,20 +238,23 @@ def test_a_full_version_without_config_json_is_refused_and_recorded(
     with pytest.raises(SnapshotError, match=r"config\.json is missing"):
         sync.sync_weights()
     assert sunk[-1]["hotload/failed"] == 1.0 and _stored(s3, bucket, "nemo-v000000") == {}
-    assert "cwtrain_publish_share" not in policy.calls and policy.calls == ["cwtrain_discard_share"]
+    assert "cwtrain_encode_share" not in policy.calls and policy.calls == ["cwtrain_discard_share"]
     assert sync.version == 1 and sync.served_identity is None  # each identity is tried once
 
 
 def test_auto_weighs_the_workers_delta_between_encode_and_store(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
 ) -> None:
-    """``full_every: auto``: the workers encode, the driver weighs their shard bytes, then they store (issue 25)."""
+    """``full_every: auto``: the workers encode, the driver weighs their shard bytes, then they store (issue 25).
+
+    The calls are core's share protocol's steps: encode, (cut,) store, commit or discard.
+    """
     s3, bucket = s3_bucket
     gen = torch.Generator().manual_seed(4)
     big = {f"layers.{i}.weight": torch.randn((128, 64), generator=gen) for i in range(6)}  # headers a small share
     sync, policy, _ = _synchronizer(fake, s3, tmp_path, weights=big, full_every="auto")
     sync.sync_weights()
-    assert policy.calls == ["cwtrain_publish_share", "cwtrain_commit_share"]  # a FULL plan: nothing to weigh
+    assert policy.calls == ["cwtrain_encode_share", "cwtrain_store_share", "cwtrain_commit_share"]  # FULL: no cut
     policy.calls.clear()
     worker = policy.workers[0]
     name = sorted(worker.mine)[0]

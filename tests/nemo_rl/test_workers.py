@@ -139,14 +139,14 @@ def test_offloaded_model_is_on_the_gpu_while_it_is_published(tmp_path: Path, mon
     instance = offloading_worker(moves, tmp_path)
 
     class Share:
-        def publish_owned(self, plan: Any, params: Iterator[tuple[str, torch.Tensor]], s3: Any) -> str:
+        def encode_owned(self, plan: Any, params: Iterator[tuple[str, torch.Tensor]]) -> str:
             names = [name for name, _ in params]
-            moves.events.append(f"published {names}")
+            moves.events.append(f"encoded {names}")
             return "result"
 
     monkeypatch.setattr(instance, "cwtrain_share", lambda: Share())
-    assert instance.cwtrain_publish_share(plan=None) == "result"
-    assert moves.events == ["to_cuda", "gather on cuda", "published ['weight']", "to_cpu"]
+    assert instance.cwtrain_encode_share(plan=None) == "result"
+    assert moves.events == ["to_cuda", "gather on cuda", "encoded ['weight']", "to_cpu"]
 
 
 def test_offloaded_model_goes_back_to_the_cpu_when_publishing_fails(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_offloaded_model_goes_back_to_the_cpu_when_publishing_fails(tmp_path: Pa
         raise RuntimeError("gather failed")
 
     type(instance).cwtrain_params = failing
-    result = instance.cwtrain_publish_share(plan=SharePlan("run-v000000", True, None, "bucket", "hotload"))
+    result = instance.cwtrain_encode_share(plan=SharePlan("run-v000000", True, None, "bucket", "hotload"))
     assert result.rank == 0 and result.error is not None and "RuntimeError: gather failed" in result.error
     assert moves.events == ["to_cuda", "gather on cuda", "to_cpu"] and moves.device == "cpu"
     assert instance.cwtrain_share().served == {}  # nothing to commit: the served copy stays as it was

@@ -67,6 +67,15 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         parse_full_every,
     )
     from cwtrain.hotload.lifecycle.cycle import CyclePolicy, VersionCycle
+    from cwtrain.hotload.lifecycle.protocol import (
+        Collective,
+        Ranks,
+        SingleProcess,
+        TorchCollective,
+        publish_baseline_spmd,
+        publish_shares,
+        publish_spmd,
+    )
     from cwtrain.hotload.lifecycle.session import PublishSession
     from cwtrain.hotload.lifecycle.settings import (
         DEFAULT_TIMEOUT,
@@ -75,25 +84,15 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         validate_run_id,
     )
     from cwtrain.hotload.lifecycle.shares import (
-        Collective,
+        DEFAULT_CHUNK_BYTES,
         RankShare,
         SharePlan,
         ShareResult,
-        SingleProcess,
+        chunked,
         host_copy,
         layout_by_sizes,
     )
-    from cwtrain.hotload.lifecycle.sources import (
-        DiffSource,
-        DirectorySource,
-        RestoreSource,
-        ShareSource,
-        StoredSource,
-        TensorSource,
-        UnchangedSource,
-        VersionSource,
-    )
-    from cwtrain.hotload.lifecycle.spmd import publish_spmd
+    from cwtrain.hotload.lifecycle.sources import DirectorySource, TensorSource, VersionSource
     from cwtrain.hotload.lifecycle.target import Target
     from cwtrain.hotload.lifecycle.version import PublishOutcome, VersionPlan
     from cwtrain.hotload.loader import HotLoader, build_loader
@@ -117,16 +116,7 @@ _MODULES = {
     "cwtrain.hotload.lifecycle.version": ("PublishOutcome", "VersionPlan"),
     "cwtrain.hotload.lifecycle.cycle": ("CyclePolicy", "VersionCycle"),
     "cwtrain.hotload.lifecycle.target": ("Target",),
-    "cwtrain.hotload.lifecycle.sources": (
-        "DiffSource",
-        "DirectorySource",
-        "RestoreSource",
-        "ShareSource",
-        "StoredSource",
-        "TensorSource",
-        "UnchangedSource",
-        "VersionSource",
-    ),
+    "cwtrain.hotload.lifecycle.sources": ("DirectorySource", "TensorSource", "VersionSource"),
     "cwtrain.hotload.lifecycle.cadence": (
         "MAX_FULL_EVERY",
         "ChainCadence",
@@ -135,13 +125,21 @@ _MODULES = {
         "check_full_every",
         "parse_full_every",
     ),
-    "cwtrain.hotload.lifecycle.spmd": ("publish_spmd",),
-    "cwtrain.hotload.lifecycle.shares": (
+    "cwtrain.hotload.lifecycle.protocol": (
         "Collective",
+        "Ranks",
+        "SingleProcess",
+        "TorchCollective",
+        "publish_baseline_spmd",
+        "publish_shares",
+        "publish_spmd",
+    ),
+    "cwtrain.hotload.lifecycle.shares": (
+        "DEFAULT_CHUNK_BYTES",
         "RankShare",
         "SharePlan",
         "ShareResult",
-        "SingleProcess",
+        "chunked",
         "host_copy",
         "layout_by_sizes",
     ),
@@ -184,16 +182,17 @@ _MODULES = {
 }
 
 __all__ = [
+    "publish_shares",
+    "publish_baseline_spmd",
+    "chunked",
+    "TorchCollective",
+    "Ranks",
+    "DEFAULT_CHUNK_BYTES",
     "VersionSource",
     "VersionCycle",
-    "UnchangedSource",
     "TensorSource",
     "Target",
-    "StoredSource",
-    "ShareSource",
-    "RestoreSource",
     "DirectorySource",
-    "DiffSource",
     "CyclePolicy",
     "ChainCadence",
     "Collective",

@@ -448,24 +448,6 @@ class DeltaEncoder(Closing):
             ).compressobj(size=n)
         return self._state.cctx.compressobj(size=n)
 
-    def iter_files(
-        self,
-        new: Mapping[str, TensorData],
-        base: Mapping[str, TensorData],
-        *,
-        version: str | None = None,
-        base_version: str | None = None,
-    ) -> Iterator[SnapshotFile]:
-        """Yield the shards, then the index last (nothing at all for an empty delta).
-
-        Shard names carry the shard count, so shards are yielded once encoding ends.
-        """
-        snap = self.encode(new, base, version=version, base_version=base_version)
-        if snap.empty:
-            return
-        yield from snap.files
-        yield snap.index
-
     def checksums(self, tensors: Mapping[str, TensorData], *, stats: StageStats | None = None) -> dict[str, str]:
         """Adler-32 (8 hex) of every tensor, computed in the thread pool (``stats``: the ``adler`` stage)."""
         names = sorted(tensors)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError
@@ -114,28 +114,22 @@ class Ledger(Protocol):
         ...
 
 
+@dataclass
 class VersionCycle:
     """The cycle of one version on one deployment (see the module docstring).
 
-    Args:
+    Attributes:
         target: the client, the deployment and its store.
         policy: how the cycle runs.
         canary: checked after every hot-load of a version that was waited for.
         ledger: told how each version ended, before its error is raised.
     """
 
-    def __init__(
-        self,
-        target: Target,
-        policy: CyclePolicy | None = None,
-        *,
-        canary: ServedCheck | None = None,
-        ledger: Ledger | None = None,
-    ) -> None:
-        self.target = target
-        self.policy = policy if policy is not None else CyclePolicy()
-        self.canary = canary
-        self.ledger = ledger
+    target: Target
+    policy: CyclePolicy = field(default_factory=CyclePolicy)
+    _: KW_ONLY
+    canary: ServedCheck | None = None
+    ledger: Ledger | None = None
 
     # ------------------------------------------------------------------ a version
 

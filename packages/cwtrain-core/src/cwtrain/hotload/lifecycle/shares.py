@@ -1,8 +1,10 @@
-"""Distributed publishing: every rank encodes and stores its share, one process commits the index.
+"""One rank's share of a distributed publish: :class:`RankShare`, the share plan, shard names, the commit.
 
 At scale every trainer rank encodes and uploads the tensors it holds, and one process (rank 0,
-or a driver) writes the index over every rank's shards and runs the hot-load cycle
-(:meth:`~cwtrain.hotload.lifecycle.session.PublishSession.commit_shares`). The pieces:
+or a driver) writes the index over every rank's shards and runs the version's cycle. The
+sequence every rank goes through is written once, in :mod:`cwtrain.hotload.lifecycle.protocol`
+(encode → weigh → cut → store → commit or discard); this module holds a rank's side of each step
+and what crosses between the ranks:
 
 * :class:`SharePlan`: what one version asks of every rank (picklable: it travels to Ray
   workers or over a process group).
@@ -10,30 +12,21 @@ or a driver) writes the index over every rank's shards and runs the hot-load cyc
   it owns (in host memory, or on their device), its share of a version encoded chunk by chunk
   (XOR on the device when the tensors are torch tensors; only the XOR of changed tensors
   reaches the host), its shards stored with no index, and the new served copy committed or
-  discarded once the hot-load ended.
+  discarded once the hot-load ended. Its steps (:meth:`RankShare.encode_chunks` or
+  :meth:`RankShare.encode_owned`, :meth:`RankShare.cut`, :meth:`RankShare.store_encoded`,
+  :meth:`RankShare.commit`, :meth:`RankShare.discard`) report to the committing process in a
+  :class:`ShareResult` and never raise.
 * Shard names, agreed with nothing staged: :func:`layout_by_sizes` fixes them from the tensor
   sizes every rank knows before anything is encoded (NeMo-RL's gathering generators yield
   every tensor on every rank); :func:`number_by_counts` numbers each rank's files once the
-  ranks' file counts are all-gathered (slime).
+  ranks' file counts are known (slime's chunks: each rank sees only its own).
+* The cost rule of ``CWTRAIN_HOTLOAD_FULL_EVERY=auto``: the ranks encode their delta shares and
+  report their shard bytes; when the committing process cuts the version FULL, every rank
+  builds its FULL share from its served copy (:meth:`RankShare.cut`: the new weights are the
+  served copy plus the changed tensors; the checksums are the delta encode's), so nothing is
+  gathered or encoded twice.
 * :func:`commit_shares` writes the index last, refusing until every shard it names is stored.
-* The cost rule of ``CWTRAIN_HOTLOAD_FULL_EVERY=auto``: a delta plan carries
-  ``cut_at_bytes``; the ranks encode their delta shares and report their shard bytes
-  (the file-count all-gather of :func:`~cwtrain.hotload.lifecycle.spmd.publish_spmd`, or the
-  driver's :meth:`RankShare.encode_owned` round); when their sum reaches ``cut_at_bytes`` the
-  version is FULL and every rank builds its FULL share from its served copy
-  (:meth:`RankShare.full_from_served`: the new weights are the served copy plus the changed
-  tensors; the checksums are the delta encode's), so nothing is gathered or encoded twice.
-* :class:`Collective`: the two collectives a distributed publish needs, which a plug-in
-  implements over its own process group (``torch.distributed`` in slime); :class:`SingleProcess`
-  is a world of one. :func:`cwtrain.hotload.lifecycle.spmd.publish_spmd` runs one version over them.
-
-::
-
-    share = RankShare(rank, world_size)                          # once per rank, for the run
-    outcome = publish_spmd(collective, share, chunks, session=session, plan=plan)   # publish/spmd.py
-
-    results = [share.publish_owned(share_plan, params, s3) for each worker]        # a driver's way
-    outcome = session.commit_shares(plan, results)
+* :func:`chunked`: ``(name, tensor)`` pairs in chunks of bounded bytes, as trainers gather them.
 
 A snapshot is byte-identical to one encoded by a single process from the same tensors with
 the same shard layout.
@@ -41,10 +34,12 @@ the same shard layout.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import sys
 import time
-from collections.abc import Buffer, Iterable, Mapping, Sequence
+from collections.abc import Buffer, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -64,23 +59,31 @@ from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_dat
 from cwtrain.hotload.store.prefix import SnapshotStore, StoredSnapshot
 from cwtrain.hotload.store.snapshot_upload import SnapshotUpload
 from cwtrain.infra.enums import SnapshotType
+from cwtrain.infra.s3 import ObjectStoreLike
 
 __all__ = [
-    "Collective",
-    "PlannedVersion",
+    "DEFAULT_CHUNK_BYTES",
+    "Chunk",
     "EncodedShare",
+    "PlannedVersion",
     "RankShare",
     "SharePlan",
     "ShareResult",
-    "SingleProcess",
+    "chunked",
     "commit_shares",
+    "host_copy",
     "layout_by_sizes",
     "merge_weight_maps",
     "number_by_counts",
 ]
 
+log = logging.getLogger(__name__)
+
 Chunk = Iterable[tuple[str, Any]]
 """Tensors gathered together, by name (numpy arrays, torch tensors or ``TensorData``)."""
+
+DEFAULT_CHUNK_BYTES = 512 * 1024**2
+"""The default bytes of one chunk (slime's and miles' default ``--update-weight-buffer-size``)."""
 
 
 class PlannedVersion(Protocol):
@@ -105,36 +108,6 @@ class PlannedVersion(Protocol):
     def cut_at_bytes(self) -> int | None:
         """A delta of at least this many bytes is published FULL (``None``: no cost rule)."""
         ...
-
-
-class Collective(Protocol):
-    """The collectives of a distributed publish (a plug-in implements them over its process group)."""
-
-    rank: int
-    world_size: int
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order."""
-        ...
-
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """``src``'s ``obj`` on every rank."""
-        ...
-
-
-class SingleProcess:
-    """A world of one (tests, single-process runs)."""
-
-    rank = 0
-    world_size = 1
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """``[obj]``."""
-        return [obj]
-
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """``obj``."""
-        return obj
 
 
 @dataclass(frozen=True)
@@ -215,6 +188,7 @@ class ShareResult:
         wire_bytes: bytes it sent (less than ``payload_bytes`` when a retry found some stored).
         stage_seconds: its encode's wall time.
         upload_seconds: its upload's wall time.
+        files: its shard files (for :func:`number_by_counts`).
         error: what went wrong on this rank (``None``: nothing).
     """
 
@@ -228,6 +202,7 @@ class ShareResult:
     wire_bytes: int = 0
     stage_seconds: float = 0.0
     upload_seconds: float = 0.0
+    files: int = 0
     error: str | None = None
 
 
@@ -355,6 +330,15 @@ def host_copy(name: str, tensor: Any) -> TensorData:
 
 
 @dataclass
+class _Kept:
+    """A rank's share between the protocol's steps: encoded, with the sizes of a fixed layout (``None``: numbered)."""
+
+    share: EncodedShare
+    sizes: list[tuple[str, int]] | None
+    full: bool
+
+
+@dataclass
 class _Encoding:
     """What :meth:`RankShare.encode` gathers over the chunks of one version."""
 
@@ -378,6 +362,13 @@ class RankShare:
     Attributes:
         served: the tensors the replicas serve (this rank's share): host ``TensorData``, or
             torch tensors on their device.
+
+    The protocol's steps, each reporting in a :class:`ShareResult` (an error in it, never raised)::
+
+        share.encode_chunks(plan, chunks)       # or share.encode_owned(plan, params): encode and keep
+        share.cut(full_plan)                    # the committing process cut the version FULL
+        share.store_encoded(plan, counts, s3)   # upload the shards (no index)
+        share.commit()                          # or share.discard(), once the hot-load ended
     """
 
     def __init__(self, rank: int = 0, world_size: int = 1, *, on_device: bool = False) -> None:
@@ -386,7 +377,7 @@ class RankShare:
         self.on_device = on_device
         self.served: dict[str, Any] = {}
         self._pending: dict[str, Any] | None = None
-        self._encoded: tuple[EncodedShare, list[tuple[str, int]], bool] | None = None
+        self._encoded: _Kept | None = None
 
     def seed(self, served: Mapping[str, Any]) -> None:
         """Start from ``served`` (the weights the replicas hold, byte-exact), e.g. the base checkpoint's.
@@ -401,10 +392,151 @@ class RankShare:
         self._pending = None
         self._encoded = None
 
+    def seed_from_checkpoint(self, checkpoint: str | os.PathLike[str], chunks: Iterable[Chunk]) -> None:
+        """Start from ``checkpoint`` (the baseline the replicas serve), for the tensors of ``chunks``.
+
+        Every chunk is drawn (a trainer's gather is a collective every rank takes part in) and
+        let go; the checkpoint's bytes of its tensors are read into host memory instead. A
+        tensor the checkpoint lacks starts from the trainer's own (with a warning), as a
+        framework that adds one does.
+
+        Raises:
+            SnapshotError: the checkpoint is not a valid checkpoint, or a file ended early.
+        """
+        import numpy as np
+
+        from cwtrain.hotload.files.checkpoint import open_checkpoint
+
+        base: dict[str, TensorData] = {}
+        with open_checkpoint(os.fspath(checkpoint)) as opened:
+            for chunk in chunks:
+                for name, tensor in chunk:
+                    stored = opened.tensors.get(name)
+                    if stored is None:
+                        log.warning(
+                            "%s is not in %s; its served copy starts from the trainer's tensor", name, checkpoint
+                        )
+                        base[name] = host_copy(name, tensor)
+                    else:  # a fresh read of the file: the bytes belong to the served copy alone
+                        region = stored.data
+                        raw = region.read() if isinstance(region, FileRegion) else bytes(region)
+                        base[name] = TensorData(stored.dtype, tuple(stored.shape), np.frombuffer(raw, dtype=np.uint8))
+                del chunk
+        self.seed(base)
+
     def _keep(self, name: str, tensor: Any) -> Any:
         if self.on_device and _is_torch(tensor):
             return tensor.detach().clone()
         return host_copy(name, tensor)
+
+    # ------------------------------------------------------------------ the protocol's steps
+
+    def encode_chunks(self, plan: SharePlan, chunks: Iterable[Chunk]) -> ShareResult:
+        """Step 1, for a rank that holds its own tensors: encode ``chunks`` and keep the share.
+
+        Shard names are numbered at :meth:`store_encoded` from every rank's file count. The
+        result carries ``payload_bytes`` (the committing process sums them to weigh the delta),
+        ``files``, ``tensors_changed``, ``bytes_changed`` and ``stage_seconds``, or the error.
+        """
+        return self._kept(plan, lambda: (self.encode(plan, chunks), None))
+
+    def encode_owned(self, plan: SharePlan, params: Iterable[tuple[str, Any]]) -> ShareResult:
+        """Step 1, for ranks that all see the same sequence of tensors: encode this rank's and keep the share.
+
+        Tensor ``i`` belongs to rank ``i % world_size``; shard names come from
+        :func:`layout_by_sizes`, so no count needs to travel. Reports as :meth:`encode_chunks`.
+        """
+
+        def encode() -> tuple[EncodedShare, list[tuple[str, int]]]:
+            sizes: list[tuple[str, int]] = []
+            owned: dict[str, Any] = {}
+            for i, (name, tensor) in enumerate(params):
+                sizes.append((name, _nbytes(tensor)))
+                if i % self.world_size == self.rank:
+                    owned[name] = tensor.detach().contiguous() if _is_torch(tensor) else tensor
+            layout = layout_by_sizes(sizes, self.rank, self.world_size, full=plan.full, shard_bytes=plan.shard_bytes)
+            return self.encode(plan, [list(owned.items())], layout=layout), sizes
+
+        return self._kept(plan, encode)
+
+    def cut(self, plan: SharePlan) -> ShareResult:
+        """Step 1b: the committing process cut the version FULL; build this rank's FULL share from its served copy.
+
+        Nothing is gathered or XORed again (:meth:`full_from_served`); the FULL layout comes
+        from the same tensor sizes when they are known. Reports as :meth:`encode_chunks`.
+        """
+
+        def rebuild() -> tuple[EncodedShare, list[tuple[str, int]] | None]:
+            kept = self._encoded
+            if kept is None or kept.full:
+                raise SnapshotError(f"{plan.identity}: no delta share of this rank to cut (encode it first)")
+            layout = None
+            if kept.sizes is not None:
+                layout = layout_by_sizes(
+                    kept.sizes, self.rank, self.world_size, full=True, shard_bytes=plan.shard_bytes
+                )
+            return self.full_from_served(plan, kept.share, layout=layout), kept.sizes
+
+        return self._kept(plan, rebuild)
+
+    def store_encoded(self, plan: SharePlan, counts: Sequence[int], s3: ObjectStoreLike | None) -> ShareResult:
+        """Step 2: upload the share kept by step 1 (or 1b) under ``plan``'s identity, with no index.
+
+        Args:
+            plan: the version (FULL only when step 1 encoded it FULL, or step 1b cut it).
+            counts: every rank's file count, in rank order (numbers the shards of a share
+                encoded from chunks; ignored for a fixed layout).
+            s3: the object store (or a boto3 client; default: from the environment).
+        """
+        kept, self._encoded = self._encoded, None
+        try:
+            if kept is None:
+                raise SnapshotError(f"nothing encoded for {plan.identity}: encode the share first")
+            if kept.full != plan.full:
+                raise SnapshotError(
+                    f"{plan.identity} was encoded {'FULL' if kept.full else 'as a delta'} on rank {self.rank}; "
+                    f"it cannot be stored as {'FULL' if plan.full else 'a delta'}"
+                )
+            encoded = kept.share
+            if kept.sizes is None:
+                number_by_counts(encoded, counts, self.rank, full=plan.full)
+            return self._store(plan, encoded, s3)
+        except Exception as exc:
+            self.discard()
+            return ShareResult(rank=self.rank, error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
+
+    def commit(self) -> None:
+        """The hot-load completed: what was published is what the replicas serve."""
+        if self._pending is not None:
+            self.served.update(self._pending)
+            self._pending = None
+        self._encoded = None
+
+    def discard(self) -> None:
+        """The publish failed: keep the previous served copy (the next version is FULL)."""
+        self._pending = None
+        self._encoded = None
+
+    def _kept(
+        self, plan: SharePlan, make: Callable[[], tuple[EncodedShare, list[tuple[str, int]] | None]]
+    ) -> ShareResult:
+        """Run an encoding step and keep its share; what to report (an error in it, the share dropped)."""
+        try:
+            encoded, sizes = make()
+        except Exception as exc:
+            self.discard()
+            return ShareResult(rank=self.rank, error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
+        self._encoded = _Kept(encoded, sizes, plan.full)
+        return ShareResult(
+            rank=self.rank,
+            tensors_changed=len(encoded.weight_map),
+            bytes_changed=encoded.bytes_changed,
+            payload_bytes=sum(f.size for f in encoded.files),
+            stage_seconds=encoded.stage_seconds,
+            files=len(encoded.files),
+        )
+
+    # ------------------------------------------------------------------ encoding
 
     def encode(
         self, plan: SharePlan, chunks: Iterable[Chunk], *, layout: Mapping[str, str] | None = None
@@ -543,14 +675,8 @@ class RankShare:
         files = sink.finish({name: int(value, 16) for name, value in checksums.items()})
         return files, sink.weight_map()
 
-    def store(self, plan: SharePlan, encoded: EncodedShare, s3: Any) -> ShareResult:
-        """Upload this rank's files under ``plan``'s identity (no index); returns what to report.
-
-        Args:
-            plan: the version.
-            encoded: from :meth:`encode` (numbered).
-            s3: the object store (or a boto3 client).
-        """
+    def _store(self, plan: SharePlan, encoded: EncodedShare, s3: ObjectStoreLike | None) -> ShareResult:
+        """Upload this rank's files under ``plan``'s identity (no index); returns what to report."""
         started = time.perf_counter()
         uploaded = []
         if encoded.files:
@@ -572,84 +698,8 @@ class RankShare:
             wire_bytes=sum(item.size for item in uploaded if item.outcome == "uploaded"),
             stage_seconds=encoded.stage_seconds,
             upload_seconds=time.perf_counter() - started,
+            files=len(encoded.files),
         )
-
-    def publish_owned(self, plan: SharePlan, params: Iterable[tuple[str, Any]], s3: Any) -> ShareResult:
-        """Encode and store this rank's share of ``params``, the sequence every rank sees (every rank calls it).
-
-        Tensor ``i`` belongs to rank ``i % world_size``; shard names come from
-        :func:`layout_by_sizes`. Errors are reported in the result, never raised, so the
-        committing process sees every rank's. :meth:`encode_owned` then :meth:`store_encoded`
-        is the same in two rounds, with the committing process weighing the delta between.
-        """
-        encoded = self.encode_owned(plan, params)
-        if encoded.error:
-            return encoded
-        return self.store_encoded(plan, s3)
-
-    def encode_owned(self, plan: SharePlan, params: Iterable[tuple[str, Any]]) -> ShareResult:
-        """The first half of :meth:`publish_owned`: encode this rank's share and keep it; report its sizes.
-
-        The result carries ``payload_bytes`` (this rank's shard bytes: the committing process
-        sums them and weighs the delta, :meth:`~cwtrain.hotload.lifecycle.session.PublishSession.weigh`),
-        ``tensors_changed``, ``bytes_changed`` and ``stage_seconds``, or the error.
-        """
-        try:
-            sizes: list[tuple[str, int]] = []
-            owned: dict[str, Any] = {}
-            for i, (name, tensor) in enumerate(params):
-                sizes.append((name, _nbytes(tensor)))
-                if i % self.world_size == self.rank:
-                    owned[name] = tensor.detach().contiguous() if _is_torch(tensor) else tensor
-            layout = layout_by_sizes(sizes, self.rank, self.world_size, full=plan.full, shard_bytes=plan.shard_bytes)
-            encoded = self.encode(plan, [list(owned.items())], layout=layout)
-        except Exception as exc:
-            self.discard()
-            return ShareResult(rank=self.rank, error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
-        self._encoded = (encoded, sizes, plan.full)
-        return ShareResult(
-            rank=self.rank,
-            tensors_changed=len(encoded.weight_map),
-            bytes_changed=encoded.bytes_changed,
-            payload_bytes=sum(f.size for f in encoded.files),
-            stage_seconds=encoded.stage_seconds,
-        )
-
-    def store_encoded(self, plan: SharePlan, s3: Any) -> ShareResult:
-        """The second half of :meth:`publish_owned`: store what :meth:`encode_owned` kept, as ``plan`` says.
-
-        ``plan`` FULL for a share encoded as a delta (the committing process cut the chain):
-        the FULL share is built from the served copy (:meth:`full_from_served`) with the
-        FULL layout of the same tensor sizes. Errors are reported in the result.
-        """
-        kept, self._encoded = self._encoded, None
-        try:
-            if kept is None:
-                raise SnapshotError(f"nothing encoded for {plan.identity}: call encode_owned first")
-            encoded, sizes, full = kept
-            if plan.full and not full:
-                layout = layout_by_sizes(sizes, self.rank, self.world_size, full=True, shard_bytes=plan.shard_bytes)
-                encoded = self.full_from_served(plan, encoded, layout=layout)
-            elif full and not plan.full:
-                raise SnapshotError(
-                    f"{plan.identity} was encoded FULL on rank {self.rank}; it cannot be stored as a delta"
-                )
-            return self.store(plan, encoded, s3)
-        except Exception as exc:
-            self.discard()
-            return ShareResult(rank=self.rank, error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
-
-    def commit(self) -> None:
-        """The hot-load completed: what was published is what the replicas serve."""
-        if self._pending is not None:
-            self.served.update(self._pending)
-            self._pending = None
-        self._encoded = None
-
-    def discard(self) -> None:
-        """The publish failed: keep the previous served copy (the next version is FULL)."""
-        self._pending = None
-        self._encoded = None
 
 
 def _device_encoder(encoder: DeltaEncoder) -> Any:
@@ -659,6 +709,23 @@ def _device_encoder(encoder: DeltaEncoder) -> Any:
     from cwtrain.hotload.codec.device import TorchDeltaEncoder
 
     return TorchDeltaEncoder(encoder)
+
+
+def chunked(
+    named_tensors: Iterable[tuple[str, Any]], limit: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[list[tuple[str, Any]]]:
+    """Group ``(name, tensor)`` pairs into chunks of at most ``limit`` bytes (a bigger tensor alone)."""
+    chunk: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = _nbytes(tensor)
+        if chunk and size + nbytes > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += nbytes
+    if chunk:
+        yield chunk
 
 
 # ------------------------------------------------------------------------------ commit

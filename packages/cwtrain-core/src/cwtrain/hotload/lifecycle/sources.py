@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cwtrain.errors import CWTrainError, SnapshotError, UsageError
@@ -64,6 +65,7 @@ class VersionSource(Protocol):
         ...
 
 
+@dataclass
 class DirectorySource:
     """A snapshot directory: a FULL checkpoint, or a delta (slime's and miles' ``weight_vNNNNNN``).
 
@@ -75,9 +77,9 @@ class DirectorySource:
             copy); without it the directory is published as it is.
     """
 
-    def __init__(self, snapshot: SnapshotInfo | str | os.PathLike[str], *, full: VersionSource | None = None) -> None:
-        self.snapshot = snapshot
-        self.full = full
+    snapshot: SnapshotInfo | str | os.PathLike[str]
+    _: KW_ONLY
+    full: VersionSource | None = None
 
     def info(self, attempt: Attempt) -> SnapshotInfo:
         """The inspected directory.
@@ -116,6 +118,7 @@ class DirectorySource:
         return stored
 
 
+@dataclass(frozen=True)
 class TensorSource:
     """In-memory tensors (numpy arrays, torch tensors or ``TensorData``): FULL, or an XOR delta on ``base``.
 
@@ -133,20 +136,12 @@ class TensorSource:
     rule declines was encoded in memory only, and that encode is local work.
     """
 
-    def __init__(
-        self,
-        tensors: Mapping[str, Any],
-        *,
-        base: Mapping[str, Any] | None = None,
-        files: Mapping[str, bytes] | None = None,
-        full_files: Mapping[str, bytes] | None = None,
-        full: VersionSource | None = None,
-    ) -> None:
-        self.tensors = tensors
-        self.base = base
-        self.files = files
-        self.full_files = full_files
-        self.full = full
+    tensors: Mapping[str, Any]
+    _: KW_ONLY
+    base: Mapping[str, Any] | None = None
+    files: Mapping[str, bytes] | None = None
+    full_files: Mapping[str, bytes] | None = None
+    full: VersionSource | None = None
 
     def store(self, attempt: Attempt, target: Target, workers: int) -> StoredSnapshot | None:
         """Encode and upload (a delta weighed first under the cost rule); an empty delta stores nothing."""
@@ -182,6 +177,7 @@ class TensorSource:
             )
 
 
+@dataclass(frozen=True)
 class DiffSource:
     """The XOR delta from checkpoint ``base`` to checkpoint ``checkpoint``, in one pass (nothing staged on disk).
 
@@ -195,28 +191,22 @@ class DiffSource:
         keep: also keep the delta directory here (must not exist or be empty).
     """
 
-    def __init__(
-        self,
-        checkpoint: str | os.PathLike[str],
-        base: str | os.PathLike[str],
-        *,
-        keep: str | os.PathLike[str] | None = None,
-    ) -> None:
-        self.checkpoint = os.fspath(checkpoint)
-        self.base = os.fspath(base)
-        self.keep = None if keep is None else os.fspath(keep)
+    checkpoint: str | os.PathLike[str]
+    base: str | os.PathLike[str]
+    _: KW_ONLY
+    keep: str | os.PathLike[str] | None = None
 
     def store(self, attempt: Attempt, target: Target, workers: int) -> StoredSnapshot | None:
         """Encode the delta and upload it (or the new checkpoint's directory, for a FULL)."""
         from cwtrain.hotload.files.checkpoint import check_checksum_room, open_checkpoint
 
         plan = attempt.plan
-        whole = DirectorySource(self.checkpoint)
+        whole = DirectorySource(os.fspath(self.checkpoint))
         if plan.full:
             return whole.store(attempt, target, workers)
         if self.keep is not None:
             return self._kept(attempt, target, workers)
-        with open_checkpoint(self.base) as old, open_checkpoint(self.checkpoint) as new:
+        with open_checkpoint(os.fspath(self.base)) as old, open_checkpoint(os.fspath(self.checkpoint)) as new:
             check_checksum_room(old, why="`snapshot apply` could never apply a delta against it")
             log.info("encoding the delta %s -> %s as %r on %r", old.path, new.path, plan.identity,
                      plan.previous_identity)  # fmt: skip
@@ -229,17 +219,19 @@ class DiffSource:
         assert self.keep is not None and plan.previous_identity is not None
         started = time.perf_counter()
         stats = write_delta(
-            self.base, self.checkpoint, self.keep, version=plan.identity, base_version=plan.previous_identity
-        )
+            os.fspath(self.base), os.fspath(self.checkpoint), os.fspath(self.keep), version=plan.identity,
+            base_version=plan.previous_identity,
+        )  # fmt: skip
         if stats.empty:
             raise SnapshotError(
                 f"no tensor changed between {self.base} and {self.checkpoint}: an empty delta is never published "
                 f"(its index is in {self.keep}); keep serving {plan.previous_identity!r}"
             )
         attempt.stage(started)
-        return DirectorySource(self.keep).store(attempt, target, workers)
+        return DirectorySource(os.fspath(self.keep)).store(attempt, target, workers)
 
 
+@dataclass(frozen=True)
 class ShareSource:
     """A distributed publish's shards, stored by the ranks: the index over them, the side files, then the hot-load.
 
@@ -248,9 +240,9 @@ class ShareSource:
         files: side files of a FULL snapshot (``config.json``, tokenizer), written before the index.
     """
 
-    def __init__(self, results: Sequence[ShareResult], *, files: Mapping[str, bytes] | None = None) -> None:
-        self.results = list(results)
-        self.files = files
+    results: Sequence[ShareResult]
+    _: KW_ONLY
+    files: Mapping[str, bytes] | None = None
 
     def store(self, attempt: Attempt, target: Target, workers: int) -> StoredSnapshot | None:
         """Write the index once every shard it names is stored (nothing for an empty delta).
@@ -259,7 +251,7 @@ class ShareSource:
             CWTrainError: a rank reported an error (nothing is committed).
         """
         del workers
-        plan, results = attempt.plan, self.results
+        plan, results = attempt.plan, list(self.results)
         problems = [result.error for result in results if result.error]
         if problems:
             raise CWTrainError(f"publishing {plan.identity} failed: {problems[0]}")
@@ -276,6 +268,7 @@ class ShareSource:
         return stored
 
 
+@dataclass(frozen=True)
 class StoredSource:
     """A snapshot uploaded before (``cwtrain hotload trigger``): optionally read back and checked, then hot-loaded.
 
@@ -286,8 +279,8 @@ class StoredSource:
             when no index is stored: the service refuses it then).
     """
 
-    def __init__(self, *, verify: bool = False) -> None:
-        self.verify = verify
+    _: KW_ONLY
+    verify: bool = False
 
     def store(self, attempt: Attempt, target: Target, workers: int) -> StoredSnapshot | None:
         """Check what is stored (with ``verify``); nothing is uploaded."""
@@ -303,6 +296,7 @@ class StoredSource:
         return StoredSnapshot(None, attempt.plan.snapshot_type, earlier=True)
 
 
+@dataclass(frozen=True)
 class RestoreSource:
     """An identity served before, hot-loaded again: a copy of its newest COMPLETED hot-load.
 
@@ -320,20 +314,12 @@ class RestoreSource:
             for the cadence's cost rules).
     """
 
-    def __init__(
-        self,
-        identity: str,
-        *,
-        prior: HotLoad | None = None,
-        prompt_cache_policy: PromptCachePolicy | str | None = None,
-        unless_served: bool = False,
-        measure: bool = False,
-    ) -> None:
-        self.identity = identity
-        self.prior = prior
-        self.prompt_cache_policy = prompt_cache_policy
-        self.unless_served = unless_served
-        self.measure = measure
+    identity: str
+    _: KW_ONLY
+    prior: HotLoad | None = None
+    prompt_cache_policy: PromptCachePolicy | str | None = None
+    unless_served: bool = False
+    measure: bool = False
 
     def store(self, attempt: Attempt, target: Target, workers: int) -> StoredSnapshot | None:
         """Check that the identity can be hot-loaded again; nothing is uploaded.
@@ -367,6 +353,7 @@ class RestoreSource:
         return StoredSnapshot(None, prior.type, earlier=True)
 
 
+@dataclass(frozen=True)
 class UnchangedSource:
     """A delta in which no tensor changed (slime's empty ``weight_map``): nothing is stored or hot-loaded."""
 

@@ -6,7 +6,7 @@ service, each inside the :class:`~cwtrain.polling.Budget` it is given; the compo
 (:class:`~cwtrain.hotload.lifecycle.cycle.VersionCycle`) strings them together, and nothing
 here calls back into it::
 
-    target = Target(client, deployment_id, store, poll_interval=5.0)
+    target = Target(client, deployment_id, poll_interval=5.0)   # the store: from its hotLoad block
     target.check_chain("run1-v000008", "run1-v000007")     # a delta within the cold-start limit
     hot_load = target.create("run1-v000008", SnapshotType.INCREMENTAL, "run1-v000007", budget=budget)
     target.verify_served(hot_load.id, "run1-v000008")      # every replica READY on it
@@ -73,40 +73,29 @@ class Target:
         client: the API client.
         deployment_id: the deployment (with a ``hotLoad`` block).
         store: its snapshot store (bucket, prefix, object store), or a function that
-            builds it, called on first use (so misuse is refused before any I/O).
+            builds it, called on first use (so misuse is refused before any I/O); ``None``:
+            read from the deployment's ``hotLoad`` block on first use, on ``s3``.
         poll_interval: seconds between polls of the API.
+        s3: the object store (or a boto3 client) of a store read from the deployment;
+            default :func:`cwtrain.infra.s3.object_store`.
     """
 
     def __init__(
         self,
         client: InferenceClient,
         deployment_id: str,
-        store: SnapshotStore | Callable[[], SnapshotStore],
+        store: SnapshotStore | Callable[[], SnapshotStore] | None = None,
         poll_interval: float = 5.0,
+        *,
+        s3: ObjectStoreLike | None = None,
     ) -> None:
         self.client = client
         self.deployment_id = deployment_id
         self.poll_interval = poll_interval
-        self._store = store
+        self._store = store if store is not None else lambda: deployment_store(client.get_deployment(deployment_id), s3)
 
     def __repr__(self) -> str:
         return f"Target(deployment_id={self.deployment_id!r})"
-
-    @classmethod
-    def of_deployment(
-        cls,
-        client: InferenceClient,
-        deployment_id: str,
-        *,
-        s3: ObjectStoreLike | None = None,
-        poll_interval: float = 5.0,
-    ) -> Target:
-        """The target of ``deployment_id``: its store is read from the deployment's ``hotLoad`` block on first use.
-
-        ``s3`` is the object store (or a boto3 client); default :func:`cwtrain.infra.s3.object_store`.
-        """
-        return cls(client, deployment_id, lambda: deployment_store(client.get_deployment(deployment_id), s3),
-                   poll_interval)  # fmt: skip
 
     @classmethod
     def of_settings(cls, settings: HotLoadSettings) -> Target:
@@ -117,7 +106,7 @@ class Target:
         """
         if not settings.deployment_id:
             raise ConfigError("no deployment to publish to: set CWTRAIN_HOTLOAD_DEPLOYMENT_ID")
-        return cls.of_deployment(settings.client(), settings.deployment_id, poll_interval=POLL_INTERVAL)
+        return cls(settings.client(), settings.deployment_id, poll_interval=POLL_INTERVAL)
 
     @functools.cached_property
     def store(self) -> SnapshotStore:

@@ -15,10 +15,11 @@ sections 1 and 7). Two entry points:
 * :class:`SnapshotUpload` takes files as an encoder produces them, without staging them
   on disk; the index goes last, at :meth:`SnapshotUpload.commit`::
 
+      snap = encoder.encode(new, served, version="run1-v000008", base_version="run1-v000007")
       with SnapshotUpload(s3, bucket="weights", identity="run1-v000008", path_prefix="hotload") as up:
-          for shard in encoder.iter_files():
+          for shard in snap.files:
               up.add(shard)                 # uploads in the background
-          uri = up.commit(encoded.index)    # waits for every shard, then writes the index
+          uri = up.commit(snap.index)       # waits for every shard, then writes the index
 
   Leaving the block without ``commit`` (an exception, a signal) cancels the uploads,
   aborts their unfinished multipart uploads and never writes the index; after an interrupt

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cwtrain.errors import SnapshotChecksumError, SnapshotError
 from cwtrain.hotload.codec.common import run_parallel
@@ -37,12 +37,32 @@ from cwtrain.hotload.format.checksum import adler32
 from cwtrain.hotload.format.index import CHECKSUM_FORMAT, INDEX_NAME, index_metadata, is_delta_index, parse_index
 from cwtrain.hotload.format.safetensors import SafetensorsHeader, read_header_from
 from cwtrain.hotload.store.object_writer import SHA256_METADATA
-from cwtrain.infra.objectstore import ObjectStream
+from cwtrain.infra.objectstore import ObjectStore, ObjectStream
 
-if TYPE_CHECKING:
-    from cwtrain.hotload.store.prefix import SnapshotStore
 
-__all__ = ["StoredSnapshotCheck", "verify_stored_snapshot"]
+class SnapshotLocation(Protocol):
+    """Where a snapshot is stored: an object store, a bucket, and each identity's prefix (a ``SnapshotLocation``)."""
+
+    @property
+    def s3(self) -> ObjectStore:
+        """The object store."""
+        ...
+
+    @property
+    def bucket(self) -> str:
+        """The bucket."""
+        ...
+
+    def prefix(self, identity: str) -> str:
+        """The key prefix of ``identity``'s objects."""
+        ...
+
+    def uri(self, identity: str) -> str:
+        """``s3://<bucket>/<prefix>/<identity>/``."""
+        ...
+
+
+__all__ = ["SnapshotLocation", "StoredSnapshotCheck", "verify_stored_snapshot"]
 
 _CHUNK = 1 << 20
 _MAX_REPORTED = 8
@@ -123,7 +143,7 @@ def _check_tensors(reader: _HashingReader, where: str, size: int, required: bool
     return problems, len(expected)
 
 
-def _check_object(store: SnapshotStore, key: str, adler: bool | None) -> tuple[list[str], int, int, bytes | None]:
+def _check_object(store: SnapshotLocation, key: str, adler: bool | None) -> tuple[list[str], int, int, bytes | None]:
     """One object: ``(problems, bytes, tensors checked, its bytes when it is the index)``.
 
     ``adler``: ``None`` checks no tensors; ``False``/``True`` checks the Adler-32s a FULL
@@ -154,7 +174,7 @@ def _check_object(store: SnapshotStore, key: str, adler: bool | None) -> tuple[l
     return problems, reader.size, tensors, kept
 
 
-def verify_stored_snapshot(store: SnapshotStore, identity: str, *, workers: int = 8) -> StoredSnapshotCheck | None:
+def verify_stored_snapshot(store: SnapshotLocation, identity: str, *, workers: int = 8) -> StoredSnapshotCheck | None:
     """Check every stored object of ``identity`` against its recorded SHA-256 (and FULL Adler-32s).
 
     Args:
@@ -206,7 +226,7 @@ def verify_stored_snapshot(store: SnapshotStore, identity: str, *, workers: int 
     )
 
 
-def _failed(store: SnapshotStore, identity: str, problems: list[str]) -> SnapshotChecksumError:
+def _failed(store: SnapshotLocation, identity: str, problems: list[str]) -> SnapshotChecksumError:
     shown = "; ".join(problems[:_MAX_REPORTED]) + (
         f"; and {len(problems) - _MAX_REPORTED} more" if len(problems) > _MAX_REPORTED else ""
     )

@@ -72,6 +72,18 @@ class _Refused(RolloutError):
         super().__init__(f"completions request failed: HTTP {status}: {body[:200]}")
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """One completions request of a group: its prompt, ``n``, sampling, salt and the limiter's size."""
+
+    prompt: Prompt
+    n: int
+    params: SamplingParams
+    salt: str | None
+    largest: int
+    seeded: bool
+
+
 @dataclass
 class _Stats:
     requests: int = 0
@@ -569,12 +581,11 @@ class CompletionSampler(Closing):
         without_logprobs = mixed = 0
         while True:
             if split:
-                parts = await asyncio.gather(
-                    *(self._fenced(prompt, 1, params, salt, largest, stats, seeded=True) for _ in range(n))
-                )
+                one = _Ask(prompt, 1, params, salt, largest, seeded=True)
+                parts = await asyncio.gather(*(self._fenced(one, stats) for _ in range(n)))
                 completions = [replace(c[0], index=i) for i, c in enumerate(parts)]
             else:
-                completions = await self._fenced(prompt, n, params, salt, largest, stats, seeded=False)
+                completions = await self._fenced(_Ask(prompt, n, params, salt, largest, seeded=False), stats)
             if self.config.require_logprobs and any(c.logprobs is None for c in completions):
                 without_logprobs += 1
                 if without_logprobs > MAX_RESAMPLES:
@@ -603,20 +614,10 @@ class CompletionSampler(Closing):
                 continue
             return completions
 
-    async def _fenced(
-        self,
-        prompt: Prompt,
-        n: int,
-        params: SamplingParams,
-        salt: str | None,
-        largest: int,
-        stats: _Stats,
-        *,
-        seeded: bool,
-    ) -> list[Completion]:
+    async def _fenced(self, ask: _Ask, stats: _Stats) -> list[Completion]:
         """One request's completions, re-requested while the identity that served them is stale."""
         for attempt in range(1, self.config.max_attempts + 1):
-            completions = await self._post(prompt, n, params, salt, largest, stats, seeded=seeded)
+            completions = await self._post(ask, stats)
             fence = self._fence()
             reason = fence.stale(completions[0].identity if completions else None)
             if reason is None:
@@ -685,21 +686,12 @@ class CompletionSampler(Closing):
             return str(self.tokenizer.decode(list(prompt.ids)))
         return None
 
-    async def _post(
-        self,
-        prompt: Prompt,
-        n: int,
-        params: SamplingParams,
-        salt: str | None,
-        largest: int,
-        stats: _Stats,
-        *,
-        seeded: bool,
-    ) -> list[Completion]:
+    async def _post(self, ask: _Ask, stats: _Stats) -> list[Completion]:
+        prompt, n, params, salt = ask.prompt, ask.n, ask.params, ask.salt
         limiter = self._limiter
         assert limiter is not None
-        seed = self._rng.randrange(2**62) if seeded and self.config.seeds else None
-        held = await limiter.acquire(n, largest)
+        seed = self._rng.randrange(2**62) if ask.seeded and self.config.seeds else None
+        held = await limiter.acquire(n, ask.largest)
         try:
             original: RolloutError | None = None
             while True:

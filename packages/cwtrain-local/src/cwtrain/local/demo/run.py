@@ -313,7 +313,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         display.say(
             f"deployment {deployment.id} READY ({config.replicas} replicas, base {base_uri}); rollouts at {base_url}"
         )
-        target = Target.of_deployment(client, deployment.id, s3=stack.s3_client(), poll_interval=0.05)
+        target = Target(client, deployment.id, poll_interval=0.05, s3=stack.s3_client())
         # the demo's publisher is core's session, as every integration's is; verify: every replica on the identity
         settings = HotLoadSettings(
             deployment.id, run_id, timeout=config.timeout, full_every=config.full_every, verify=True

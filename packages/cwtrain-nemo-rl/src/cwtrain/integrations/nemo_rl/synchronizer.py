@@ -4,23 +4,22 @@ Each :meth:`~HotLoadWeightSynchronizer.sync_weights` publishes one version ``N``
 (snapshot-format.md §10) through core's ``PublishSession``, the cycle every publisher
 shares: FULL with checksums when ``N = 0``, when nothing was published yet in this
 process, after a failed publish, or when the cadence cuts the chain; else an XOR delta
-against what the replicas serve. With ``full_every: auto`` (the default) the workers first
-encode their delta shares and report their shard bytes; the session weighs the delta
-(a share of 90 % of the last FULL, or a chain past two FULLs' bytes, makes it FULL) and the
-workers then store the delta, or a FULL share built from their served copies (one more
-round of calls on the workers; nothing is gathered or encoded twice). With a fixed
-``full_every: N``, version ``N % full_every == 0`` is FULL and each worker encodes and
-stores in one call. A failed version's identity is not used again (it may hold
-objects of the failed attempt): the sync after a failure publishes ``N + 1``, FULL. Every policy worker encodes and uploads its share from
-the tensors on its device (core's ``RankShare``, through
-:mod:`~cwtrain.integrations.nemo_rl.worker_mixin`); the session commits the index (with
-the HF checkpoint's config and tokenizer files for FULL), creates the hot-load (waiting for
-the deployment to be READY and for any running hot-load first), waits until every replica
-serves the identity (``CWTRAIN_HOTLOAD_VERIFY`` also checks each replica), writes
-``<state_dir>/served_identity`` atomically and uploads the manifest (spec §8.1), all
-within one budget of ``hotload_timeout`` seconds. The workers then commit (or, after a
-failure, discard) their new served copies. An empty delta publishes nothing and the
-version still advances.
+against what the replicas serve. The steps are core's distributed share protocol
+(:func:`cwtrain.hotload.publish_shares`), each one call on every policy worker through the
+driver (``policy.run_all_workers_single_data``: :class:`WorkerRanks` is the transport):
+every worker encodes its share from the tensors on its device (core's ``RankShare``, through
+:mod:`~cwtrain.integrations.nemo_rl.worker_mixin`) and reports its shard bytes; with
+``full_every: auto`` (the default) the session weighs the delta (a share of 90 % of the last
+FULL, or a chain past two FULLs' bytes, makes it FULL) and the workers then build a FULL share
+from their served copies (nothing is gathered or encoded twice); every worker stores its
+share; the session commits the index (with the HF checkpoint's config and tokenizer files
+for FULL), creates the hot-load (waiting for the deployment to be READY and for any running
+hot-load first), waits until every replica serves the identity (``CWTRAIN_HOTLOAD_VERIFY``
+also checks each replica), writes ``<state_dir>/served_identity`` atomically and uploads the
+manifest (spec §8.1), all within one budget of ``hotload_timeout`` seconds; the workers then
+commit (or, after a failure, discard) their new served copies. A failed version's identity is
+not used again (it may hold objects of the failed attempt): the sync after a failure
+publishes ``N + 1``, FULL. An empty delta publishes nothing and the version still advances.
 
 Like NeMo-RL's ``WeightSynchronizer.sync_weights``, the sync returns ``None`` (``grpo_train``
 would discard anything else). Its ``hotload/*`` metrics are the session's, the same names
@@ -40,11 +39,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from cwtrain.errors import ConfigError, CWTrainError, SnapshotError
+from cwtrain.errors import ConfigError, SnapshotError
 from cwtrain.hotload import (
     HotLoader,
     HotLoadSettings,
@@ -52,7 +51,7 @@ from cwtrain.hotload import (
     PublishSession,
     SharePlan,
     ShareResult,
-    VersionPlan,
+    publish_shares,
     side_files,
 )
 from cwtrain.integrations.frameworks import require
@@ -63,7 +62,7 @@ from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
 # NeMo-RL's base class, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
 WeightSynchronizer: Any = require(NEMO_RL, "nemo_rl.weight_sync.interfaces").WeightSynchronizer
 
-__all__ = ["REFIT_TIMER_LABEL", "HotLoadWeightSynchronizer", "run_on_all_workers"]
+__all__ = ["REFIT_TIMER_LABEL", "HotLoadWeightSynchronizer", "WorkerRanks", "run_on_all_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -181,53 +180,10 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             self._sync()
 
     def _sync(self) -> None:
-        session = self.session
-        plan = session.begin()  # a failed version's identity is not tried again (its objects may be stored)
-        try:
-            plan, results = self._publish_shares(plan)
-            extra_files = self._side_files() if plan.full else None
-        except BaseException as exc:  # nothing reached the session: record the failed version there
-            with suppress(CWTrainError):  # the session raises once the sink has the outcome
-                session.commit_shares(plan, [ShareResult(rank=0, error=f"{type(exc).__name__}: {exc}")])
-            self._discard(plan)
-            raise
-        try:
-            outcome = session.commit_shares(plan, results, extra_files=extra_files)
-        except BaseException:
-            self._discard(plan)
-            raise
-        if outcome.failed:  # the hot-load failed and every replica was brought back: the next sync is FULL
-            self._discard(plan)
-            return
-        run_on_all_workers(self.policy, "cwtrain_commit_share")
-        self._stale = False
-
-    def _publish_shares(self, plan: VersionPlan) -> tuple[VersionPlan, list[ShareResult]]:
-        """Every worker stores its share of ``plan``'s version; under ``auto``, weighed between encode and store."""
-        session = self.session
-        store, workers = session.target.store, self.settings.upload_workers
-        if plan.cut_at_bytes is None:
-            if plan.full:
-                self._side_files()  # a FULL without config.json fails before any upload
-            share_plan = SharePlan.of(plan, store, upload_workers=workers)
-            return plan, run_on_all_workers(self.policy, "cwtrain_publish_share", plan=share_plan)
-        encoded: list[ShareResult] = run_on_all_workers(
-            self.policy, "cwtrain_encode_share", plan=SharePlan.of(plan, store, upload_workers=workers)
-        )
-        if any(result.error for result in encoded):
-            return plan, encoded  # the session records the version failed
-        plan = session.weigh(plan, sum(result.payload_bytes for result in encoded))
-        if plan.full:
-            self._side_files()  # a FULL without config.json fails before any upload
-        share_plan = SharePlan.of(plan, store, upload_workers=workers)
-        return plan, run_on_all_workers(self.policy, "cwtrain_store_share", plan=share_plan)
-
-    def _discard(self, plan: VersionPlan) -> None:
-        """The version failed (the next one is FULL): every worker keeps its previous served copy."""
-        try:
-            run_on_all_workers(self.policy, "cwtrain_discard_share")
-        except Exception as exc:  # the publish's error is the one to raise
-            log.warning("could not tell the workers to discard version %d: %s", plan.version, exc)
+        plan = self.session.begin()  # a failed version's identity is not tried again (its objects may be stored)
+        outcome = publish_shares(self.session, plan, WorkerRanks(self.policy), files=self._side_files)
+        if not outcome.failed:  # a failed one (the fleet brought back) makes the next sync FULL
+            self._stale = False
 
     # ------------------------------------------------------------ helpers
 
@@ -241,6 +197,40 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         if "config.json" not in files:
             raise SnapshotError(f"{self.hf_checkpoint}/config.json is missing: a FULL snapshot needs it")
         return files
+
+
+class WorkerRanks:
+    """Core's share protocol over NeMo-RL's driver: each step is one call on every policy worker.
+
+    The workers' methods are :class:`~cwtrain.integrations.nemo_rl.worker_mixin.HotLoadWorkerMixin`'s.
+    """
+
+    def __init__(self, policy: WorkerGroup) -> None:
+        self.policy = policy
+
+    def encode(self, plan: SharePlan) -> list[ShareResult]:
+        """Every worker encodes its share (the gathering generator runs on every rank)."""
+        return run_on_all_workers(self.policy, "cwtrain_encode_share", plan=plan)
+
+    def cut(self, plan: SharePlan) -> list[ShareResult]:
+        """Every worker builds its FULL share from its served copy."""
+        return run_on_all_workers(self.policy, "cwtrain_cut_share", plan=plan)
+
+    def store(self, plan: SharePlan, counts: list[int]) -> list[ShareResult]:
+        """Every worker uploads its share (its shard names are fixed by the tensor sizes: ``counts`` are not needed)."""
+        del counts
+        return run_on_all_workers(self.policy, "cwtrain_store_share", plan=plan)
+
+    def settle(self, served: bool, error: str | None) -> None:
+        """Every worker commits (served) or discards its new served copy."""
+        del error  # the driver raises it; the workers wait for the next call
+        if served:
+            run_on_all_workers(self.policy, "cwtrain_commit_share")
+            return
+        try:
+            run_on_all_workers(self.policy, "cwtrain_discard_share")
+        except Exception as exc:  # the publish's error is the one to raise
+            log.warning("could not tell the workers to discard the version: %s", exc)
 
 
 def _timed(timer: object | None, label: str) -> Any:

@@ -4,16 +4,18 @@
 :class:`~cwtrain.integrations.nemo_rl.synchronizer.HotLoadWeightSynchronizer` calls
 through ``policy.run_all_workers_single_data(...)`` on every rank:
 
-- ``cwtrain_publish_share(plan)`` — iterate the gathering generator (a collective, so
-  every rank must) through core's ``RankShare.publish_owned``: tensor ``i`` is this rank's
-  when ``i % world_size == rank``, XORed against its served copy on the device and
-  uploaded; returns core's ``ShareResult`` (an error is reported in it, not raised).
-- ``cwtrain_encode_share(plan)`` then ``cwtrain_store_share(plan)`` — the same in two
-  rounds, for ``CWTRAIN_HOTLOAD_FULL_EVERY=auto``: the driver sums the shard bytes the
-  first round reports and weighs the delta; the second stores the delta, or the FULL share
-  built from the served copy when the driver cut the chain (nothing is gathered again).
+- ``cwtrain_encode_share(plan)`` — iterate the gathering generator (a collective, so every
+  rank must) through core's ``RankShare.encode_owned``: tensor ``i`` is this rank's when
+  ``i % world_size == rank``, XORed against its served copy on the device and kept; returns
+  core's ``ShareResult`` with its shard bytes (an error is reported in it, not raised);
+- ``cwtrain_cut_share(plan)`` — the driver cut the version FULL: the FULL share built from
+  the served copy (nothing is gathered again);
+- ``cwtrain_store_share(plan)`` — upload the kept share;
 - ``cwtrain_commit_share()`` / ``cwtrain_discard_share()`` — after the hot-load
   completed / failed.
+
+These are the steps of core's share protocol (:func:`cwtrain.hotload.publish_shares`), which
+the driver runs through :class:`~cwtrain.integrations.nemo_rl.synchronizer.WorkerRanks`.
 - ``export_hf_checkpoint(path, ...)`` — the same tensors as an HF checkpoint on disk, for
   users who want one (rank 0 writes; every rank iterates).
 
@@ -86,19 +88,18 @@ class HotLoadWorkerMixin:
         finally:
             worker.model = worker.move_to_cpu(worker.model)
 
-    def cwtrain_publish_share(self, plan: SharePlan) -> ShareResult:
-        """Encode and upload this rank's share of the weights (called on every rank; the object store from the environment)."""
-        with self.cwtrain_model_on_device():
-            return self.cwtrain_share().publish_owned(plan, self.cwtrain_params(), None)
-
     def cwtrain_encode_share(self, plan: SharePlan) -> ShareResult:
         """Encode this rank's share and keep it; report its shard bytes (the driver weighs the delta)."""
         with self.cwtrain_model_on_device():
             return self.cwtrain_share().encode_owned(plan, self.cwtrain_params())
 
+    def cwtrain_cut_share(self, plan: SharePlan) -> ShareResult:
+        """The driver cut the version FULL: build this rank's FULL share from its served copy."""
+        return self.cwtrain_share().cut(plan)
+
     def cwtrain_store_share(self, plan: SharePlan) -> ShareResult:
-        """Store the share :meth:`cwtrain_encode_share` kept: the delta, or a FULL share when ``plan`` is FULL."""
-        return self.cwtrain_share().store_encoded(plan, None)
+        """Upload the share :meth:`cwtrain_encode_share` (or :meth:`cwtrain_cut_share`) kept; the object store from the environment."""
+        return self.cwtrain_share().store_encoded(plan, (), None)
 
     def cwtrain_commit_share(self) -> None:
         """The hot-load completed: the published weights are now the served copy."""

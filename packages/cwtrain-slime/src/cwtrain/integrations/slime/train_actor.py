@@ -39,7 +39,7 @@ from cwtrain.integrations.slime.framework import SLIME
 from .barrier import extend_gloo_timeout
 from .config import HookConfig
 from .runtime import SlimeRuntime
-from .tensors import Chunk, Collective, SingleProcess, TensorPublisher, TorchCollective
+from .tensors import Chunk, Collective, SingleProcess, TensorPublisher, slime_collective
 from .tracking import log_metrics
 
 __all__ = ["ACTOR_MODULE", "GATHER_MODULE", "check_live_tensor_args", "make_actor_cls"]
@@ -145,7 +145,7 @@ def make_actor_cls(base: type[Any] | None = None) -> type[Any]:
         def cwtrain_publisher(self) -> TensorPublisher:
             """This rank's publisher (config built on rank 0 and broadcast)."""
             if self._cwtrain is None:
-                collective: Collective = TorchCollective() if _distributed() else SingleProcess()
+                collective: Collective = slime_collective() if _distributed() else SingleProcess()
                 config: HookConfig | str | None = None
                 if collective.rank == 0:
                     try:
