@@ -31,7 +31,7 @@ EOF
 
 status=0
 echo "== gpu tests" >&2
-"$py" -m pytest -m gpu -q -p no:cacheprovider tests/core/test_torch_codec.py 2>&1 | tee "$out/gpu-tests.txt" || status=1
+"$py" -m pytest -m gpu -q -p no:cacheprovider tests/core/codec/test_torch_codec.py 2>&1 | tee "$out/gpu-tests.txt" || status=1
 echo "== bench/gpu.py" >&2
 if "$py" bench/gpu.py --json --sweep > "$out/gpu.json"; then
   "$py" - "$out/gpu.json" <<'EOF' || status=1

@@ -2,5 +2,5 @@
 
 The hooks that record which fault rows held (``CWTRAIN_FAULT_RESULTS``) live in
 ``tests/conftest.py``, so that rows whose tests sit outside this folder
-(``kill-publisher``, ``race`` in ``tests/core/test_upload_processes.py``) are recorded too.
+(``kill-publisher``, ``race`` in ``tests/core/store/test_upload_processes.py``) are recorded too.
 """
