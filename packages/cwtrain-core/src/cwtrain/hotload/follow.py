@@ -25,10 +25,11 @@ The pieces:
 * :class:`UploadProgress` turns the uploader's byte counts, which arrive from its worker
   threads, into upload events: at most one every ``interval`` seconds (0.25), plus the last.
 * :func:`wait_for_hot_load` polls a hot-load until it ends and every replica serves its
-  identity, inside a :class:`~cwtrain.polling.Budget` (``HotLoader.wait``);
-  :func:`wait_until_terminal` waits for another hot-load to end (single-flight in
-  ``HotLoader.trigger``). Transient API errors and transport errors are logged and the
-  polling goes on.
+  identity, inside a :class:`~cwtrain.polling.Budget` (the composer's follow stage, and
+  ``HotLoader.wait``); :func:`wait_until_terminal` waits for another hot-load to end
+  (single-flight). Transient API errors and transport errors are logged and the polling
+  goes on. :func:`verify_served` is the strict check after it: every replica READY on the
+  identity.
 * :class:`HotLoadStatus` is a hot-load with all its replicas (``HotLoader.status``).
 """
 
@@ -42,7 +43,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from cwtrain.errors import APIError, HotLoadFailedError, HotLoadTimeoutError, TransportError
+from cwtrain.errors import (
+    APIError,
+    HotLoadFailedError,
+    HotLoadTimeoutError,
+    HotLoadVerificationError,
+    TransportError,
+)
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, ReplicaState
 from cwtrain.infra.models import HotLoad, HotLoadReplica
@@ -56,6 +63,7 @@ __all__ = [
     "ProgressEvent",
     "Stage",
     "UploadProgress",
+    "verify_served",
     "wait_for_hot_load",
     "wait_until_terminal",
 ]
@@ -272,3 +280,23 @@ def wait_until_terminal(client: InferenceClient, hot_load_id: str, budget: Budge
             if not error.transient:
                 raise
             log.warning("transient error while waiting for hot-load %s: %s", hot_load_id, error)
+
+
+def verify_served(client: InferenceClient, hot_load_id: str, identity: str) -> builtins.list[HotLoadReplica]:
+    """Every replica of hot-load ``hot_load_id`` READY on ``identity`` (the replicas), else an error naming each one behind.
+
+    Raises:
+        HotLoadVerificationError: a replica is not READY on ``identity``, or none is listed.
+    """
+    replicas = client.list_hot_load_replicas(hot_load_id)
+    problems = [
+        f"{r.name}: {r.state.name} on {r.current_snapshot_identity or '?'!r}"
+        + (f" ({r.error_reason})" if r.error_reason else "")
+        for r in replicas
+        if not r.caught_up(identity)
+    ]
+    if not replicas:
+        problems = ["no replicas listed"]
+    if problems:
+        raise HotLoadVerificationError(client.get_hot_load(hot_load_id), replicas, problems)
+    return replicas

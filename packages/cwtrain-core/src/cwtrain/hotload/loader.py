@@ -59,14 +59,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import ConfigError, SnapshotError
-from cwtrain.hotload.follow import HotLoadStatus, ProgressEvent, wait_for_hot_load
+from cwtrain.hotload.follow import HotLoadStatus, ProgressEvent, verify_served, wait_for_hot_load
 from cwtrain.hotload.format import chain
 from cwtrain.hotload.format.identity import validate_identity
 from cwtrain.hotload.lifecycle import target as targets
 from cwtrain.hotload.lifecycle.cycle import CyclePolicy, VersionCycle
 from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.hotload.lifecycle.sources import DiffSource, DirectorySource, StoredSource, TensorSource, VersionSource
-from cwtrain.hotload.lifecycle.target import Target, deployment_store, require_hot_load
+from cwtrain.hotload.lifecycle.target import Target, require_hot_load
 from cwtrain.hotload.lifecycle.version import Attempt, VersionPlan
 from cwtrain.hotload.store.prefix import SnapshotStore
 from cwtrain.infra import lifecycle
@@ -74,7 +74,7 @@ from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import PromptCachePolicy, SnapshotType
 from cwtrain.infra.models import Deployment, HotLoad, HotLoadReplica
 from cwtrain.infra.objectstore import ObjectStore
-from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
+from cwtrain.infra.s3 import ObjectStoreLike
 from cwtrain.polling import Budget
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class HotLoader:
         self.deployment_id = deployment_id
         self.timeout = float(timeout)
         self.poll_interval = float(poll_interval)
-        self._s3: ObjectStoreLike | None = s3
+        self._target = Target(client, deployment_id, poll_interval=self.poll_interval, s3=s3)
         self._deployment: Deployment | None = None
 
     def __repr__(self) -> str:
@@ -137,13 +137,11 @@ class HotLoader:
     @property
     def s3(self) -> ObjectStore:
         """The object store (a boto3 client passed in is wrapped; built from the environment on first use)."""
-        store = as_object_store(self._s3)
-        self._s3 = store
-        return store
+        return self._target.objects
 
     @s3.setter
     def s3(self, value: ObjectStoreLike | None) -> None:
-        self._s3 = value
+        self._target = Target(self.client, self.deployment_id, poll_interval=self.poll_interval, s3=value)
 
     @property
     def deployment(self) -> Deployment:
@@ -161,13 +159,13 @@ class HotLoader:
 
     @property
     def store(self) -> SnapshotStore:
-        """Where this deployment's snapshots live (its ``hotLoad`` bucket and prefix, and :attr:`s3`)."""
-        return deployment_store(self.deployment, self.s3)
+        """Where this deployment's snapshots live (its ``hotLoad`` bucket and prefix, and :attr:`s3`; read once)."""
+        return self._target.store
 
     @property
     def target(self) -> Target:
         """What the composer runs against: the client, the deployment and (built on first use) its store."""
-        return Target(self.client, self.deployment_id, lambda: self.store, self.poll_interval)
+        return self._target
 
     def _cycle(self, **policy: Any) -> VersionCycle:
         """The composer, with the CLI's policy and this call's options."""
@@ -315,13 +313,12 @@ class HotLoader:
                 self.client, hot_load_id, self._budget(timeout), interval=interval, raise_on_failure=False,
                 on_progress=on_progress,
             )  # fmt: skip
-        target = Target(self.client, self.deployment_id, lambda: self.store, interval)
-        cycle = VersionCycle(target, CyclePolicy(on_failure=on_failure, timeout=self.timeout))
+        cycle = VersionCycle(self._target.polling(interval), CyclePolicy(on_failure=on_failure, timeout=self.timeout))
         return cycle.follow(hot_load_id, self._budget(timeout), on_progress=on_progress)
 
     def verify_served(self, hot_load_id: str, identity: str) -> builtins.list[HotLoadReplica]:
         """Every replica READY on ``identity``, else :class:`HotLoadVerificationError`."""
-        return self.target.verify_served(hot_load_id, identity)
+        return verify_served(self.client, hot_load_id, identity)
 
     # ----------------------------------------------------------------- rollback
 

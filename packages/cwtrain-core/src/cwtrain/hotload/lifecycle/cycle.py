@@ -22,8 +22,10 @@ The stages of :meth:`VersionCycle.publish`, each visited once, in this order:
 3. **create**: the hot-load, with single-flight and readiness handled
    (:meth:`Target.create <cwtrain.hotload.lifecycle.target.Target.create>`);
 4. **follow**: until it ends and every replica serves the identity
-   (:func:`~cwtrain.hotload.follow.wait_for_hot_load`: this is its one caller);
-5. **verify** (``verify``): every replica READY on the identity;
+   (:func:`~cwtrain.hotload.follow.wait_for_hot_load`: this is its one caller in core besides
+   ``HotLoader.wait``'s plain form);
+5. **verify** (``verify``): every replica READY on the identity
+   (:func:`~cwtrain.hotload.follow.verify_served`);
 6. **canary** (when one is given): the deployment's answers checked against the trainer's;
 7. **converge** on failure (``on_failure="reactivate"``): a hot-load that ended FAILED or
    CANCELED, or that verification or the canary refused, is answered by re-activating the
@@ -49,7 +51,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError
-from cwtrain.hotload.follow import ProgressEvent, wait_for_hot_load
+from cwtrain.hotload.follow import ProgressEvent, verify_served, wait_for_hot_load
 from cwtrain.hotload.lifecycle.served import write_served_identity
 from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, HotLoadSettings
 from cwtrain.hotload.lifecycle.sources import RestoreSource, VersionSource
@@ -259,7 +261,7 @@ class VersionCycle:
         if outcome is not None and last:
             outcome.replicas_ready, outcome.replicas_total = last[0].ready, last[0].total
         if verify:
-            replicas = self.target.verify_served(hot_load.id, hot_load.identity)
+            replicas = verify_served(self.target.client, hot_load.id, hot_load.identity)
             if outcome is not None:
                 outcome.replicas_verified = len(replicas)
         return hot_load

@@ -9,7 +9,6 @@ here calls back into it::
     target = Target(client, deployment_id, poll_interval=5.0)   # the store: from its hotLoad block
     target.check_chain("run1-v000008", "run1-v000007")     # a delta within the cold-start limit
     hot_load = target.create("run1-v000008", SnapshotType.INCREMENTAL, "run1-v000007", budget=budget)
-    target.verify_served(hot_load.id, "run1-v000008")      # every replica READY on it
 
 **Single-flight.** When the service says another hot-load is in progress, :meth:`Target.create`
 adopts it if it is this request's earlier attempt (same ``hotLoadId``), otherwise waits for it to
@@ -38,7 +37,6 @@ from cwtrain.errors import (
     ConfigError,
     FailedPreconditionError,
     HotLoadInProgressError,
-    HotLoadVerificationError,
     PublishTimeoutError,
     TransportError,
 )
@@ -48,8 +46,8 @@ from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.hotload.store.prefix import SnapshotStore
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ResourceStatus, SnapshotType
-from cwtrain.infra.models import Deployment, HotLoad, HotLoadConfig, HotLoadReplica, IncrementalSnapshotMetadata
-from cwtrain.infra.objectstore import ObjectStoreDeadlineError
+from cwtrain.infra.models import Deployment, HotLoad, HotLoadConfig, IncrementalSnapshotMetadata
+from cwtrain.infra.objectstore import ObjectStore, ObjectStoreDeadlineError
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 from cwtrain.polling import Budget
 
@@ -92,10 +90,20 @@ class Target:
         self.client = client
         self.deployment_id = deployment_id
         self.poll_interval = poll_interval
-        self._store = store if store is not None else lambda: deployment_store(client.get_deployment(deployment_id), s3)
+        self._store = store
+        self._s3 = s3
 
     def __repr__(self) -> str:
         return f"Target(deployment_id={self.deployment_id!r})"
+
+    def polling(self, poll_interval: float) -> Target:
+        """This target (the same store, built once) polled every ``poll_interval`` seconds at most."""
+        other = Target(self.client, self.deployment_id, self._store, poll_interval, s3=self._s3)
+        if "store" in self.__dict__:  # built already: shared, not built twice
+            other.store = self.store
+        if "objects" in self.__dict__:
+            other.objects = self.objects
+        return other
 
     @classmethod
     def of_settings(cls, settings: HotLoadSettings) -> Target:
@@ -109,9 +117,18 @@ class Target:
         return cls(settings.client(), settings.deployment_id, poll_interval=POLL_INTERVAL)
 
     @functools.cached_property
+    def objects(self) -> ObjectStore:
+        """The object store (``s3`` as given, wrapped; built from the environment on first use)."""
+        return self._store.s3 if isinstance(self._store, SnapshotStore) else as_object_store(self._s3)
+
+    @functools.cached_property
     def store(self) -> SnapshotStore:
-        """The deployment's snapshot store (built on first use)."""
+        """The deployment's snapshot store (built on first use: from its ``hotLoad`` block unless given)."""
         store = self._store
+        if store is None:
+            deployment = self.client.get_deployment(self.deployment_id)
+            require_hot_load(deployment)  # before the object store is built: its error first
+            return deployment_store(deployment, self.objects)
         return store if isinstance(store, SnapshotStore) else store()
 
     # ------------------------------------------------------------------ listings
@@ -162,23 +179,6 @@ class Target:
         """The identities of ``hot_load``'s chain (itself, for a FULL) whose index is no longer stored."""
         identities = [ref.identity for ref in hot_load.snapshot_chain] or [hot_load.identity]
         return [identity for identity in identities if not self.store.index_exists(identity)]
-
-    # ------------------------------------------------------------------ replicas
-
-    def verify_served(self, hot_load_id: str, identity: str) -> list[HotLoadReplica]:
-        """Every replica READY on ``identity``, else :class:`~cwtrain.errors.HotLoadVerificationError`."""
-        replicas = self.client.list_hot_load_replicas(hot_load_id)
-        problems = [
-            f"{r.name}: {r.state.name} on {r.current_snapshot_identity or '?'!r}"
-            + (f" ({r.error_reason})" if r.error_reason else "")
-            for r in replicas
-            if not r.caught_up(identity)
-        ]
-        if not replicas:
-            problems = ["no replicas listed"]
-        if problems:
-            raise HotLoadVerificationError(self.client.get_hot_load(hot_load_id), replicas, problems)
-        return replicas
 
     # ------------------------------------------------------------------ create
 
