@@ -52,6 +52,15 @@ fi
 python=${CWTRAIN_CONTRACT_PYTHON:-$base/bin/python}
 [ -x "$python" ] || { echo "error: no $python: run scripts/contracts.sh --setup or set CWTRAIN_CONTRACT_PYTHON" >&2; exit 2; }
 cwtrain_path=$(printf '%s:' "$root"/packages/*/src)
+# cwtrain's code comes from this checkout's sources. Its entry points (a fork's slime dialect, the
+# frameworks' records, the CLI groups) need installed distributions: the six packages are installed
+# from their paths (never from an index) into a folder after the sources, which only their metadata
+# is read from.
+meta=$(mktemp -d)
+trap 'rm -rf "$meta"' EXIT
+"$python" -m pip install --quiet --no-deps --target "$meta" ./packages/cwtrain-core ./packages/cwtrain-local \
+  ./packages/cwtrain-slime ./packages/cwtrain-miles ./packages/cwtrain-nemo-rl ./packages/cwtrain-gym
+cwtrain_path="$cwtrain_path$meta"
 
 run() { # FRAMEWORK TREE MEGATRON SGLANG [pytest args]
   local framework=$1 tree=$2 megatron=$3 sglang=$4 variable commit
@@ -59,7 +68,8 @@ run() { # FRAMEWORK TREE MEGATRON SGLANG [pytest args]
   variable="CWTRAIN_$(echo "$framework" | tr '[:lower:]' '[:upper:]')_SRC"
   commit=$(git -C "$tree" rev-parse --short=9 HEAD 2>/dev/null || basename "$tree")
   echo "== $framework $commit ($tree)" >&2
-  if env -u CWTRAIN_SLIME_SRC -u CWTRAIN_MILES_SRC -u CUDA_DEVICE_MAX_CONNECTIONS \
+  # each run holds one framework's suite (the NeMo-RL and Gym suites are scripts/contracts-nemo.sh's)
+  if env -u CWTRAIN_SLIME_SRC -u CWTRAIN_MILES_SRC -u CWTRAIN_NEMO_RL_SRC -u CWTRAIN_GYM_VENV -u CUDA_DEVICE_MAX_CONNECTIONS \
       "$variable=$tree" CWTRAIN_CONTRACT_STRICT=1 PYTHONPATH="$tree:$megatron:$sglang:$cwtrain_path" \
       "$python" -m pytest tests/contracts -p no:cacheprovider -q "$@"; then
     results+=("passed: $framework $commit")

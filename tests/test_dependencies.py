@@ -45,8 +45,11 @@ PROVIDED_BY = {
 FRAMEWORK_PROVIDED: dict[str, set[str]] = {
     # the trainer's tokenizer is loaded with slime's transformers
     "cwtrain-slime": {"transformers"},
-    # NeMo-RL's workers are Ray actors; the Gym model server loads NeMo-RL's transformers tokenizer
-    "cwtrain-nemo-rl": {"ray", "transformers"},
+    # NeMo-RL's workers are Ray actors
+    "cwtrain-nemo-rl": {"ray"},
+    # the standalone model server (python -m cwtrain.integrations.gym.model_server) loads the trainer's
+    # tokenizer with the transformers of the training environment it runs in (NeMo-RL's image)
+    "cwtrain-gym": {"transformers"},
 }
 
 #: Declared distributions that no import shows, each with what needs it (none today: add a

@@ -75,16 +75,28 @@ def test_versions_agree_and_plugins_pin_core_to_the_same_version() -> None:
 
 
 def test_umbrella_extras_pull_each_package_from_its_path() -> None:
+    """Every cwtrain distribution an extra installs comes from its path, its own cwtrain dependencies included.
+
+    A plug-in that depends on another (miles on slime, NeMo-RL on Gym) names it by version in its
+    pyproject.toml; an extra that left it out would send pip to an index for it, where another
+    project's ``cwtrain-*`` distributions live.
+    """
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = meta["optional-dependencies"]
     assert set(extras) == {"torch", "local", "slime", "miles", "nemo-rl", "gym", "all"}
     for extra, deps in extras.items():
+        names = set()
         for dep in deps:
             name, _, url = dep.partition(" @ ")
             assert url.startswith("{root:uri}/packages/"), (extra, dep)
             assert (ROOT / url.removeprefix("{root:uri}/")).is_dir(), dep
-            if extra not in ("all", "torch"):
-                assert name == f"cwtrain-{extra}"
+            names.add(name.partition("[")[0])
+        if extra not in ("all", "torch"):
+            assert f"cwtrain-{extra}" in names, extra
+        for name in list(names):  # what the extra's packages need of cwtrain, core aside (the base dependency)
+            needed = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]
+            ours = {d.partition("==")[0].partition("[")[0] for d in needed["dependencies"] if d.startswith("cwtrain-")}
+            assert ours - {"cwtrain-core"} <= names, (extra, sorted(ours - names))
     assert len(extras["all"]) == 6
 
 

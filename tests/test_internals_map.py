@@ -95,8 +95,20 @@ def test_every_module_is_on_the_map_with_what_it_owns() -> None:
     assert not empty, f"rows without what the module owns: {empty}"
 
 
-def test_the_map_states_both_routes_of_publish_and_why_miles_needs_slime() -> None:
+def test_the_map_walks_a_publish_from_the_cli_and_slime_to_one_composer_and_says_why_miles_needs_slime() -> None:
     text = DOC.read_text(encoding="utf-8")
-    assert "### The two routes of `HotLoader.publish`" in text
-    assert "**A directory**" in text and "**Tensors in memory**" in text
+    walks = text.split("### Two walks of a publish: the CLI and slime's hook meet one composer", 1)[1].split("\n## ")[0]
+    cli, slime = walks.split("**`cwtrain hotload publish", 1)[1].split("**slime's post-write hook**", 1)
+    for walk in (cli, slime):
+        assert "`lifecycle/cycle.py` `VersionCycle.publish`" in walk  # the same composer, entered once
+        assert walk.count("`VersionCycle.publish`") == 1
+    # every room a walk names is a file of the packages, and the named functions are defined in it
+    sources = sorted(ROOT.glob("packages/*/src/cwtrain/**/*.py"))
+    for room, name in re.findall(r"`([a-z_]+(?:/[a-z_]+)*\.py)`(?: `([A-Za-z_.]+)`)?", walks):
+        files = [path for path in sources if path.as_posix().endswith("/" + room)]
+        assert len(files) == 1, f"the walks name {room}, which is {len(files)} files"
+        if name:
+            last = name.rsplit(".", 1)[-1]
+            code = files[0].read_text(encoding="utf-8")
+            assert f"def {last}(" in code or f"class {last}" in code, f"{room} defines no {name}"
     assert "why it depends on cwtrain-slime" in text

@@ -10,7 +10,7 @@ substitutions a GPU-less machine needs, and nothing else:
 
 Everything else is real: NeMo-RL's patched ``grpo.setup`` and ``grpo_train``, its NeMo Gym
 example script, its ``NemoGym`` actor (in the environment NeMo-RL's venv lookup finds),
-Gym's servers, cwtrain's generation, gym_model endpoint, synchronizer and run logger.
+Gym's servers, cwtrain's generation, model_server endpoint, synchronizer and run logger.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""cwtrain-gym and cwtrain's gym_model against the REAL NeMo Gym (``CWTRAIN_GYM_VENV``; skipped without it).
+"""cwtrain-gym and its model_server against the REAL NeMo Gym (``CWTRAIN_GYM_VENV``; skipped without it).
 
 Gym runs from its own environment, through its command line, as cwtrain drives it; its
 servers run in that environment too (``uv_venv_dir`` links, no package index needed).
@@ -9,7 +9,7 @@ replaced by three AIME-shaped rows (no network); nothing else is.
   recipe evaluates, whose rows need the prompt config the recipe passes;
 * the default collector drives real Gym with the recipe's settings: Gym's stdout ends up on
   stderr, scores are read, the endpoint is sampled with the deployment's model and key;
-* Gym's stock ``vllm_model`` for training talks to cwtrain's gym_model unchanged and gets the
+* Gym's stock ``vllm_model`` for training talks to cwtrain's model_server unchanged and gets the
   deployment's exact token ids and log-probs;
 * ``cwtrain gym eval`` end to end, and Gym's stock ``vllm_model`` configs unchanged against the
   local stack, need the local stack's ``/v1/chat/completions`` (skipped until it serves it).
@@ -129,7 +129,7 @@ def test_aime24_prepare_writes_what_the_recipe_evaluates(gym: Gym) -> None:
 
 @dataclass
 class Served:
-    """cwtrain's gym_model endpoint, serving a local deployment (and the local stack around it)."""
+    """cwtrain's model_server endpoint, serving a local deployment (and the local stack around it)."""
 
     base_url: str
     model: str
@@ -139,15 +139,16 @@ class Served:
     api_url: str
     bucket: str
     gateway_id: str
+    server_token: str  # the model server's bearer token: Gym's api_key for it
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """A local deployment of the tiny model behind cwtrain's gym_model endpoint (rendering chats
+    """A local deployment of the tiny model behind cwtrain's model_server endpoint (rendering chats
     with a HuggingFace tokenizer of the tiny model)."""
     from transformers import AutoTokenizer
 
-    from cwtrain.integrations.nemo_rl.gym_model import ChatRenderer, GymModel, GymModelServer
+    from cwtrain.integrations.gym import ChatRenderer, GymModel, GymModelServer
     from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig
     from cwtrain.local import LocalStack
 
@@ -168,7 +169,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         with GymModelServer(model, advertise="127.0.0.1") as server:
             yield Served(
                 server.base_url, target.model, target.base_url, stack.token, model, stack.api_url, stack.bucket,
-                target.gateway_id,
+                target.gateway_id, server.token,
             )  # fmt: skip
         model.sampler.close()
 
@@ -193,7 +194,7 @@ def test_collector_runs_real_gym_with_the_recipes_evaluation(
     # the recipe's config, wrapped only to run Gym's servers in the linked environments
     config = settings_file(gym, tmp_path / "gym.yaml", [settings["GYM_CONFIG"]])
     job = CollectionJob(
-        endpoint=GymEndpoint(served.base_url, served.model, "any-key", token_ids=False),
+        endpoint=GymEndpoint(served.base_url, served.model, served.server_token, token_ids=False),
         config_paths=(config,),
         input_path=prepared,
         output_path=tmp_path / "results" / "rollouts.jsonl",
@@ -242,9 +243,9 @@ def test_stock_training_model_server_gets_exact_ids_from_gym_model(
         encoding="utf-8",
     )  # fmt: skip
     served.endpoint.clear_metrics()
-    # NeMo-RL's NemoGym actor gives Gym a dummy key: gym_model uses the deployment's own
+    # NeMo-RL's NemoGym actor gives Gym a dummy key: model_server uses the deployment's own
     job = CollectionJob(
-        endpoint=GymEndpoint(served.base_url, served.model, "dummy_key", token_ids=True),
+        endpoint=GymEndpoint(served.base_url, served.model, served.server_token, token_ids=True),
         config_paths=(config,),
         input_path=rows,
         output_path=tmp_path / "results" / "rollouts.jsonl",
@@ -271,7 +272,7 @@ def test_stock_training_model_server_gets_exact_ids_from_gym_model(
 def test_stock_model_server_configs_work_against_the_local_stack(
     gym: Gym, served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_config: str
 ) -> None:
-    """Gym's own model server configs, pointed at the local deployment itself (no gym_model)."""
+    """Gym's own model server configs, pointed at the local deployment itself (no model_server)."""
     if not local_chat_served(served.deployment_base_url, served.model, served.token):
         pytest.skip("the local stack does not serve /v1/chat/completions (and /tokenize) yet: see issue 19")
     config = settings_file(

@@ -419,7 +419,7 @@ def test_grpo_with_a_nemo_gym_environment_trains_against_the_local_stack(
     assert all(value == 1.0 for _, value in scalars["hotload/completed"])
     assert [value for _, value in scalars["hotload/incremental"]] == [0.0] + [1.0] * (steps - 1)
     assert all(value > 0 for _, value in scalars["hotload/wire_bytes"])  # the policy changed every step
-    # Gym's rollouts came through cwtrain's gym_model endpoint, served by the published versions
+    # Gym's rollouts came through cwtrain's model_server endpoint, served by the published versions
     assert [value for _, value in scalars["train/coreweave/gym_requests"]] == [8.0] * steps
     assert [value for _, value in scalars["train/coreweave/served_version"]] == [float(v) for v in range(steps)]
     assert len(scalars["train/reward"]) == steps

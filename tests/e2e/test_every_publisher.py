@@ -171,8 +171,9 @@ class SlimeLive(Publisher):
     def __init__(self, tmp: Path, hf: Path, base: dict[str, Any]) -> None:
         from slime_driver import slime_args
 
+        from cwtrain.hotload import SingleProcess
         from cwtrain.integrations.slime import HookConfig
-        from cwtrain.integrations.slime.tensors import SingleProcess, TensorPublisher
+        from cwtrain.integrations.slime.tensors import TensorPublisher
 
         super().__init__(tmp, hf, base)
         self.args = slime_args(tmp, hf)

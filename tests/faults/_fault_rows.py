@@ -233,7 +233,7 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "JSON nested far deeper than any real document",
         "request files (deployment/gateway create -f), CWTRAIN_API_HEADERS, an API answer, bodies to the local "
         "control plane, gateway and replica, a Gym rollouts file: 129, 900 and 100,000 levels deep (a completions "
-        "answer: malformed-answer; gym_model's body: gym-relay)",
+        "answer: malformed-answer; the Gym model_server's body: gym-relay)",
         "a clear error naming the input (exit 1, or 400 in the server's shape), never RecursionError; nothing sent",
     ),
     "undecodable-name": (
@@ -258,7 +258,7 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "error status; the sampler retries and never returns a truncated completion as finished",
     ),
     "gym-relay": (
-        "NeMo-RL's gym_model endpoint as an open relay",
+        "the Gym model_server endpoint as an open relay",
         "requests without a token, with Gym's placeholder key or a wrong one (declaring a 1 GiB body), an oversized "
         "or malformed body, a 100,000-deep body; a server advertised on one address reached on another",
         "401 before a byte of the body is read, 413/400 at once, nothing forwarded to the deployment; it listens only "

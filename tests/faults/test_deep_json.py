@@ -9,8 +9,8 @@ Each input below gets a clear error naming it instead of "internal error ... thi
 - ``CWTRAIN_API_HEADERS``: exit 1, one line naming the variable (not its value), nothing sent;
 - an API answer: a ``TransportError``;
 - the local control plane and gateway: 400 in the server's error shape, and the server
-  goes on answering (the replica: ``test_local_boundaries.py``; NeMo-RL's gym_model:
-  ``tests/nemo_rl/test_gym_model.py``; the rollout sampler: ``tests/core/test_rollout_responses.py``);
+  goes on answering (the replica: ``test_local_boundaries.py``; the Gym model_server:
+  ``tests/gym/test_model_server.py``; the rollout sampler: ``tests/core/rollout/test_rollout_responses.py``);
 - a NeMo Gym rollouts file: a ``CWTrainError`` naming the file and line.
 """
 

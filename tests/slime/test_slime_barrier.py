@@ -1,6 +1,6 @@
 """No rank times out while rank 0 publishes: the gloo group's timeout, on two real gloo ranks.
 
-slime (and miles) make the other ranks wait in a barrier on a gloo group created without a
+slime (and its forks) make the other ranks wait in a barrier on a gloo group created without a
 timeout, so torch's default applies. Here torch's default is shortened to one second (it
 stands in for the real 30 minutes), rank 0's publish takes 2.5 s, within
 ``CWTRAIN_HOTLOAD_TIMEOUT=3``, and the ranks follow slime's call order: the baseline on

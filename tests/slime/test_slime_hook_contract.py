@@ -53,7 +53,7 @@ def test_import_loads_no_framework() -> None:
     import subprocess
 
     code = (
-        "import sys, cwtrain.integrations.slime, cwtrain.integrations.miles;"
+        "import sys, cwtrain.integrations.slime;"
         "bad=[m for m in ('torch','ray','slime','miles') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -494,9 +494,6 @@ def test_a_slime_that_could_never_publish_is_stopped_at_start(slime_stubs: Path,
     args.update_weight_standalone_publish = True
     init_hook(args)
     init_hook(slime_args(tmp_path, tmp_path / "hf", rollout_num_gpus=8))  # local engines: slime runs the hook
-    miles_like = slime_args(tmp_path, tmp_path / "hf", rollout_num_gpus=0, update_weight_transfer_mode="disk-delta")
-    del miles_like.update_weight_mode
-    init_hook(miles_like)  # miles runs its updater without engines
 
 
 def test_every_process_of_a_run_derives_the_same_run_id(monkeypatch: pytest.MonkeyPatch) -> None:

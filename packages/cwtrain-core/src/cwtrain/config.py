@@ -101,7 +101,8 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar(
         "CWTRAIN_GYM_MODEL_TOKEN",
         "random, printed",
-        "bearer token of NeMo-RL's standalone gym_model endpoint (Gym's policy_api_key)",
+        "bearer token of the standalone Gym model server, python -m cwtrain.integrations.gym.model_server (Gym's "
+        "policy_api_key)",
         secret=True,
     ),
     EnvVar(

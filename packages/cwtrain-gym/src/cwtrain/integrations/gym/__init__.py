@@ -39,14 +39,41 @@ any other way (a function ``collector(job: CollectionJob) -> CollectionResult | 
 Environment: ``COREWEAVE_API_TOKEN``/``CW_API_TOKEN`` (API token, Inference Admin role),
 ``COREWEAVE_API_URL``; the CLI uses ``CWTRAIN_ROLLOUT_API_KEY`` as the endpoint key when
 set, else the API token. The recipe in ``recipes/nemo-gym`` runs this as a Kubernetes Job.
+
+For training, :mod:`~cwtrain.integrations.gym.model_server` (:class:`GymModelServer`) is the
+OpenAI endpoint Gym's stock ``vllm_model`` model server samples the deployment through: chats
+rendered with the trainer's tokenizer become token-id completions, with exact ids kept across
+turns (NeMo-RL's ``coreweave`` backend starts it; ``python -m
+cwtrain.integrations.gym.model_server`` serves it on its own).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cwtrain.integrations.gym.collect import GymNotInstalledError
+
+if TYPE_CHECKING:  # what type checkers see; the names load on first use (_LAZY)
+    from cwtrain.integrations.gym.collect import (
+        CheckedCollector,
+        CollectionJob,
+        CollectionResult,
+        Collector,
+        GymCLICollector,
+        GymEndpoint,
+        policy_overlay,
+        require_gym,
+    )
+    from cwtrain.integrations.gym.evaluation import GymEvalResult, evaluate, load_request
+    from cwtrain.integrations.gym.model_server import (
+        ChatRenderer,
+        ChatTokenizer,
+        GymModel,
+        GymModelError,
+        GymModelServer,
+    )
+    from cwtrain.integrations.gym.scores import AgentScore, GymScores, read_scores
 
 _LAZY = {
     "CheckedCollector": "cwtrain.integrations.gym.collect",
@@ -63,10 +90,17 @@ _LAZY = {
     "GymEvalResult": "cwtrain.integrations.gym.evaluation",
     "evaluate": "cwtrain.integrations.gym.evaluation",
     "load_request": "cwtrain.integrations.gym.evaluation",
+    "ChatRenderer": "cwtrain.integrations.gym.model_server",
+    "ChatTokenizer": "cwtrain.integrations.gym.model_server",
+    "GymModel": "cwtrain.integrations.gym.model_server",
+    "GymModelError": "cwtrain.integrations.gym.model_server",
+    "GymModelServer": "cwtrain.integrations.gym.model_server",
 }
 
 __all__ = [
     "AgentScore",
+    "ChatRenderer",
+    "ChatTokenizer",
     "CheckedCollector",
     "CollectionJob",
     "CollectionResult",
@@ -74,6 +108,9 @@ __all__ = [
     "GymCLICollector",
     "GymEndpoint",
     "GymEvalResult",
+    "GymModel",
+    "GymModelError",
+    "GymModelServer",
     "GymNotInstalledError",
     "GymScores",
     "evaluate",

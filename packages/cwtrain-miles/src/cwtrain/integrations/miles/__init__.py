@@ -53,7 +53,9 @@ Entry points (miles loads ``module.attr``; a class is built with
   saves and failed exports publish nothing). See :mod:`~cwtrain.integrations.miles.post_save`.
 
 miles discards what its hooks return: the ``hotload/*`` metrics go to the run's own logger
-through miles' tracking (:mod:`cwtrain.integrations.slime.tracking`).
+through miles' tracking. Where miles' words differ from slime's (its namespace, its gloo
+group, its tracking, ``disk-delta``), :data:`~cwtrain.integrations.miles.dialect.MILES_DIALECT`
+tells slime's hooks, registered in the ``cwtrain.slime.dialects`` entry-point group.
 
 ``train.py`` (synchronous) and ``train_async.py`` (generation k+1 overlaps training k) both
 work. With ``CWTRAIN_HOTLOAD_WAIT=0`` the hook returns once the hot-load exists and the next

@@ -25,8 +25,8 @@ What miles hands over, and what the hook does with it:
   keeps training and still calls the hook). Not published; the next complete export is
   published over the last one that was.
 
-miles discards the hook's return value, so the metrics also go to the run's logger
-(:mod:`cwtrain.integrations.slime.tracking`).
+miles discards the hook's return value, so the metrics also go to the run's logger: miles'
+tracking (:data:`~cwtrain.integrations.miles.dialect.MILES_DIALECT`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from cwtrain.errors import ConfigError
 from cwtrain.hotload import HotLoader, HotLoadSettings, PublishOutcome, PublishSession
 from cwtrain.integrations.slime import default_run_id, is_rank_zero, log_metrics, state_dir_for
 
+from .dialect import MILES_DIALECT
 from .runtime import MilesRuntime
 
 __all__ = ["COMPLETE_MARKER", "PostSavePublisher", "post_save_hook"]
@@ -170,6 +171,6 @@ def post_save_hook(
     publisher = MilesRuntime.current().post_save(lambda: PostSavePublisher.from_env(args))
     merged: dict[str, float] = {}
     for record in publisher.publish(args, rollout_id, hf_checkpoint_dir):
-        log_metrics(args, record, run_id=publisher.run_id)
+        log_metrics(args, record, run_id=publisher.run_id, dialect=MILES_DIALECT)
         merged.update(record)
     return merged

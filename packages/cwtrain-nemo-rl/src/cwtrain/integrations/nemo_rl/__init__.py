@@ -1,7 +1,7 @@
 """cwtrain-nemo-rl: NeMo-RL GRPO sampling from a CoreWeave deployment, weights by hot-load.
 
 Install in the NeMo-RL (v0.7.0) image from a cwtrain checkout (``pip install
-./packages/cwtrain-nemo-rl``), then apply the GRPO patch once
+./packages/cwtrain-gym ./packages/cwtrain-nemo-rl``), then apply the GRPO patch once
 (``python -m cwtrain.integrations.nemo_rl.patch``) and set::
 
     policy:
@@ -31,8 +31,9 @@ Pieces: :class:`CoreWeaveGeneration` (the ``GenerationInterface``),
 (cwtrain's workers get the prebuilt environments of the NeMo-RL workers they extend,
 :func:`worker_executable`), :func:`worker_env` (ship cwtrain to those environments),
 :mod:`~cwtrain.integrations.nemo_rl.metrics` (the run logger that writes ``hotload/*`` and
-``coreweave/*``), :mod:`~cwtrain.integrations.nemo_rl.gym_model` (the OpenAI endpoint NeMo
-Gym's model server samples the deployment through). Variables:
+``coreweave/*``); with NeMo Gym, the generation starts cwtrain-gym's
+:mod:`~cwtrain.integrations.gym.model_server` (the OpenAI endpoint NeMo Gym's model server
+samples the deployment through). Variables:
 ``CWTRAIN_ROLLOUT_*`` and ``CWTRAIN_HOTLOAD_*`` (config keys win; see
 :mod:`~cwtrain.integrations.nemo_rl.config`). NeMo-RL itself is not a dependency:
 importing a piece that needs it without it raises ``ImportError`` naming the install

@@ -9,8 +9,8 @@ come back through :mod:`cwtrain.integrations.rollout`. Weights move by hot-load
 collective and IPC refit methods are never used: ``init_collective`` returns no futures.
 
 With NeMo Gym (``env.should_use_nemo_gym``), Gym's model server samples through
-``dp_openai_server_base_urls``: the URL of cwtrain's
-:mod:`~cwtrain.integrations.nemo_rl.gym_model` endpoint, which this object starts in the
+``dp_openai_server_base_urls``: the URL of cwtrain-gym's
+:mod:`~cwtrain.integrations.gym.model_server` endpoint, which this object starts in the
 driver on first use (rendering chats with the trainer's tokenizer, salting with the
 synchronizer's served identity). ``served_model_name`` is the deployment's model name
 (what NeMo-RL's patched ``setup`` gives Gym as ``policy_model_name``), and
@@ -36,7 +36,7 @@ sample for ``run_id`` and learn each version the synchronizer publishes
 
 ``get_logger_metrics()`` returns the last batch's ``coreweave/*`` numbers, the versions
 it served (``coreweave/served_version_*``, ``coreweave/stale_rerequested``,
-``coreweave/mixed_groups_resampled``) summed over its requests, and the gym_model
+``coreweave/mixed_groups_resampled``) summed over its requests, and the model_server
 endpoint's ``coreweave/gym_*`` ones; ``grpo_train`` nests them under
 ``generation_logger_metrics``, which the run logger of the setup wrapper flattens
 (:mod:`cwtrain.integrations.nemo_rl.metrics`).
@@ -59,7 +59,7 @@ from cwtrain.integrations.nemo_rl.protocols import Tokenizer, WeightSync
 from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams, merge_batches
 
 if TYPE_CHECKING:
-    from cwtrain.integrations.nemo_rl.gym_model import GymModelServer
+    from cwtrain.integrations.gym import GymModelServer
 
 # NeMo-RL's classes, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
 BatchedDataDict: Any = require(NEMO_RL, "nemo_rl.distributed.batched_data_dict").BatchedDataDict
@@ -112,7 +112,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
 
     @property
     def dp_openai_server_base_urls(self) -> list[str]:
-        """Where NeMo Gym's model server samples: cwtrain's gym_model endpoint (started on first use)."""
+        """Where NeMo Gym's model server samples: cwtrain-gym's model_server endpoint (started on first use)."""
         return [self.gym_model_server().base_url]
 
     @property
@@ -121,7 +121,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         return self.settings.rollout.model
 
     def configure_nemo_gym(self, nemo_gym: MutableMapping[str, Any], server_name: str = "policy_model") -> None:
-        """Give Gym's model server the gym_model endpoint's bearer token (starting the endpoint).
+        """Give Gym's model server the model_server endpoint's bearer token (starting the endpoint).
 
         ``nemo_gym`` is NeMo-RL's ``env.nemo_gym``, the Gym config it hands Gym on top of the
         config files (Gym merges it last). NeMo-RL sets ``policy_api_key`` to a placeholder
@@ -132,10 +132,10 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         servers.setdefault("vllm_model", {})["api_key"] = self.gym_model_server().token
 
     def gym_model_server(self) -> GymModelServer:
-        """The :mod:`~cwtrain.integrations.nemo_rl.gym_model` endpoint of this generation, started once."""
+        """The :mod:`~cwtrain.integrations.gym.model_server` endpoint of this generation, started once."""
         with self._gym_lock:
             if self._gym_server is None:
-                from cwtrain.integrations.nemo_rl.gym_model import ChatRenderer, GymModel, GymModelServer
+                from cwtrain.integrations.gym import ChatRenderer, GymModel, GymModelServer
 
                 # its own sampler without a tokenizer: a refused token-id prompt must fail, not go as text
                 sampler = CompletionSampler(self.settings.rollout, run_id=self.sampler.run_id)
@@ -160,8 +160,8 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         salt = rollout_cache_salt(identity)
         if salt is None:
             raise RolloutError(
-                "no snapshot identity is served yet: the first refit publishes one (the gym_model endpoint salts the "
-                "prompt cache with it and samples nothing before)"
+                "no snapshot identity is served yet: the first refit publishes one (the model_server endpoint salts "
+                "the prompt cache with it and samples nothing before)"
             )
         return salt
 
@@ -195,7 +195,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         self.refit_info = state_dict_info
 
     def shutdown(self) -> bool:
-        """Stop the gym_model endpoint, if started, and close the connection pools."""
+        """Stop the model_server endpoint, if started, and close the connection pools."""
         with self._gym_lock:
             server, self._gym_server = self._gym_server, None
         if server is not None:
@@ -205,7 +205,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         return True
 
     def get_logger_metrics(self) -> dict[str, Any]:
-        """The last batch's ``coreweave/*`` metrics (and the gym_model endpoint's since the last clear)."""
+        """The last batch's ``coreweave/*`` metrics (and the model_server endpoint's since the last clear)."""
         metrics = dict(self._metrics)
         server = self._gym_server
         if server is not None:

@@ -166,8 +166,8 @@ def _check_nemo_gym(master_config: Any, generation: Mapping[str, Any]) -> None:
     if not (generation.get("coreweave_cfg") or {}).get("max_model_len"):
         raise ConfigError(
             "env.should_use_nemo_gym with the coreweave backend needs policy.generation.coreweave_cfg.max_model_len "
-            "(the deployment's context length: NeMo-RL's Gym rollouts read it, and cwtrain's gym_model caps each "
-            "turn's max_tokens with it)"
+            "(the deployment's context length: NeMo-RL's Gym rollouts read it, and cwtrain's model_server caps "
+            "each turn's max_tokens with it)"
         )
 
 

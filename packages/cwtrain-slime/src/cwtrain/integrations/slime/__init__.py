@@ -70,6 +70,11 @@ Nothing here imports slime, Ray or torch until it is used; a missing one raises
 What the plug-in keeps between calls (the run's publisher, the actor client, the tokenizer
 and samplers) lives in one object per process, ``SlimeRuntime.current()``
 (:class:`~cwtrain.integrations.slime.runtime.SlimeRuntime`); :func:`reset` starts it over.
+
+A fork of slime with the same namespace and hook calls reuses these entry points: its
+plug-in registers a :class:`~cwtrain.integrations.slime.dialect.Dialect` (its gloo group,
+its logger, its delta flag), which the hooks pick for its runs
+(:mod:`~cwtrain.integrations.slime.dialect`).
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ from typing import Any
 
 from .barrier import init_hook
 from .config import HookConfig, is_rank_zero, state_dir_for
+from .dialect import SLIME_DIALECT, Dialect, dialect_of
 from .post_write import actor_hook, drain, hook
 from .publisher import SlimePublisher
 from .rollout import (
@@ -93,17 +99,20 @@ from .rollout import (
 from .runtime import SlimeRuntime, default_run_id, reset
 from .tracking import log_metrics
 
-# What miles, slime's fork, reuses: the same hooks, rollout glue and logger calls on the same
-# argument namespace (docs/internals.md says why miles depends on this plug-in).
+# What the plug-in of a fork of slime reuses: the same hooks, rollout glue and logger calls on the
+# same argument namespace, its Dialect saying what differs (docs/internals.md says why).
 __all__ = [
     "REFUSED_FLAGS",
+    "SLIME_DIALECT",
     "DataSource",
+    "Dialect",
     "HookConfig",
     "RewardHooks",
     "SlimePublisher",
     "SlimeRuntime",
     "actor_hook",
     "default_run_id",
+    "dialect_of",
     "drain",
     "hook",
     "init_hook",

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def ray_module() -> ModuleType:
-    """``ray``, or ``ImportError`` naming the install (the slime and miles images ship it)."""
+    """``ray``, or ``ImportError`` naming the install (the framework images ship it)."""
     return require(RAY)
 
 

@@ -2,14 +2,15 @@
 
 ::
 
-    --custom-megatron-init-path cwtrain.integrations.slime.init_hook   # slime and miles, every rank
+    --custom-megatron-init-path cwtrain.integrations.slime.init_hook   # every rank
 
 While rank 0 uploads and hot-loads a version, every other train rank waits in a barrier on
-the framework's gloo group (``get_gloo_group()`` of ``slime.utils.distributed_utils`` or
-``miles.utils.distributed_utils``). slime and miles create that group without a timeout, so
-torch's default applies (30 minutes), not ``--distributed-timeout-minutes``: a publish
-longer than that kills the run. :func:`init_hook`, which slime and miles call on every train
-rank once the process groups exist, gives the group :func:`barrier_timeout`:
+the framework's gloo group (``get_gloo_group()`` of ``slime.utils.distributed_utils``, or of
+the modules a fork's :class:`~cwtrain.integrations.slime.dialect.Dialect` names). slime
+creates that group without a timeout, so torch's default applies (30 minutes), not
+``--distributed-timeout-minutes``: a publish longer than that kills the run. :func:`init_hook`,
+which slime calls on every train rank once the process groups exist, gives the group
+:func:`barrier_timeout`:
 
     max(``--distributed-timeout-minutes``, 2 × ``CWTRAIN_HOTLOAD_TIMEOUT``, torch's default)
 
@@ -17,8 +18,8 @@ rank once the process groups exist, gives the group :func:`barrier_timeout`:
 again covers the local work around it: checksums, the served copy, staging). slime
 re-creates the group when it offloads the trainer (``--offload-train``, a critic); the init
 hook makes every re-created group get the same timeout, and the post-write hook re-applies
-it on every rank at each version. Only the init hook covers the baseline, which slime and
-miles hand to rank 0 alone while the others already wait.
+it on every rank at each version. Only the init hook covers the baseline, which slime hands
+to rank 0 alone while the others already wait.
 
 A run that already uses ``--custom-megatron-init-path`` for its own function calls
 ``cwtrain.integrations.slime.init_hook(args)`` from it.
@@ -42,8 +43,9 @@ from cwtrain.config import env_float
 from cwtrain.errors import ConfigError
 from cwtrain.hotload import DEFAULT_TIMEOUT
 
+from .dialect import Dialect, dialect_of, hook_paths
+
 __all__ = [
-    "HOOK_PATHS",
     "barrier_timeout",
     "check_standalone_publish",
     "extend_gloo_timeout",
@@ -57,11 +59,6 @@ log = logging.getLogger(__name__)
 TORCH_DEFAULT_TIMEOUT = timedelta(minutes=30)
 """torch's default timeout of a gloo group created without one (``default_pg_timeout``)."""
 
-#: The post-write hooks of cwtrain, as ``--custom-update-weight-post-write-path`` names them.
-HOOK_PATHS: tuple[str, ...] = tuple(
-    f"cwtrain.integrations.{package}.{name}" for package in ("slime", "miles") for name in ("hook", "actor_hook")
-)
-
 
 def barrier_timeout(args: argparse.Namespace | None, environ: Mapping[str, str] | None = None) -> timedelta:
     """How long a rank may wait for rank 0's publish.
@@ -69,7 +66,7 @@ def barrier_timeout(args: argparse.Namespace | None, environ: Mapping[str, str] 
     ``max(--distributed-timeout-minutes, 2 × CWTRAIN_HOTLOAD_TIMEOUT, 30 minutes)``.
 
     Args:
-        args: slime's or miles' namespace (``distributed_timeout_minutes``).
+        args: the framework's namespace (``distributed_timeout_minutes``).
         environ: the variables to read (default ``os.environ``).
 
     Raises:
@@ -81,16 +78,12 @@ def barrier_timeout(args: argparse.Namespace | None, environ: Mapping[str, str] 
     return max(configured, timedelta(seconds=2 * publish), TORCH_DEFAULT_TIMEOUT)
 
 
-def _framework_modules(args: argparse.Namespace | None) -> tuple[str, ...]:
-    """The framework's modules holding the gloo group: miles' for a miles run, slime's otherwise."""
-    if args is not None and hasattr(args, "update_weight_transfer_mode"):
-        return ("miles.utils.distributed_utils",)
-    return ("slime.utils.distributed_utils", "slime.utils.reloadable_process_group")
+def gloo_group(args: argparse.Namespace | None = None, *, dialect: Dialect | None = None) -> Any:
+    """The framework's gloo group in this process, or ``None`` (no framework, or not created yet).
 
-
-def gloo_group(args: argparse.Namespace | None = None) -> Any:
-    """The framework's gloo group in this process, or ``None`` (no framework, or not created yet)."""
-    module = sys.modules.get(_framework_modules(args)[0])
+    The framework is ``dialect``, by default :func:`~cwtrain.integrations.slime.dialect.dialect_of` ``args``.
+    """
+    module = sys.modules.get((dialect or dialect_of(args)).gloo_modules[0])
     getter = getattr(module, "get_gloo_group", None)
     if getter is None:
         return None
@@ -132,23 +125,25 @@ def set_group_timeout(group: Any, timeout: timedelta) -> timedelta | None:
     return timeout
 
 
-def extend_gloo_timeout(args: argparse.Namespace | None, environ: Mapping[str, str] | None = None) -> timedelta | None:
-    """Give the framework's gloo group :func:`barrier_timeout` (when this process has one)."""
-    group = gloo_group(args)
+def extend_gloo_timeout(
+    args: argparse.Namespace | None, environ: Mapping[str, str] | None = None, *, dialect: Dialect | None = None
+) -> timedelta | None:
+    """Give the framework's gloo group :func:`barrier_timeout` (when this process has one; see :func:`gloo_group`)."""
+    group = gloo_group(args, dialect=dialect)
     if group is None:
         return None
     return set_group_timeout(group, barrier_timeout(args, environ))
 
 
-def _keep_timeout(function: Callable[..., Any], args: argparse.Namespace) -> Callable[..., Any]:
-    """``function`` (slime's ``init_gloo_group`` / ``set_gloo_group``), then the timeout on the group now set."""
+def _keep_timeout(function: Callable[..., Any], args: argparse.Namespace, dialect: Dialect) -> Callable[..., Any]:
+    """``function`` (the framework's ``init_gloo_group`` / ``set_gloo_group``), then the timeout on the group now set."""
     if getattr(function, "__cwtrain_timeout__", False):
         return function
 
     @functools.wraps(function)
     def wrapper(*call_args: Any, **kwargs: Any) -> Any:
         result = function(*call_args, **kwargs)
-        extend_gloo_timeout(args)
+        extend_gloo_timeout(args, dialect=dialect)
         return result
 
     wrapper.__cwtrain_timeout__ = True  # type: ignore[attr-defined]
@@ -167,8 +162,8 @@ def check_standalone_publish(args: argparse.Namespace) -> None:
         ConfigError: naming the patch or the flag.
     """
     if not hasattr(args, "update_weight_mode") or getattr(args, "rollout_num_gpus", None) != 0:
-        return  # miles (its update_weights runs without engines) or a run with local engines
-    if getattr(args, "custom_update_weight_post_write_path", None) not in HOOK_PATHS:
+        return  # not slime's namespace (a fork without --update-weight-mode), or a run with local engines
+    if getattr(args, "custom_update_weight_post_write_path", None) not in hook_paths():
         return
     if not hasattr(args, "update_weight_standalone_publish"):
         raise ConfigError(
@@ -185,24 +180,26 @@ def check_standalone_publish(args: argparse.Namespace) -> None:
 
 
 def init_hook(args: argparse.Namespace) -> None:
-    """slime's and miles' ``--custom-megatron-init-path`` function: keep waiting ranks alive.
+    """slime's ``--custom-megatron-init-path`` function (and its forks'): keep waiting ranks alive.
 
-    Called on every train rank after the process groups exist. Gives the gloo group
-    :func:`barrier_timeout`, makes every group slime re-creates later get it too, and checks
-    that a slime run without local engines can publish (:func:`check_standalone_publish`).
+    Called on every train rank after the process groups exist. Gives the gloo group of the
+    namespace's dialect :func:`barrier_timeout`, makes every group the framework re-creates
+    later get it too, and checks that a slime run without local engines can publish
+    (:func:`check_standalone_publish`).
 
     Args:
-        args: slime's or miles' namespace.
+        args: the framework's namespace.
 
     Raises:
         ConfigError: the run could never publish, or ``CWTRAIN_HOTLOAD_TIMEOUT`` is malformed.
     """
     check_standalone_publish(args)
-    timeout = extend_gloo_timeout(args)
-    for name in _framework_modules(args):
+    dialect = dialect_of(args)
+    timeout = extend_gloo_timeout(args, dialect=dialect)
+    for name in dialect.gloo_modules:
         module = sys.modules.get(name)
         for attr in ("init_gloo_group", "set_gloo_group"):
             function = getattr(module, attr, None)
             if callable(function):
-                setattr(module, attr, _keep_timeout(function, args))
+                setattr(module, attr, _keep_timeout(function, args, dialect))
     log.info("ranks waiting for rank 0's publish wait up to %s (the gloo group's timeout)", timeout)

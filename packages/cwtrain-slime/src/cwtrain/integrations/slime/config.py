@@ -1,4 +1,4 @@
-"""Configuration of the slime/miles hook: :class:`HookConfig`, run ids, ranks, slime's own flags.
+"""Configuration of the slime hook: :class:`HookConfig`, run ids, ranks, slime's own flags.
 
 :class:`HookConfig` is core's :class:`~cwtrain.hotload.HotLoadSettings` (the one reader of
 the ``CWTRAIN_HOTLOAD_*``, ``COREWEAVE_API_URL`` and ``CWTRAIN_API_*`` variables, their
@@ -55,12 +55,12 @@ def run_id_from(args: argparse.Namespace | None, stamp: str) -> str:
 
     The basename of ``--update-weight-disk-dir`` (characters outside ``[A-Za-z0-9._-]`` become
     ``-``; empty gives ``slime``), then ``-<wandb run id>`` when the run logs to wandb (slime
-    and miles give every process the same ``args.wandb_run_id``), else ``-<stamp>``; cut to 100
+    and its forks give every process the same ``args.wandb_run_id``), else ``-<stamp>``; cut to 100
     characters. :func:`cwtrain.integrations.slime.default_run_id` supplies the stamp, taken
     once per process.
 
     Args:
-        args: slime's or miles' argument namespace (``update_weight_disk_dir``, ``wandb_run_id``).
+        args: slime's argument namespace, or a fork's (``update_weight_disk_dir``, ``wandb_run_id``).
         stamp: the UTC time (``%Y%m%dT%H%M%SZ``) this process started the run.
     """
     return f"{_run_base(args)}-{_wandb_run_id(args) or stamp}"[:_DEFAULT_RUN_ID_LENGTH]
@@ -70,7 +70,7 @@ def shared_run_id(args: argparse.Namespace | None, environ: Mapping[str, str] | 
     """The run id every process of one run derives alike, or ``None`` when only a stamp could tell.
 
     ``CWTRAIN_HOTLOAD_RUN_ID``, else ``<basename of --update-weight-disk-dir>-<wandb run id>``
-    when ``args.wandb_run_id`` is set (slime's and miles' driver set it before creating the
+    when ``args.wandb_run_id`` is set (slime's driver, and its forks', set it before creating the
     train actors and the rollout manager). The hook on rank 0 and the rollout function in the
     rollout manager run in different processes; this is what lets both name the same run.
 
@@ -116,7 +116,7 @@ def is_rank_zero(args: argparse.Namespace | None = None) -> bool:
 
 
 class HookConfig(HotLoadSettings):
-    """Settings of the slime/miles post-write hook: core's hot-load settings, fields in the same order.
+    """Settings of the slime post-write hook: core's hot-load settings, fields in the same order.
 
     ``state_dir`` empty means ``<--update-weight-disk-dir>-hotload`` (:meth:`with_state_dir`).
     """
@@ -141,7 +141,7 @@ class HookConfig(HotLoadSettings):
 
 
 def check_delta_args(args: argparse.Namespace) -> None:
-    """Refuse slime/miles delta settings the engine cannot apply, naming the flag to pass.
+    """Refuse slime's delta settings the engine cannot apply, naming the flag to pass.
 
     The deployment applies only XOR deltas with Adler-32 checksums, so
     ``--update-weight-delta-encoding xor`` and ``--update-weight-delta-checksum adler32`` are

@@ -3,7 +3,7 @@
 Core's :mod:`cwtrain.integrations.frameworks` holds only the mechanism (``require``,
 ``install_line``); this record is the plug-in's own. Core finds it, to name the fix for a
 missing ``slime`` or ``ray`` module, through the ``cwtrain.frameworks`` entry-point group
-of this package's ``pyproject.toml``. cwtrain-miles, slime's fork, reuses ``RAY``.
+of this package's ``pyproject.toml``. The plug-ins of slime's forks reuse ``RAY``.
 """
 
 from __future__ import annotations

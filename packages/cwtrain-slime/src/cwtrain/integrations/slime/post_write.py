@@ -1,4 +1,4 @@
-"""The post-write hooks slime and miles call after writing each weight version, and ``drain``.
+"""The post-write hooks slime calls after writing each weight version, and ``drain``.
 
 ``--custom-update-weight-post-write-path cwtrain.integrations.slime.hook`` makes slime's
 ``load_function`` import :mod:`cwtrain.integrations.slime` and take its attribute ``hook``
@@ -6,8 +6,10 @@
 rank 0 (the baseline) and with each ``weight_vNNNNNN`` directory on every rank; only rank 0
 publishes, the other ranks give the gloo group its timeout
 (:func:`~cwtrain.integrations.slime.barrier.extend_gloo_timeout`) and wait in slime's barrier.
-slime and miles discard what the hook returns, so rank 0 also hands the metrics to the run's
-logger (:mod:`~cwtrain.integrations.slime.tracking`).
+slime discards what the hook returns, so rank 0 also hands the metrics to the run's logger
+(:mod:`~cwtrain.integrations.slime.tracking`). A fork of slime that calls the hook the same way
+(its plug-in reuses these functions) is served by its
+:class:`~cwtrain.integrations.slime.dialect.Dialect`: its gloo group, its logger, its delta flag.
 
 ``...slime.actor_hook`` (:func:`actor_hook`) publishes one step ahead through the publishing
 Ray actor (see :mod:`~cwtrain.integrations.slime.actor`); :func:`drain` waits for its last
@@ -30,6 +32,7 @@ from cwtrain.errors import ConfigError
 from .actor import actor_name, ray_module
 from .barrier import extend_gloo_timeout
 from .config import is_rank_zero
+from .dialect import dialect_of
 from .runtime import SlimeRuntime
 from .tracking import log_metrics
 
@@ -37,10 +40,10 @@ __all__ = ["actor_hook", "drain", "hook"]
 
 
 def hook(args: argparse.Namespace, version_dir: str, rollout_engines: Sequence[Any] = ()) -> dict[str, float] | None:
-    """slime's/miles' post-write hook: publish what was just written, on rank 0 only.
+    """slime's post-write hook: publish what was just written, on rank 0 only.
 
     Args:
-        args: slime's or miles' argument namespace.
+        args: slime's argument namespace (or a fork's, by its dialect).
         version_dir: the delta root (baseline call) or a ``weight_vNNNNNN`` directory.
         rollout_engines: slime's engine handles; ignored (the deployment replaces them).
 
@@ -51,19 +54,21 @@ def hook(args: argparse.Namespace, version_dir: str, rollout_engines: Sequence[A
         CWTrainError: publishing failed; slime stops the run rather than train on.
     """
     del rollout_engines
-    extend_gloo_timeout(args)  # every rank: a group slime re-created since start-up waits long enough too
+    dialect = dialect_of(args)  # slime's, or that of the fork whose namespace this is
+    # every rank: a group slime re-created since start-up waits long enough too
+    extend_gloo_timeout(args, dialect=dialect)
     if not is_rank_zero(args):
         return None
     publisher = SlimeRuntime.current().publisher(args)
     metrics = publisher(args, str(version_dir))
-    log_metrics(args, metrics, run_id=publisher.config.run_id)
+    log_metrics(args, metrics, run_id=publisher.config.run_id, dialect=dialect)
     return metrics
 
 
 def actor_hook(
     args: argparse.Namespace, version_dir: str, rollout_engines: Sequence[Any] = ()
 ) -> dict[str, float] | None:
-    """slime's/miles' post-write hook, publishing through the actor (one step ahead).
+    """slime's post-write hook, publishing through the actor (one step ahead).
 
     Same contract as :func:`hook`; returns the previous version's metrics (a step late) on
     rank 0 and ``None`` elsewhere.
@@ -73,7 +78,8 @@ def actor_hook(
         CWTrainError: the previous publish failed.
     """
     del rollout_engines
-    extend_gloo_timeout(args)
+    dialect = dialect_of(args)
+    extend_gloo_timeout(args, dialect=dialect)
     if not is_rank_zero(args):
         return None
     if getattr(args, "update_weight_mode", None) == "full" and not getattr(args, "update_weight_disk_keep_files", True):
@@ -83,7 +89,7 @@ def actor_hook(
         )
     client = SlimeRuntime.current().actor_client(args)
     metrics = client.submit(args, str(version_dir))
-    log_metrics(args, metrics, run_id=client.config.run_id)
+    log_metrics(args, metrics, run_id=client.config.run_id, dialect=dialect)
     return metrics
 
 

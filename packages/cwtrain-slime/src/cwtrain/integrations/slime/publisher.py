@@ -1,4 +1,4 @@
-"""``SlimePublisher``: turns slime's/miles' weight versions on disk into hot-loads.
+"""``SlimePublisher``: turns slime's weight versions on disk into hot-loads.
 
 One publisher lives on the publishing process (rank 0, or the publishing Ray actor) for
 the whole run. It is called with slime's delta root (the baseline call) and then with
@@ -51,6 +51,7 @@ from cwtrain.hotload import (
 )
 
 from .config import HookConfig, check_delta_args
+from .dialect import dialect_of
 
 if TYPE_CHECKING:
     from cwtrain.hotload import HotLoader, WeightMirror
@@ -78,7 +79,7 @@ def _read_index(directory: Path) -> dict[str, object]:
 
 
 class SlimePublisher:
-    """Publishes a slime/miles run's weight versions to one deployment.
+    """Publishes a slime run's weight versions to one deployment (a fork's too, by its dialect).
 
     Args:
         config: the hook's settings.
@@ -162,7 +163,7 @@ class SlimePublisher:
         """Publish ``weight_v{version:06d}`` (FULL cut, delta, or nothing for an empty delta).
 
         Args:
-            args: slime's or miles' namespace.
+            args: the framework's namespace.
             version_dir: the version's directory (a delta, or a full checkpoint in full mode).
             version: its version number (the identity's suffix).
             cadence_position: the count the FULL cadence goes by (default ``version``).
@@ -231,8 +232,5 @@ def _is_delta_dir(directory: Path) -> bool:
 
 
 def _delta_mode(args: argparse.Namespace) -> bool:
-    """slime ``--update-weight-mode delta`` or miles ``--update-weight-transfer-mode disk-delta``."""
-    return (
-        getattr(args, "update_weight_mode", None) == "delta"
-        or getattr(args, "update_weight_transfer_mode", None) == "disk-delta"
-    )
+    """Whether ``args`` select the disk-delta updater (slime: ``--update-weight-mode delta``; a fork: its dialect's)."""
+    return dialect_of(args).delta_mode(args)

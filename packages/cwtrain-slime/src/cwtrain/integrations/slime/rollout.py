@@ -20,7 +20,7 @@ slime sizes its own rollout semaphore from the engine count (zero here); this fu
 uses it, it bounds its requests by ``CWTRAIN_ROLLOUT_CONCURRENCY``.
 
 Refused, naming the flag (they replace the part of the rollout cwtrain owns; slime has no
-``--use-session-server``, miles' refusal of it is in :mod:`cwtrain.integrations.miles`):
+``--use-session-server``, a fork that has one refuses it in its own plug-in):
 ``--custom-generate-function-path``, ``--dynamic-sampling-filter-path``,
 ``--rollout-sample-filter-path``, ``--rollout-all-samples-process-path``, and
 ``--over-sampling-batch-size`` above ``--rollout-batch-size``. ``--use-tis``,
@@ -100,7 +100,7 @@ is refused only above ``--rollout-batch-size``.
 
 
 class DataSource(Protocol):
-    """slime's/miles' data source as the rollout function uses it."""
+    """slime's data source (or a fork's) as the rollout function uses it."""
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
         """``num_samples`` groups of ``Sample`` objects (one prompt each)."""
@@ -108,7 +108,7 @@ class DataSource(Protocol):
 
 
 class RewardHooks(Protocol):
-    """slime's/miles' ``rm_hub`` module: the reward hooks (``--custom-rm-path``, ``--rm-type``)."""
+    """slime's ``rm_hub`` module (or a fork's): the reward hooks (``--custom-rm-path``, ``--rm-type``)."""
 
     async def async_rm(self, args: argparse.Namespace, sample: Any) -> Any:
         """The reward of one sample."""
@@ -189,7 +189,7 @@ def prompt_of(sample: Any, tokenizer: PromptTokenizer | None) -> Prompt:
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    """The sampler's settings from slime's/miles' rollout flags."""
+    """The sampler's settings from slime's rollout flags (a fork's are the same)."""
     from cwtrain.integrations.rollout import SamplingParams
 
     stop = getattr(args, "rollout_stop", None) or ()
@@ -231,7 +231,7 @@ async def sample_groups_into(
     """Sample every group with one request each, fill its samples, then score them.
 
     Args:
-        args: slime's or miles' namespace.
+        args: slime's namespace, or a fork's.
         groups: lists of ``Sample`` sharing one prompt each; filled in place.
         rm: the framework's reward module (``async_rm``, ``batched_async_rm``).
         version: the samples' version when the endpoint does not report one.

@@ -1,6 +1,6 @@
 """The slime plug-in's process state: one :class:`SlimeRuntime`, created once per process.
 
-slime and miles load the plug-in's entry points by name and call them as plain functions
+slime loads the plug-in's entry points by name and calls them as plain functions
 (``hook``, ``actor_hook``, ``generate_rollout``), so whatever must outlive one call lives in
 one object that those functions resolve with :meth:`SlimeRuntime.current` and pass on:
 

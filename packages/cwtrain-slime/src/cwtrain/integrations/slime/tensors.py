@@ -63,16 +63,7 @@ from .publisher import SlimePublisher
 if TYPE_CHECKING:
     from cwtrain.hotload import HotLoader
 
-__all__ = [
-    "DEFAULT_CHUNK_BYTES",
-    "Chunk",
-    "Collective",
-    "SingleProcess",
-    "TensorPublisher",
-    "TorchCollective",
-    "chunked",
-    "slime_collective",
-]
+__all__ = ["Chunk", "TensorPublisher", "slime_collective"]
 
 log = logging.getLogger(__name__)
 

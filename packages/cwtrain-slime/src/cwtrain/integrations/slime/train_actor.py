@@ -33,13 +33,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from cwtrain.errors import ConfigError, CWTrainError
+from cwtrain.hotload import Collective, SingleProcess
 from cwtrain.integrations.frameworks import install_line
 from cwtrain.integrations.slime.framework import SLIME
 
 from .barrier import extend_gloo_timeout
 from .config import HookConfig
 from .runtime import SlimeRuntime
-from .tensors import Chunk, Collective, SingleProcess, TensorPublisher, slime_collective
+from .tensors import Chunk, TensorPublisher, slime_collective
 from .tracking import log_metrics
 
 __all__ = ["ACTOR_MODULE", "GATHER_MODULE", "check_live_tensor_args", "make_actor_cls"]

@@ -1,4 +1,4 @@
-"""cwtrain's gym_model endpoint: what NeMo Gym's model server sends it, what the deployment
+"""cwtrain's model_server endpoint: what NeMo Gym's model server sends it, what the deployment
 receives, what comes back (against a recording deployment; the local stack below; real Gym in
 tests/contracts/test_gym_real.py)."""
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-from gym_model_support import RecordingEndpoint, TurnTokenizer
+from model_server_support import RecordingEndpoint, TurnTokenizer
 
 from cwtrain.errors import RolloutError
-from cwtrain.integrations.nemo_rl.gym_model import (
+from cwtrain.integrations.gym.model_server import (
     MAX_BODY_BYTES,
     ChatRenderer,
     GymModel,
@@ -26,6 +26,7 @@ from cwtrain.integrations.nemo_rl.gym_model import (
 )
 from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig
 
+NEMO_RL_STANDIN = Path(__file__).resolve().parents[1] / "nemo_rl" / "standin"
 DEPLOYMENT = {
     "CWTRAIN_ROLLOUT_BASE_URL": "https://deployment.example/v1",
     "CWTRAIN_ROLLOUT_MODEL": "served-model",
@@ -291,8 +292,9 @@ def test_the_endpoint_listens_only_where_it_is_advertised() -> None:
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_generation_serves_gym_from_the_local_deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """CoreWeaveGeneration's gym_model endpoint samples the local deployment with its model name and
+    """CoreWeaveGeneration's model_server endpoint samples the local deployment with its model name and
     key, salted and tagged with the identity the synchronizer published; log-probs are the model's."""
+    monkeypatch.syspath_prepend(str(NEMO_RL_STANDIN))  # NeMo-RL's stand-ins, as tests/nemo_rl/conftest.py does
     import torch
     from cwtrain_test_workers import HalfWorker  # type: ignore[import-not-found]
 

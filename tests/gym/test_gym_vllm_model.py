@@ -3,7 +3,7 @@
 Runs only where a NeMo Gym install is at hand (it needs Python >= 3.13.14, or 3.13.0 with
 ``pip install --ignore-requires-python``); the one command::
 
-    CWTRAIN_TEST_GYM_VENV=/path/to/venv-with-nemo-gym .venv-3.12/bin/python -m pytest tests/local/test_gym_vllm_model.py
+    CWTRAIN_TEST_GYM_VENV=/path/to/venv-with-nemo-gym .venv-3.12/bin/python -m pytest tests/gym/test_gym_vllm_model.py
 
 For each stock config (``vllm_model_for_training``: chat with token ids from the log-probs and
 ``/tokenize``; ``vllm_model``: plain chat; ``vllm_model_completions``: ``/v1/completions``) it

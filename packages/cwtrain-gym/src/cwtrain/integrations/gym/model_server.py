@@ -1,15 +1,16 @@
-"""``gym_model``: the OpenAI endpoint NeMo Gym's model server uses, served from the deployment.
+"""``model_server``: the OpenAI endpoint NeMo Gym's model server uses, served from the deployment.
 
-With NeMo Gym environments NeMo-RL points Gym's own ``vllm_model`` model server at the
-generation backend's ``dp_openai_server_base_urls``; the coreweave backend serves them with
-this module (:class:`GymModelServer`, which
-:class:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration` starts in the driver on
-first use), so Gym needs no change. Each ``POST /v1/chat/completions`` becomes one token-id
+NeMo Gym's own ``vllm_model`` model server (its training config,
+``vllm_model_for_training.yaml``, unchanged) samples the deployment through this endpoint
+(:class:`GymModelServer`), so Gym needs no change. With NeMo Gym environments NeMo-RL points
+that model server at the generation backend's ``dp_openai_server_base_urls``; cwtrain-nemo-rl's
+``coreweave`` backend (``CoreWeaveGeneration``) serves them by starting this endpoint in the
+driver on first use. Each ``POST /v1/chat/completions`` becomes one token-id
 ``/v1/completions`` call on the deployment, sampled for the run and salted with the identity
 now served; ``POST /tokenize`` and ``GET /v1/models`` answer as vLLM's do. What each request
 goes through, how the endpoint is guarded (one advertised address, a bearer token checked
 before the body is read, bounded bodies) and the standalone server
-(``python -m cwtrain.integrations.nemo_rl.gym_model``, token from ``CWTRAIN_GYM_MODEL_TOKEN``)
+(``python -m cwtrain.integrations.gym.model_server``, token from ``CWTRAIN_GYM_MODEL_TOKEN``)
 are in ``docs/nemo-rl.md`` ("NeMo Gym environments"), the one description of them.
 """
 
@@ -334,7 +335,7 @@ class GymModel:
 
     def _request(self, body: Mapping[str, Any]) -> tuple[list[int], SamplingParams]:
         if body.get("stream"):
-            raise GymModelError(400, "stream is not supported by cwtrain's gym_model endpoint")
+            raise GymModelError(400, "stream is not supported by cwtrain's model_server endpoint")
         n = body.get("n")
         if n not in (None, 1):
             raise GymModelError(400, f"n must be 1, got {n!r}")
@@ -458,7 +459,7 @@ class _Handler(JSONHandler):
     max_body_bytes = MAX_BODY_BYTES
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("gym_model: " + format, *args)
+        log.debug("model_server: " + format, *args)
 
     def authenticate(self) -> None:
         """Every route wants the endpoint's bearer token, before a byte of a body is read."""
@@ -503,7 +504,7 @@ class _Handler(JSONHandler):
         except GymModelError as exc:
             self._error(exc)
         except Exception as exc:  # never let a handler thread die without an answer
-            log.exception("gym_model: %s failed", path)
+            log.exception("model_server: %s failed", path)
             self._error(GymModelError(500, f"{type(exc).__name__}: {exc}", "InternalServerError"))
 
     def _error(self, exc: GymModelError) -> None:
@@ -551,7 +552,7 @@ class GymModelServer(BackgroundServer):
     every interface unless ``host`` says so. Every request needs ``Authorization: Bearer
     <token>`` (checked before a byte of the body is read; bodies over :data:`MAX_BODY_BYTES`
     are refused with 413): the token is random unless given, and reaches Gym as its model server's
-    ``api_key`` (:meth:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration.configure_nemo_gym`).
+    ``api_key`` (NeMo-RL's coreweave backend sets it in Gym's config; standalone, ``policy_api_key``).
     ``start``/``close``/``serve_forever`` and ``with`` are core's :class:`~cwtrain.serving.BackgroundServer`.
 
     Args:
@@ -575,7 +576,7 @@ class GymModelServer(BackgroundServer):
         self.advertise = advertise or node_address()
         self.token = token or secrets.token_urlsafe(32)
         super().__init__(_Server(host or bind_address(self.advertise), port, model, self.token), "cwtrain-gym-model")
-        log.info("gym_model at %s (listening on %s) for model %s", self.base_url, self.host, model.model)
+        log.info("model_server at %s (listening on %s) for model %s", self.base_url, self.host, model.model)
 
     @property
     def base_url(self) -> str:
@@ -588,9 +589,9 @@ class GymModelServer(BackgroundServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cwtrain.integrations.nemo_rl.gym_model``: serve the endpoint until interrupted."""
+    """``python -m cwtrain.integrations.gym.model_server``: serve the endpoint until interrupted."""
     parser = argparse.ArgumentParser(
-        prog="python -m cwtrain.integrations.nemo_rl.gym_model",
+        prog="python -m cwtrain.integrations.gym.model_server",
         description=__doc__.split("\n")[0],
         epilog=f"Every request needs 'Authorization: Bearer <token>': the token is {TOKEN_VARIABLE} when set, else a "
         "random one printed as api_key in the JSON line written at start (give it to Gym as policy_api_key).",

@@ -1,4 +1,4 @@
-"""Helpers of the gym_model tests: a chat tokenizer over the tiny model's ids, a recording endpoint."""
+"""Helpers of the model_server tests: a chat tokenizer over the tiny model's ids, a recording endpoint."""
 
 from __future__ import annotations
 
