@@ -638,13 +638,14 @@ STORE_LEVELS: tuple[tuple[str, ...], ...] = (
     ("prefix", "prefix_access", "prefix_manifests"),
 )
 
-#: The lifecycle's modules, bottom up: settings and the cadence; the deployment's calls, one version's
-#: plan and outcome, a rank's share, the served-identity file; the sources; the composer; the run; the protocol.
+#: The lifecycle's modules, bottom up: the cadence; settings and the served-identity file; the deployment's
+#: calls, one version's plan and outcome, what crosses between ranks; the sources and one rank's side; the
+#: composer; the run; the protocol.
 LIFECYCLE_ORDER: tuple[tuple[str, ...], ...] = (
     ("cadence",),
     ("settings", "served"),
     ("target", "version", "shares"),
-    ("sources",),
+    ("sources", "rank"),
     ("cycle",),
     ("session",),
     ("protocol",),

@@ -21,9 +21,10 @@ from cwtrain.errors import ConfigError, CWTrainError, HotLoadFailedError, Snapsh
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.lifecycle.cadence import CutReason
 from cwtrain.hotload.lifecycle.protocol import SingleProcess, publish_spmd
+from cwtrain.hotload.lifecycle.rank import RankShare
 from cwtrain.hotload.lifecycle.session import PublishSession
 from cwtrain.hotload.lifecycle.settings import FIELD_VARIABLES, HotLoadSettings, default_of, validate_run_id
-from cwtrain.hotload.lifecycle.shares import RankShare, SharePlan, layout_by_sizes
+from cwtrain.hotload.lifecycle.shares import SharePlan, layout_by_sizes
 from cwtrain.hotload.lifecycle.target import Target
 from cwtrain.hotload.lifecycle.version import PublishOutcome
 from cwtrain.integrations.nvext import read_served_identity

@@ -76,6 +76,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         publish_shares,
         publish_spmd,
     )
+    from cwtrain.hotload.lifecycle.rank import DEFAULT_CHUNK_BYTES, RankShare, chunked, host_copy
     from cwtrain.hotload.lifecycle.session import PublishSession
     from cwtrain.hotload.lifecycle.settings import (
         DEFAULT_TIMEOUT,
@@ -83,15 +84,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
         parse_prompt_cache_policy,
         validate_run_id,
     )
-    from cwtrain.hotload.lifecycle.shares import (
-        DEFAULT_CHUNK_BYTES,
-        RankShare,
-        SharePlan,
-        ShareResult,
-        chunked,
-        host_copy,
-        layout_by_sizes,
-    )
+    from cwtrain.hotload.lifecycle.shares import SharePlan, ShareResult, layout_by_sizes
     from cwtrain.hotload.lifecycle.sources import DirectorySource, TensorSource, VersionSource
     from cwtrain.hotload.lifecycle.target import Target
     from cwtrain.hotload.lifecycle.version import PublishOutcome, VersionPlan
@@ -134,15 +127,8 @@ _MODULES = {
         "publish_shares",
         "publish_spmd",
     ),
-    "cwtrain.hotload.lifecycle.shares": (
-        "DEFAULT_CHUNK_BYTES",
-        "RankShare",
-        "SharePlan",
-        "ShareResult",
-        "chunked",
-        "host_copy",
-        "layout_by_sizes",
-    ),
+    "cwtrain.hotload.lifecycle.rank": ("DEFAULT_CHUNK_BYTES", "RankShare", "chunked", "host_copy"),
+    "cwtrain.hotload.lifecycle.shares": ("SharePlan", "ShareResult", "layout_by_sizes"),
     "cwtrain.hotload.store.prefix": ("SnapshotStore", "StoredSnapshot"),
     "cwtrain.hotload.store.snapshot_checks": ("DtypeWarning",),
     "cwtrain.hotload.store.snapshot_upload": ("SnapshotUpload", "upload_snapshot"),

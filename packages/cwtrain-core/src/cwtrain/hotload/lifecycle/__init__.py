@@ -7,8 +7,10 @@
 * ``outcome`` (:class:`~cwtrain.hotload.lifecycle.outcome.VersionPlan` and
   :class:`~cwtrain.hotload.lifecycle.outcome.PublishOutcome`, the one metrics schema) and
   ``served`` (the served-identity file);
-* ``shares`` (one rank's share of a distributed publish) and ``sources`` (what a version is
-  published from: a directory, tensors, two checkpoints, the ranks' shares, stored objects);
+* ``shares`` (what crosses between the ranks of a distributed publish and the committing
+  process, and the commit), ``rank`` (one rank's side: :class:`~cwtrain.hotload.lifecycle.rank.RankShare`)
+  and ``sources`` (what a version is published from: a directory, tensors, two checkpoints,
+  the ranks' shares, stored objects);
 * ``cycle`` (:class:`~cwtrain.hotload.lifecycle.cycle.VersionCycle`, **the composer**: store →
   create → follow → verify → canary → converge on failure → records, for every entry point);
 * ``session`` (:class:`~cwtrain.hotload.lifecycle.session.PublishSession`: a run's versions, one

@@ -2,7 +2,7 @@
 
 One version published by every rank (snapshot-format.md section 5.1: each rank its shards, one
 index) is the same sequence whatever carries it; the committing process (rank 0, or a driver)
-runs it, and each rank's side is :class:`~cwtrain.hotload.lifecycle.shares.RankShare`'s step::
+runs it, and each rank's side is :class:`~cwtrain.hotload.lifecycle.rank.RankShare`'s step::
 
     encode   every rank encodes its share and keeps it; reports its shard bytes and file count
     weigh    the session weighs the delta (the cost rule of ``auto``): a delta, or FULL?
@@ -37,8 +37,9 @@ from contextlib import suppress
 from typing import Any, Protocol
 
 from cwtrain.errors import CWTrainError
+from cwtrain.hotload.lifecycle.rank import Chunk, RankShare
 from cwtrain.hotload.lifecycle.session import PublishSession
-from cwtrain.hotload.lifecycle.shares import Chunk, RankShare, SharePlan, ShareResult
+from cwtrain.hotload.lifecycle.shares import SharePlan, ShareResult
 from cwtrain.hotload.lifecycle.version import PublishOutcome, VersionPlan
 from cwtrain.infra.s3 import ObjectStoreLike
 
@@ -353,7 +354,7 @@ def publish_baseline_spmd(
     Rank 0's session publishes the checkpoint (``PublishSession.publish_baseline``: kept when an
     identical one completed); once every rank knows it succeeded, each rank's served copy is
     read from the checkpoint for the tensors of its ``chunks``
-    (:meth:`~cwtrain.hotload.lifecycle.shares.RankShare.seed_from_checkpoint`).
+    (:meth:`~cwtrain.hotload.lifecycle.rank.RankShare.seed_from_checkpoint`).
 
     Returns:
         the baseline's outcome on rank 0, ``None`` elsewhere.
