@@ -167,6 +167,21 @@ def test_a_failed_hot_load_makes_the_next_version_full_and_still_reaches_the_sin
     assert session.served_identity == "run-v000000"
 
 
+def test_a_re_activation_is_followed_and_verified_whatever_the_policy_waits_for(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    """One step ahead (``wait=False``) waits for no version, but a re-activation is followed to every replica."""
+    from cwtrain.hotload.lifecycle.cycle import CyclePolicy, VersionCycle
+
+    session, _ = _session(fake, s3_bucket[0], tmp_path)
+    session.publish_tensors(session.begin(), _weights(3), extra_files=CONFIG)
+    cycle = VersionCycle(session.target, CyclePolicy(wait=False))
+    back = cycle.reactivate("run-v000001")
+    assert back.identity == "run-v000000" and back.state.name == "COMPLETED"  # waited for, not just created
+    with pytest.raises(UsageError, match="on_failure='retry' must be one of reactivate, stop"):
+        CyclePolicy(on_failure="retry")
+
+
 def test_versions_must_increase(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
     session, _ = _session(fake, s3_bucket[0], tmp_path)
     session.publish_tensors(session.begin(4), _weights(), extra_files=CONFIG)

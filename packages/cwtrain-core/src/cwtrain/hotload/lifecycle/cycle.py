@@ -50,10 +50,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
-from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError
+from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError, UsageError
 from cwtrain.hotload.follow import ProgressEvent, verify_served, wait_for_hot_load
 from cwtrain.hotload.lifecycle.served import write_served_identity
-from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, HotLoadSettings
+from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, FAILURE_POLICIES, HotLoadSettings
 from cwtrain.hotload.lifecycle.sources import RestoreSource, VersionSource
 from cwtrain.hotload.lifecycle.target import Target
 from cwtrain.hotload.lifecycle.version import Attempt, PublishOutcome, ServedCheck, VersionPlan, Weigh
@@ -92,6 +92,10 @@ class CyclePolicy:
     upload_workers: int = 8
     state_dir: str = ""
     skip_empty: bool = False
+
+    def __post_init__(self) -> None:
+        if self.on_failure not in FAILURE_POLICIES:
+            raise UsageError(f"on_failure={self.on_failure!r} must be one of {', '.join(FAILURE_POLICIES)}")
 
     @classmethod
     def of(cls, settings: HotLoadSettings) -> CyclePolicy:
@@ -316,7 +320,7 @@ class VersionCycle:
                 failed_identity,
                 identity,
             )
-            return self.restore(identity, prior=hot_load, budget=budget, verify=True)
+            return self.restore(identity, prior=hot_load, budget=budget, wait=True, verify=True)
         raise CWTrainError(
             f"the hot-load of {failed_identity!r} failed and no completed identity of deployment "
             f"{self.target.deployment_id} can be re-activated"
@@ -332,11 +336,13 @@ class VersionCycle:
         prior: HotLoad | None = None,
         prompt_cache_policy: PromptCachePolicy | str | None = None,
         hot_load_id: str | None = None,
+        wait: bool | None = None,
         verify: bool | None = None,
     ) -> HotLoad:
-        """Hot-load ``identity`` again (a copy of its newest COMPLETED hot-load) and, with ``wait``, follow it.
+        """Hot-load ``identity`` again (a copy of its newest COMPLETED hot-load) and follow it.
 
         Not a version of a run (no records): a rollback asked for by hand, or a re-activation.
+        ``wait`` and ``verify`` default to the policy's.
 
         Raises:
             UsageError: ``identity`` never completed on this deployment.
@@ -356,7 +362,7 @@ class VersionCycle:
             prompt_cache_policy=attempt.prompt_cache_policy,
             hot_load_id=hot_load_id,
         )
-        if not self.policy.wait:
+        if not (self.policy.wait if wait is None else wait):
             return hot_load
         return self._follow(hot_load, budget, verify=self.policy.verify if verify is None else verify)
 
