@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from cwtrain.errors import SnapshotError
@@ -71,11 +71,6 @@ class PlannedVersion(Protocol):
         """The predecessor of a delta."""
         ...
 
-    @property
-    def cut_at_bytes(self) -> int | None:
-        """A delta of at least this many bytes is published FULL (``None``: no cost rule)."""
-        ...
-
 
 @dataclass(frozen=True)
 class SharePlan:
@@ -89,8 +84,9 @@ class SharePlan:
         path_prefix: the deployment's hot-load path prefix.
         upload_workers: objects uploaded in parallel per rank.
         shard_bytes: payload limit of one shard.
-        cut_at_bytes: a delta whose shards, all ranks together, hold at least this many
-            bytes is published FULL instead (``auto``); ``None``: no cost rule.
+
+    The cost rule is the committing process's: it weighs the ranks' shard bytes and sends a
+    FULL plan for the cut (:func:`~cwtrain.hotload.lifecycle.protocol.publish_shares`).
     """
 
     identity: str
@@ -100,23 +96,11 @@ class SharePlan:
     path_prefix: str
     upload_workers: int = 8
     shard_bytes: int = DEFAULT_SHARD_BYTES
-    cut_at_bytes: int | None = None
 
     @classmethod
     def of(cls, plan: PlannedVersion, store: SnapshotStore, *, upload_workers: int = 8) -> SharePlan:
         """The share plan of a session's version plan, for the deployment's store."""
-        return cls(
-            plan.identity, plan.full, plan.previous_identity, store.bucket, store.path_prefix, upload_workers,
-            cut_at_bytes=None if plan.full else plan.cut_at_bytes,
-        )  # fmt: skip
-
-    def cuts(self, delta_bytes: int) -> bool:
-        """Whether a delta of ``delta_bytes`` (every rank's shards) makes this version FULL."""
-        return not self.full and self.cut_at_bytes is not None and delta_bytes >= self.cut_at_bytes
-
-    def as_full(self) -> SharePlan:
-        """This version as a FULL snapshot."""
-        return replace(self, full=True, previous_identity=None, cut_at_bytes=None)
+        return cls(plan.identity, plan.full, plan.previous_identity, store.bucket, store.path_prefix, upload_workers)
 
 
 @dataclass
