@@ -113,8 +113,9 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "replica-stays-behind": (
         "a replica reports success but keeps the old identity",
         "the local stack's replica fault `stay_behind` on the next hot-load",
-        "hot-load COMPLETED; its replica row names the old identity and verification refuses it; a re-activation "
-        "brings the replica onto the new identity",
+        "hot-load COMPLETED, yet the publish fails (the fleet is split) naming the replica and the identity it "
+        "serves; its replica row names the old identity and verification refuses it; a re-activation brings the "
+        "replica onto the new identity",
     ),
     "fleet-convergence": (
         "a replica fails to load, stays behind, or serves wrong weights at a random version of a 20-version run",
@@ -130,6 +131,40 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "inverted; previous: the weights it served before)",
         "the canary's gap exceeds its bound on that replica's answers and the check fails; on correct weights it "
         "passes",
+    ),
+    "defaults-converge": (
+        "a replica reports the hot-load done but keeps the old identity, with the default settings",
+        "the local stack's replica fault `stay_behind` on a run's second version; PublishSession with the "
+        "integrations' defaults (CWTRAIN_HOTLOAD_VERIFY off)",
+        "the version fails (converged 0, the error says the fleet is split) and goes through on_failure: every "
+        "replica is brought back to the version before; the next version is FULL and every replica serves it",
+    ),
+    "way-back-checked": (
+        "a corrupt shard inside the served chain, then a failed hot-load",
+        "one byte of a delta shard of the chain inverted (its cwtrain-sha256 kept), then the replica fault "
+        "`fail_load` on the next version; then the chain's FULL and the newer FULL corrupted too",
+        "the re-activation passes over every identity whose chain holds the corrupt shard and brings every replica "
+        "back to the intact FULL; with none intact the run stops with one error naming each candidate and what "
+        "cannot be replayed",
+    ),
+    "canary-record": (
+        "the canary's endpoint stops answering after a hot-load completed on every replica",
+        "a loopback endpoint that accepts connections and never answers, as the canary's base_url, with "
+        "on_failure=stop",
+        "the publish fails naming the canary; the session's served identity, the served-identity file and the "
+        "next plan (FULL) name the identity every replica serves",
+    ),
+    "publish-budget": (
+        "a canary that never answers, with its defaults (600 s per request, 6 attempts)",
+        "the silent endpoint as the canary's base_url; a publish with a 6 s timeout and on_failure=reactivate",
+        "the canary's failure is answered by a re-activation and the publish returns within its timeout plus one "
+        "poll; every replica serves the version before",
+    ),
+    "session-ownership": (
+        "a trainer that shares its API client with the publish session",
+        "PublishSession given a Target built on the trainer's client, closed after a publish; one built from "
+        "the settings, closed",
+        "the trainer's client keeps working; a session closes only the client it built",
     ),
     "torn-upload": (
         "a shard rewritten in place (same size) while it is published",

@@ -130,9 +130,12 @@ def test_a_replica_that_stays_behind_completes_the_hot_load_but_fails_verificati
     trainer = _trainer(stack, target, "behind")  # v0 FULL
     stack.faults.replicas.stay_behind(index=0, deployment_id=target.deployment_id)  # the next hot-load
     trainer.step()
-    hot_load = trainer.publish()  # v1
+    with pytest.raises(HotLoadVerificationError, match="the fleet is split") as split:
+        trainer.publish()  # v1: whatever the settings, a split fleet fails the publish
+    hot_load = split.value.hot_load
     assert hot_load.state is HotLoadState.COMPLETED  # the replica said it is done
     (kind, replica, identity), *more = stack.faults.replicas.fired
+    assert replica in str(split.value) and "behind-v000000" in str(split.value)
     assert (kind, identity, more) == ("stay-behind", "behind-v000001", [])
     rows = _replicas(trainer, hot_load.id)
     assert rows[replica][:2] == (ReplicaState.READY, "behind-v000000")  # its row says what it serves

@@ -189,6 +189,26 @@ def test_versions_must_increase(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_p
         session.begin(4)
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("session-ownership")
+def test_a_session_closes_only_the_client_it_built(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trainer that shares its client with the session keeps using it after the session closes.
+    session, _ = _session(fake, s3_bucket[0], tmp_path)
+    shared = session.target.client
+    session.publish_tensors(session.begin(), _weights(), extra_files=CONFIG)
+    session.close()
+    assert shared.get_deployment("dep-1").id == "dep-1"
+    # A session that built its target (from the settings) closes the client it made.
+    monkeypatch.setattr(HotLoadSettings, "client", lambda self: fake.client())
+    own = PublishSession(HotLoadSettings("dep-1", "run"))
+    built = own.target.client
+    own.close()
+    with pytest.raises(RuntimeError):
+        built.get_deployment("dep-1")
+
+
 def test_verify_is_honoured_and_counts_the_replicas(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path) -> None:
     session, outcomes = _session(fake, s3_bucket[0], tmp_path, verify=True)
     session.publish_tensors(session.begin(), _weights(), extra_files=CONFIG)

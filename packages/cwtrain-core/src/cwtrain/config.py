@@ -50,7 +50,11 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar("CWTRAIN_HOTLOAD_DEPLOYMENT_ID", "required (integrations, preflight)", "target deployment"),
     EnvVar("CWTRAIN_HOTLOAD_RUN_ID", "see snapshot format section 2", "identity prefix; at most 120 chars, no /"),
     EnvVar("CWTRAIN_HOTLOAD_WAIT", "true", "wait for each hot-load to complete; false = one step ahead"),
-    EnvVar("CWTRAIN_HOTLOAD_TIMEOUT", "1800", "seconds > 0; one budget per publish"),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_TIMEOUT",
+        "1800",
+        "seconds > 0; one budget per publish, re-activation and canary included: once the hot-load is created, a quarter of what is left is held back from the wait for bringing the fleet back after a failure (`on_failure=reactivate`), and a tenth for the canary when one is given (a share left unused passes on); a publish ends within it plus one poll",
+    ),
     EnvVar("CWTRAIN_HOTLOAD_PUBLISH_BASELINE", "true", "publish <run>-v000000 unless an identical one completed"),
     EnvVar(
         "CWTRAIN_HOTLOAD_FULL_EVERY",
@@ -69,15 +73,21 @@ _DECLARED: tuple[EnvVar, ...] = (
         "auto: the deltas since the last FULL hold at most this many FULLs' bytes, > 0",
     ),
     EnvVar("CWTRAIN_HOTLOAD_MIRROR", "on unless FULL_EVERY=0", "keep a byte-exact copy of the served weights"),
-    EnvVar("CWTRAIN_HOTLOAD_VERIFY", "false", "require every replica READY on the identity after completion"),
+    EnvVar(
+        "CWTRAIN_HOTLOAD_VERIFY",
+        "false",
+        "read the replicas once more after completion and require every one READY on the identity (`hotload/replicas_verified`). Whatever it says, a version succeeds only when every replica the service lists serves it once its hot-load completed (`hotload/converged`); a split fleet fails the version like a FAILED hot-load",
+    ),
     EnvVar("CWTRAIN_HOTLOAD_STATE_DIR", "framework dependent", "local working directory of the integrations"),
     EnvVar("CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY", "unset", "preserve or reset_all"),
     EnvVar("CWTRAIN_HOTLOAD_UPLOAD_WORKERS", "8", "files uploaded in parallel, >= 1"),
     EnvVar(
         "CWTRAIN_HOTLOAD_ON_FAILURE",
         "reactivate",
-        "reactivate or stop: after a FAILED, CANCELED or unverified hot-load, bring every replica back to the "
-        "newest intact identity that completed (the integrations' default), or raise as before",
+        "reactivate or stop: after a FAILED or CANCELED hot-load, a split fleet, or a refused verification or "
+        "canary, bring every replica back to the newest identity that completed whose whole chain is stored and "
+        "matches its recorded SHA-256s (older ones are tried in turn; none: the run stops naming what is missing; "
+        "the integrations' default), or raise as before",
     ),
     EnvVar("CWTRAIN_HOTLOAD_PART_SIZE", "67108864", "multipart part size in bytes, >= 50 MB"),
     EnvVar(

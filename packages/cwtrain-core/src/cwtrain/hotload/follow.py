@@ -39,7 +39,7 @@ import builtins
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -63,6 +63,7 @@ __all__ = [
     "ProgressEvent",
     "Stage",
     "UploadProgress",
+    "replicas_behind",
     "verify_served",
     "wait_for_hot_load",
     "wait_until_terminal",
@@ -282,6 +283,18 @@ def wait_until_terminal(client: InferenceClient, hot_load_id: str, budget: Budge
             log.warning("transient error while waiting for hot-load %s: %s", hot_load_id, error)
 
 
+def replicas_behind(replicas: Sequence[HotLoadReplica], identity: str) -> builtins.list[str]:
+    """What is wrong with each replica not READY on ``identity`` (``["no replicas listed"]`` for none): empty when all are."""
+    if not replicas:
+        return ["no replicas listed"]
+    return [
+        f"{r.name}: {r.state.name} on {r.current_snapshot_identity or '?'!r}"
+        + (f" ({r.error_reason})" if r.error_reason else "")
+        for r in replicas
+        if not r.caught_up(identity)
+    ]
+
+
 def verify_served(client: InferenceClient, hot_load_id: str, identity: str) -> builtins.list[HotLoadReplica]:
     """Every replica of hot-load ``hot_load_id`` READY on ``identity`` (the replicas), else an error naming each one behind.
 
@@ -289,14 +302,7 @@ def verify_served(client: InferenceClient, hot_load_id: str, identity: str) -> b
         HotLoadVerificationError: a replica is not READY on ``identity``, or none is listed.
     """
     replicas = client.list_hot_load_replicas(hot_load_id)
-    problems = [
-        f"{r.name}: {r.state.name} on {r.current_snapshot_identity or '?'!r}"
-        + (f" ({r.error_reason})" if r.error_reason else "")
-        for r in replicas
-        if not r.caught_up(identity)
-    ]
-    if not replicas:
-        problems = ["no replicas listed"]
+    problems = replicas_behind(replicas, identity)
     if problems:
         raise HotLoadVerificationError(client.get_hot_load(hot_load_id), replicas, problems)
     return replicas

@@ -23,22 +23,32 @@ The stages of :meth:`VersionCycle.publish`, each visited once, in this order:
    (:meth:`Target.create <cwtrain.hotload.lifecycle.target.Target.create>`);
 4. **follow**: until it ends and every replica serves the identity
    (:func:`~cwtrain.hotload.follow.wait_for_hot_load`: this is its one caller in core besides
-   ``HotLoader.wait``'s plain form);
-5. **verify** (``verify``): every replica READY on the identity
+   ``HotLoader.wait``'s plain form); once it completed, every replica the service lists must
+   serve the identity, whatever the settings (``converged``): a split fleet fails the version
+   as a FAILED hot-load does;
+5. **verify** (``verify``): the replicas read once more, every one READY on the identity
    (:func:`~cwtrain.hotload.follow.verify_served`);
-6. **canary** (when one is given): the deployment's answers checked against the trainer's;
+6. **canary** (when one is given): the deployment's answers checked against the trainer's; a
+   check that cannot be made (the endpoint stopped answering, its share ran out) refuses too;
 7. **converge** on failure (``on_failure="reactivate"``): a hot-load that ended FAILED or
-   CANCELED, or that verification or the canary refused, is answered by re-activating the
-   newest intact identity that completed, followed and verified like any hot-load
-   (:meth:`VersionCycle.reactivate`);
+   CANCELED, left the fleet split, or that verification or the canary refused, is answered by
+   re-activating the newest identity that completed whose whole chain can be replayed (every
+   object stored and matching its recorded SHA-256; older ones are tried in turn), followed and
+   verified like any hot-load (:meth:`VersionCycle.reactivate`); a failure not answered so
+   records what the fleet serves (the identity, when its hot-load completed on every replica;
+   else read back from the service, ``None`` when it is split);
 8. **records**: the served-identity file (``state_dir``), the manifest (a run's versions with
    known checksums), ``publish_seconds``, then the run's own records
    (:class:`Ledger`: the session's counter, cadence, sink and followers).
 
-The one budget of the plan covers stages 1 to 6; a re-activation gets a budget of its own
-(``CyclePolicy.timeout``). A failure before a hot-load was created changed nothing on the
-fleet and is raised; a failed hot-load is raised unless the fleet was brought back, in which
-case the outcome is returned with ``failed``, ``reactivated`` and the ``error`` (a run goes on;
+**One budget.** The plan's budget covers every stage, the canary and the re-activation
+included: once a hot-load is created, a share of it is held back from the follow for each
+that may come (:data:`CANARY_SHARE` of what is left for a canary, :data:`CONVERGE_SHARE`
+under ``reactivate``) and a share left unused passes on, so a version
+ends within its timeout plus one poll (a create answered as the budget ran out is followed to
+its end, and says so). A failure before a hot-load was created changed nothing on the fleet and
+is raised; a failed hot-load is raised unless the fleet was brought back, in which case the
+outcome is returned with ``failed``, ``reactivated`` and the ``error`` (a run goes on;
 :class:`~cwtrain.hotload.loader.HotLoader` raises it).
 """
 
@@ -50,8 +60,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
-from cwtrain.errors import CWTrainError, HotLoadFailedError, HotLoadVerificationError, UsageError
-from cwtrain.hotload.follow import ProgressEvent, verify_served, wait_for_hot_load
+from cwtrain.errors import (
+    CWTrainError,
+    HotLoadFailedError,
+    HotLoadTimeoutError,
+    HotLoadVerificationError,
+    UsageError,
+)
+from cwtrain.hotload.follow import ProgressEvent, replicas_behind, verify_served, wait_for_hot_load
 from cwtrain.hotload.lifecycle.served import write_served_identity
 from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, FAILURE_POLICIES, HotLoadSettings
 from cwtrain.hotload.lifecycle.sources import RestoreSource, VersionSource
@@ -75,8 +91,9 @@ class CyclePolicy:
         wait: follow each hot-load until it ends (``False``: return once it is created).
         verify: after completion, require every replica READY on the identity.
         on_failure: ``stop`` raises a failed hot-load; ``reactivate`` first brings every
-            replica back to the newest intact identity that completed.
-        timeout: seconds a re-activation may take.
+            replica back to the newest identity that completed whose chain can be replayed.
+        timeout: seconds a re-activation asked for on its own may take (``follow``; a
+            version's re-activation spends what is left of the version's budget).
         prompt_cache_policy: sent with each hot-load (``None``/UNSPECIFIED omits the field).
         upload_workers: files uploaded in parallel.
         state_dir: where the served-identity file is written (empty: not written).
@@ -180,17 +197,22 @@ class VersionCycle:
             skip_empty=self.policy.skip_empty,
             on_progress=on_progress,
         )
+        shares = _Shares(attempt.plan.budget)
         error: BaseException | None = None
         try:
-            self._cycle(attempt, source, hot_load_id, wait_for_active)
+            self._cycle(attempt, source, hot_load_id, wait_for_active, shares)
         except BaseException as exc:  # recorded (the sink hears of interrupts too), then raised
+            if shares.release() and isinstance(exc, HotLoadTimeoutError):  # name the whole budget
+                exc = HotLoadTimeoutError(exc.hot_load, exc.replicas, attempt.plan.budget.total)
             error = self._converge(attempt, exc)
         self._record(attempt, error)
         if error is not None:
             raise error
         return attempt.outcome
 
-    def _cycle(self, attempt: Attempt, source: VersionSource, hot_load_id: str | None, wait_for_active: bool) -> None:
+    def _cycle(
+        self, attempt: Attempt, source: VersionSource, hot_load_id: str | None, wait_for_active: bool, shares: _Shares
+    ) -> None:
         """Stages 1 to 6: store (cut, chain), create, follow, verify, canary."""
         attempt.chain_check = self.target.check_chain  # the source runs it before its first byte is stored
         stored = source.store(attempt, self.target, self.policy.upload_workers)
@@ -215,7 +237,11 @@ class VersionCycle:
         )
         attempt.outcome.published = not attempt.restoring
         attempt.outcome.hot_load = hot_load
-        if self.policy.wait:
+        shares.hold(canary=self.canary is not None, converge=self.policy.on_failure == "reactivate")
+        if not self.policy.wait:
+            log.info("%s: not waiting for hot-load %s (wait is off): that every replica serves it is not checked",
+                     plan.identity, hot_load.id)  # fmt: skip
+        else:
             hot_load = self._follow(
                 hot_load,
                 plan.budget,
@@ -228,10 +254,21 @@ class VersionCycle:
         outcome.completed = hot_load.state is HotLoadState.COMPLETED
         outcome.hot_load_seconds = time.perf_counter() - started
         if self.canary is not None and outcome.completed:
-            result = self.canary.check(identity=plan.identity)
-            outcome.canary_checked, outcome.canary_gap = True, float(result.gap)
-            if not result.passed:
-                raise HotLoadVerificationError(hot_load, [], [f"canary: {result.summary()}"])
+            shares.release_canary()
+            self._check_canary(hot_load, plan.budget, outcome)
+
+    def _check_canary(self, hot_load: HotLoad, budget: Budget, outcome: PublishOutcome) -> None:
+        """Stage 6: the canary, inside what is left of the budget; a check that cannot be made refuses too."""
+        assert self.canary is not None
+        try:
+            result = self.canary.check(identity=hot_load.identity, timeout=budget.remaining)
+        except (CWTrainError, OSError) as exc:  # the endpoint stopped answering, or the share ran out
+            raise HotLoadVerificationError(
+                hot_load, [], [f"canary: could not check the served weights ({exc})"]
+            ) from exc
+        outcome.canary_checked, outcome.canary_gap = True, float(result.gap)
+        if not result.passed:
+            raise HotLoadVerificationError(hot_load, [], [f"canary: {result.summary()}"])
 
     def _follow(
         self,
@@ -241,8 +278,14 @@ class VersionCycle:
         verify: bool,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         outcome: PublishOutcome | None = None,
+        split_fails: bool = True,
     ) -> HotLoad:
-        """Stages 4 and 5: wait until ``hot_load`` ends and every replica serves it; verify every replica."""
+        """Stages 4 and 5: wait until ``hot_load`` ends and every replica serves it; verify every replica.
+
+        Once it completed, every replica the service lists must serve its identity, whatever
+        the settings (``split_fails``; off only for :meth:`follow`, ``HotLoader.wait``, where
+        the aggregate state decides); ``verify`` reads the replicas once more.
+        """
         last: list[ProgressEvent] = []
 
         def seen(event: ProgressEvent) -> None:
@@ -264,6 +307,13 @@ class VersionCycle:
             raise
         if outcome is not None and last:
             outcome.replicas_ready, outcome.replicas_total = last[0].ready, last[0].total
+        if split_fails and hot_load.state is HotLoadState.COMPLETED:
+            replicas = list(last[0].replicas) if last else []
+            behind = replicas_behind(replicas, hot_load.identity)
+            if outcome is not None:
+                outcome.converged = 0 if behind else 1
+            if behind:
+                raise HotLoadVerificationError(hot_load, replicas, ["the fleet is split", *behind])
         if verify:
             replicas = verify_served(self.target.client, hot_load.id, hot_load.identity)
             if outcome is not None:
@@ -278,42 +328,68 @@ class VersionCycle:
         outcome.failed = True
         failed_hot_load = isinstance(error, HotLoadFailedError | HotLoadVerificationError) and outcome.published
         if self.policy.on_failure != "reactivate" or not failed_hot_load:
+            self._read_back(attempt, error)
             return error
         identity = attempt.plan.identity
         log.warning("publishing %s failed (%s); re-activating what the fleet served", identity, error)
         try:
-            back = self.reactivate(identity)
+            back = self.reactivate(identity, budget=attempt.plan.budget)
         except Exception as exc:
             failure = CWTrainError(f"publishing {identity} failed ({error}), and so did bringing the fleet back: {exc}")
             failure.__cause__ = exc
+            self._read_back(attempt, failure)
             return failure
         outcome.reactivated = True
         outcome.served_identity = back.identity
         outcome.error = _converged(error, back.identity)
         return None
 
+    def _read_back(self, attempt: Attempt, error: BaseException) -> None:
+        """After a failure the fleet was not brought back from: record what it serves.
+
+        Nothing was created: it serves what it served (``None`` recorded: unchanged). A hot-load
+        that completed on every replica before a later stage failed: its identity. Otherwise
+        (it ended otherwise, or the fleet is split) the service is asked; ``None`` when it
+        cannot tell (an interrupt does not ask).
+        """
+        outcome = attempt.outcome
+        if not outcome.published:
+            return
+        if outcome.converged == 1:
+            outcome.served_identity = attempt.plan.identity
+        elif not isinstance(error, KeyboardInterrupt | SystemExit):
+            outcome.served_identity = self.target.serving()
+
     def reactivate(self, failed_identity: str, *, budget: Budget | None = None) -> HotLoad:
         """Bring every replica back to one identity after a failed hot-load of ``failed_identity``.
 
         The newest identity other than ``failed_identity`` that completed on this deployment
-        and whose objects (and its chain's) are still stored is hot-loaded again, followed and
-        verified: every replica READY on it.
+        and whose whole chain can be replayed (every member's objects stored and matching their
+        recorded SHA-256: :meth:`Target.unreplayable`) is hot-loaded again, followed and
+        verified: every replica READY on it. A candidate whose chain cannot be replayed is
+        passed over for the next older one (back to the chain's FULL, and beyond).
+
+        Args:
+            failed_identity: the identity whose hot-load failed.
+            budget: what the re-activation may spend (default ``CyclePolicy.timeout``; a
+                version's cycle passes what is left of its own).
 
         Raises:
             CWTrainError: no completed identity to go back to (each candidate tried is
-                named), or the re-activation itself failed.
+                named, with what is missing or corrupt), or the re-activation itself failed.
         """
         budget = budget if budget is not None else Budget(self.policy.timeout)
         tried: list[str] = []
         seen: set[str] = set()
+        checked: dict[str, str] = {}
         for hot_load in self.target.hot_loads():
             identity = hot_load.identity
             if hot_load.state is not HotLoadState.COMPLETED or identity == failed_identity or identity in seen:
                 continue
             seen.add(identity)
-            missing = self.target.missing_objects(hot_load)
-            if missing:
-                tried.append(f"{identity} (objects gone: {', '.join(missing)})")
+            problem = self.target.unreplayable(hot_load, checked)
+            if problem:
+                tried.append(f"{identity} (cannot be replayed: {problem})")
                 continue
             log.warning(
                 "hot-load of %r failed: re-activating %r, the newest intact identity that completed, on every replica",
@@ -382,7 +458,9 @@ class VersionCycle:
             HotLoadTimeoutError: the budget ran out first.
         """
         try:
-            return self._follow(HotLoad(id=hot_load_id), budget, verify=self.policy.verify, on_progress=on_progress)
+            return self._follow(
+                HotLoad(id=hot_load_id), budget, verify=self.policy.verify, on_progress=on_progress, split_fails=False
+            )
         except (HotLoadFailedError, HotLoadVerificationError) as error:
             if self.policy.on_failure != "reactivate":
                 raise
@@ -419,6 +497,45 @@ class VersionCycle:
             self.target.store.write_manifest(plan.identity, manifest)
         except Exception as exc:  # manifests only help resumes: warn, never fail the step
             log.warning("could not write the manifest of %s: %s", plan.identity, exc)
+
+
+#: The share of a version's budget held back for the canary (when one is given and the cycle waits).
+CANARY_SHARE = 0.1
+#: The share held back for bringing the fleet back after a failure (``on_failure="reactivate"``).
+CONVERGE_SHARE = 0.25
+
+
+@dataclass
+class _Shares:
+    """The budget's shares held back, once a hot-load is created, from the stages before them.
+
+    Until the create the stages have the whole budget (no create is sent once it is spent);
+    from then on the follow (and verify) leave the canary's share and the re-activation's. A
+    share left unused passes on.
+    """
+
+    budget: Budget
+    canary: float = 0.0
+    converge: float = 0.0
+
+    def hold(self, *, canary: bool, converge: bool) -> None:
+        """Hold back the canary's and the re-activation's shares (those that may come)."""
+        left = self.budget.remaining
+        self.canary = CANARY_SHARE * left if canary else 0.0
+        self.converge = CONVERGE_SHARE * left if converge else 0.0
+        self.budget.total -= self.canary + self.converge
+
+    def release_canary(self) -> None:
+        """The canary's turn: its share joins what the stages before it left."""
+        self.budget.extend(self.canary)
+        self.canary = 0.0
+
+    def release(self) -> bool:
+        """A failure: every share held back is available to the answer to it; whether one was held."""
+        held = self.canary + self.converge
+        self.budget.extend(held)
+        self.canary = self.converge = 0.0
+        return held > 0
 
 
 def _converged(error: BaseException, identity: str) -> BaseException:

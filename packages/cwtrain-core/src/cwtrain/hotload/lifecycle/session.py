@@ -22,14 +22,15 @@ Distributed publishers make a plan on the committing process, let every rank sto
 share (:mod:`cwtrain.hotload.lifecycle.protocol`), and finish with
 :meth:`PublishSession.commit_shares`.
 
-**When a hot-load fails.** A hot-load that ends FAILED or CANCELED, that completes while
-``verify`` finds replicas not caught up, or whose served weights the optional canary refuses,
-may leave the fleet serving a mix. With ``on_failure="reactivate"`` (the integrations'
-default) the composer re-activates the newest intact identity that completed and waits until
-every replica serves it; the session returns an outcome with ``failed=1`` and
-``reactivated=1``: the run goes on, and its next version is FULL. With ``stop`` the error is
-raised (after the outcome reached the sink), as is any failure before a hot-load was created
-(the fleet did not change then).
+**When a hot-load fails.** A hot-load that ends FAILED or CANCELED, that completes while a
+replica the service lists does not serve it (checked whatever ``verify`` says), or whose
+served weights the optional canary refuses or cannot check, may leave the fleet serving a mix.
+With ``on_failure="reactivate"`` (the integrations' default) the composer re-activates the
+newest identity that completed and whose chain can be replayed, and waits until every replica
+serves it; the session returns an outcome with ``failed=1`` and ``reactivated=1``: the run goes
+on, and its next version is FULL. With ``stop`` the error is raised (after the outcome reached
+the sink), as is any failure before a hot-load was created (the fleet did not change then);
+either way :attr:`PublishSession.served_identity` names what the fleet serves afterwards.
 
 **The canary** (``canary=``): after each hot-load the deployment scores a fixed probe and
 the integration's trainer scores it too (:class:`cwtrain.integrations.rollout.Canary`); a gap

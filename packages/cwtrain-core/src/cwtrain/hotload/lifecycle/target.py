@@ -38,16 +38,18 @@ from cwtrain.errors import (
     FailedPreconditionError,
     HotLoadInProgressError,
     PublishTimeoutError,
+    SnapshotError,
     TransportError,
 )
 from cwtrain.hotload.follow import wait_until_terminal
 from cwtrain.hotload.format import chain
 from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.hotload.store.prefix import SnapshotStore
+from cwtrain.hotload.store.snapshot_verify import verify_stored_snapshot
 from cwtrain.infra.client import InferenceClient
-from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ResourceStatus, SnapshotType
+from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, ResourceStatus, SnapshotType
 from cwtrain.infra.models import Deployment, HotLoad, HotLoadConfig, IncrementalSnapshotMetadata
-from cwtrain.infra.objectstore import ObjectStore, ObjectStoreDeadlineError
+from cwtrain.infra.objectstore import ObjectStore, ObjectStoreDeadlineError, ObjectStoreError
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 from cwtrain.polling import Budget
 
@@ -179,6 +181,48 @@ class Target:
         """The identities of ``hot_load``'s chain (itself, for a FULL) whose index is no longer stored."""
         identities = [ref.identity for ref in hot_load.snapshot_chain] or [hot_load.identity]
         return [identity for identity in identities if not self.store.index_exists(identity)]
+
+    def unreplayable(self, hot_load: HotLoad, checked: dict[str, str] | None = None) -> str | None:
+        """Why ``hot_load``'s chain (itself, for a FULL) cannot be hot-loaded again; ``None`` when it can.
+
+        Every member's objects must be stored and hold the bytes their recorded SHA-256 names
+        (:func:`~cwtrain.hotload.store.snapshot_verify.verify_stored_snapshot`: every object is
+        read once). ``checked`` keeps each member's verdict (``""``: intact) across calls, so that
+        candidates sharing a chain read it once.
+        """
+        checked = {} if checked is None else checked
+        for identity in [ref.identity for ref in hot_load.snapshot_chain] or [hot_load.identity]:
+            if identity not in checked:
+                checked[identity] = self._stored_problem(identity)
+            if checked[identity]:
+                return f"{identity}: {checked[identity]}"
+        return None
+
+    def _stored_problem(self, identity: str) -> str:
+        """What is wrong with ``identity``'s stored objects (``""``: stored, matching their hashes)."""
+        try:
+            found = verify_stored_snapshot(self.store, identity)
+        except (SnapshotError, ObjectStoreError) as exc:
+            return str(exc)
+        return "" if found is not None else "its index is gone from the bucket"
+
+    def serving(self) -> str | None:
+        """The identity every replica serves now, read from the service (``None``: a split fleet, or unknown).
+
+        Read from the replicas of the newest hot-load: each names the identity it serves.
+        """
+        try:
+            hot_loads = self.hot_loads()
+            if not hot_loads:
+                return None
+            replicas = self.client.list_hot_load_replicas(hot_loads[0].id)
+        except (APIError, TransportError) as error:
+            log.warning("cannot read what the replicas serve (%s)", error)
+            return None
+        identities = {r.current_snapshot_identity for r in replicas if r.state is ReplicaState.READY}
+        if len(identities) != 1 or len([r for r in replicas if r.state is ReplicaState.READY]) != len(replicas):
+            return None
+        return identities.pop()
 
     # ------------------------------------------------------------------ create
 

@@ -144,6 +144,10 @@ class PublishOutcome:
         replicas_ready: replicas serving the identity at the end of the wait.
         replicas_total: replicas of the deployment.
         replicas_verified: replicas checked READY on the identity (``CWTRAIN_HOTLOAD_VERIFY``).
+        converged: whether every replica the service lists served the identity when its
+            hot-load completed, checked whatever the settings: 1 yes, 0 no (the fleet was
+            split: the version failed), -1 not checked (no hot-load completed, or the cycle
+            did not wait for it: ``wait`` off, which it logs).
         reactivated: after a failed hot-load, every replica was brought back to the
             identity of ``served_version`` (the policy ``reactivate``).
         canary_checked: the canary ran after the hot-load.
@@ -185,6 +189,7 @@ class PublishOutcome:
     replicas_ready: int = 0
     replicas_total: int = 0
     replicas_verified: int = 0
+    converged: int = -1
     reactivated: bool = False
     canary_checked: bool = False
     canary_gap: float = 0.0
@@ -368,6 +373,6 @@ class CheckResult(Protocol):
 class ServedCheck(Protocol):
     """A check of what the fleet serves after a hot-load (the canary)."""
 
-    def check(self, *, identity: str | None = None) -> CheckResult:
-        """Check the deployment; every answer should come from ``identity``."""
+    def check(self, *, identity: str | None = None, timeout: float | None = None) -> CheckResult:
+        """Check the deployment; every answer should come from ``identity``; done within ``timeout`` seconds or raise."""
         ...

@@ -281,24 +281,29 @@ class Canary:
         self._transport = transport
         self._sleep = sleep
         self._dropped: set[str] = set()
+        self._deadline: float | None = None
 
     @property
     def dropped_fields(self) -> frozenset[str]:
         """Optional request fields the endpoint refused (not sent any more)."""
         return frozenset(self._dropped)
 
-    def check(self, *, identity: str | None = None) -> CanaryResult:
+    def check(self, *, identity: str | None = None, timeout: float | None = None) -> CanaryResult:
         """Score the probe on the deployment and compare (see the module docs).
 
         Args:
             identity: the identity just hot-loaded: an answer from another one fails the check.
+            timeout: seconds the whole check may take (the publish's share for it): every
+                request and retry pause is cut to what is left; ``None``: the rollout
+                config's per-request timeout and retries only.
 
         Raises:
-            RolloutError: a request failed after its retries, or the endpoint returned no
-                prompt log-probs.
+            RolloutError: a request failed after its retries, the endpoint returned no
+                prompt log-probs, or ``timeout`` ran out first.
             UsageError: ``trainer_logprobs`` returned the wrong number of values.
         """
         started = time.monotonic()
+        self._deadline = None if timeout is None else started + max(0.0, timeout)
         prompts = self.probe.prompts
         expected = [tuple(float(x) for x in row) for row in self.trainer_logprobs([list(p) for p in prompts])]
         if len(expected) != len(prompts) or any(len(e) != len(p) - 1 for e, p in zip(expected, prompts)):
@@ -356,11 +361,20 @@ class Canary:
             served, source = _prompt_logprobs(payload, prompt)
             return served, source, identity if isinstance(identity, str) and identity else None
 
+    def _left(self, last: str) -> float:
+        """Seconds the check has left (the config's timeout without a deadline); raises once none is."""
+        if self._deadline is None:
+            return self.config.timeout
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise RolloutError("canary ran out of its time" + (f" (last: {last})" if last else ""))
+        return min(self.config.timeout, left)
+
     def _post(self, http: httpx.Client, body: dict[str, Any]) -> httpx.Response:
         last = ""
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                response = http.post(self.config.completions_url, json=body)
+                response = http.post(self.config.completions_url, json=body, timeout=self._left(last))
             except httpx.RequestError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:
@@ -368,7 +382,7 @@ class Canary:
                     return response
                 last = f"HTTP {response.status_code}: {response.text[:200]}"
             if attempt < self.config.max_attempts:
-                self._sleep(min(MAX_SLEEP, 0.5 * 2 ** (attempt - 1)))
+                self._sleep(min(MAX_SLEEP, 0.5 * 2 ** (attempt - 1), self._left(last)))
         raise RolloutError(f"canary request failed after {self.config.max_attempts} attempts: {last}")
 
     def _result(self, answers: list[CanaryAnswer], identity: str | None, seconds: float) -> CanaryResult:
