@@ -125,6 +125,17 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "batch holds no sample of the failed identity; the next version is FULL and the run reaches its last; "
         "with on_failure=stop the publish raises as before",
     ),
+    "fence-two-sided": (
+        "a fleet serving a version the trainer did not publish as served (newer than the newest published, or "
+        "burned), or a split group whose answers only partly name an identity",
+        "scripted completions endpoints answer from a version above the newest published "
+        "(CWTRAIN_ROLLOUT_MAX_STALENESS=0), from a version noted burned (within the limit, for good, and burned "
+        "while the batch runs), or a split group where some answers name no identity",
+        "those completions are re-requested, counted in coreweave/unpublished_rerequested, never returned; a "
+        "half-unnamed group is re-sampled whole (mixed_groups_resampled); a group naming no identity is kept and "
+        "counted (samples_without_version), asked once; a fleet that stays so fails the batch within max_attempts "
+        "with a RolloutError naming the identity",
+    ),
     "wrong-weights": (
         "a replica serves a corrupted or an old FULL under the new identity",
         "the local stack's replica fault `serve_wrong_weights` (corrupt: lm_head's exponent and mantissa bits "

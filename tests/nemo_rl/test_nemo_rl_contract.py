@@ -348,6 +348,20 @@ def test_setup_wrapper_reads_nemo_rls_master_config_object(monkeypatch: pytest.M
         grpo_hooks().uninstall()
 
 
+def test_the_gym_endpoints_sampler_learns_the_versions_published_and_burned_before_and_after_it_starts() -> None:
+    gen = _generation({"max_new_tokens": 4, "coreweave_cfg": {"run_id": "run"}}, [])
+    gen.note_published(3)
+    gen.note_burned(4)
+    try:
+        gym = gen.gym_model_server().model.sampler  # its own sampler, started after those notes
+        assert (gym.run_id, gym.published_version, gym.burned_versions) == ("run", 3, {4})
+        gen.note_burned(5)
+        gen.note_published(6)
+        assert (gym.published_version, gym.burned_versions) == (6, {4, 5})
+    finally:
+        assert gen.shutdown() is True
+
+
 def test_rows_carry_the_version_that_served_them_and_metrics_sum_every_bucket() -> None:
     """``weight_version`` per row (this run's only); the generate's counters cover all its requests."""
     requests: list[dict[str, Any]] = []
@@ -356,6 +370,8 @@ def test_rows_carry_the_version_that_served_them_and_metrics_sum_every_bucket() 
     assert gen.sampler.run_id == "run"  # the sampler samples for the run the synchronizer publishes
     gen.note_published(3)
     assert gen.sampler.published_version == 3
+    gen.note_burned(4)  # the synchronizer's hot-load of v4 failed: never sampled from
+    assert gen.sampler.burned_versions == {4} and gen.sampler.published_version == 3
     data = {
         "input_ids": torch.tensor([[5, 6], [5, 6], [8, 0]]),
         "input_lengths": torch.tensor([2, 2, 1]),

@@ -221,6 +221,8 @@ def test_a_failed_hot_load_is_recorded_and_the_next_version_is_full(
         assert sunk[-1]["hotload/reactivated"] == 1.0 and sunk[-1]["hotload/served_version"] == 0.0
     assert sunk[-1]["hotload/failed"] == 1.0 and policy.calls[-1] == "cwtrain_discard_share"
     assert sync.served_identity == "nemo-v000000" and sync.version == 2
+    sampler = sync.generation.sampler  # v1 is burned: the fence refuses its samples whatever the newest
+    assert (sampler.published_version, sampler.burned_versions) == (0, {1})
     sync.sync_weights()  # the stored delta v1 stays as it is; v2 is FULL from every worker's current tensors
     metrics = sync.last_metrics
     assert (metrics["hotload/version"], metrics["hotload/chain_cut"], metrics["hotload/completed"]) == (2.0, 1.0, 1.0)

@@ -1,8 +1,10 @@
-"""Samples fenced by version: staleness, other runs' identities, mixed groups, and the batch's counters.
+"""Samples fenced by version: staleness, other runs' identities, versions newer than published or
+burned, mixed groups (two identities, or some answers naming none), and the batch's counters.
 
 Scripted endpoints (``httpx.MockTransport``) answer with the identity a test chooses per
-request; the end-to-end case (an identity swapped in the middle of a batch on the local
-stack) is ``tests/e2e/test_rollout_swap.py``.
+request (``None``: the answer names none); the end-to-end case (an identity swapped in the
+middle of a batch on the local stack) is ``tests/e2e/test_rollout_swap.py``. The tests
+marked ``fault_row("fence-two-sided")`` are that row of docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from cwtrain.integrations.rollout import (
     SamplingParams,
     fill_group,
     merge_batches,
+    note_burned,
     note_published,
     run_sync,
     shared_sampler,
@@ -44,9 +47,9 @@ class Sleeps:
 
 
 class Serving:
-    """A fake fleet: answers with ``identity()`` (thread-safe), counting requests."""
+    """A fake fleet: answers with ``identity()`` (thread-safe; ``None``: no identity), counting requests."""
 
-    def __init__(self, identities: Callable[[dict[str, Any]], str]) -> None:
+    def __init__(self, identities: Callable[[dict[str, Any]], str | None]) -> None:
         self.fake = FakeEndpoint(length=3)
         self.identities = identities
         self.lock = threading.Lock()
@@ -195,6 +198,144 @@ def test_groups_that_went_stale_during_the_batch_are_re_sampled_at_its_end() -> 
     assert batch.metrics["coreweave/stale_rerequested"] == 6.0  # all three groups, two completions each
 
 
+def _split_half_unnamed(rounds: int, named: str = "run-v000002") -> Callable[[dict[str, Any]], str | None]:
+    """The first ``rounds`` × 4 answers alternate between no identity and ``named``; then ``named`` only."""
+    calls = itertools.count()
+    return lambda body: None if (k := next(calls)) < 4 * rounds and k % 2 == 0 else named
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("fence-two-sided")
+def test_a_version_above_the_newest_published_is_re_requested_not_kept() -> None:
+    # the filed case: limit 0, v5 the newest published, the fleet answers from v6 (refused and
+    # re-activated away, or not announced yet) before it is back on v5
+    answers = iter(["run-v000006", "run-v000006"])
+    serving = Serving(lambda body: next(answers, "run-v000005"))
+    sleeps = Sleeps()
+    with make(serving, sleeps, max_staleness=0) as sampler:
+        sampler.note_published(5)
+        batch = sampler.sample_groups_sync([[1, 2]], 2, PARAMS)
+    (group,) = batch.groups
+    assert [c.identity for c in group] == ["run-v000005"] * 2 and [c.version for c in group] == [5, 5]
+    assert batch.versions == {5: 2} and batch.published_version == 5
+    m = batch.metrics
+    assert m["coreweave/unpublished_rerequested"] == 4.0  # two answers of 2 completions refused
+    assert m["coreweave/stale_rerequested"] == 0.0 and m["coreweave/served_version_max"] == 5.0
+    assert m["coreweave/staleness_max"] == 0.0
+    assert serving.requests == 3 and len(sleeps.calls) == 2  # backed off, like a stale re-request
+    merged = merge_batches([batch, batch]).metrics
+    assert merged["coreweave/unpublished_rerequested"] == 8.0 and merged["coreweave/stale_rerequested"] == 0.0
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("fence-two-sided")
+def test_a_burned_version_is_re_requested_even_within_the_limit() -> None:
+    # v4 burned, then v5 published: a sample from v4 is one behind (within the limit of 2) but
+    # the trainer never published it as served; v3, two behind, is kept
+    answers = iter(["run-v000004"])
+    serving = Serving(lambda body: next(answers, "run-v000003"))
+    with make(serving, max_staleness=2) as sampler:
+        sampler.note_published(3)
+        sampler.note_burned(4)
+        sampler.note_published(5)
+        assert sampler.burned_versions == {4} and sampler.published_version == 5
+        batch = sampler.sample_groups_sync([[1, 2]], 3, PARAMS)
+    assert {c.identity for c in batch[0]} == {"run-v000003"} and batch.versions == {3: 3}
+    assert batch.metrics["coreweave/unpublished_rerequested"] == 3.0
+    assert batch.metrics["coreweave/stale_rerequested"] == 0.0 and serving.requests == 2
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("fence-two-sided")
+@pytest.mark.parametrize(
+    ("served", "said"),
+    [
+        ("run-v000008", "'run-v000008', newer than the newest published 'run-v000007'"),
+        ("run-v000006", "'run-v000006', a burned version"),
+    ],
+)
+def test_a_fleet_that_stays_on_an_unpublished_version_fails_within_the_budget(served: str, said: str) -> None:
+    serving = Serving(lambda body: served)
+    with make(serving, max_staleness=1, max_attempts=3) as sampler:
+        sampler.note_burned(6)
+        sampler.note_published(7)
+        with pytest.raises(RolloutError) as refused:
+            sampler.sample_groups_sync([[1, 2]], 2, PARAMS)
+    assert said in str(refused.value) and "3 times" in str(refused.value)
+    assert "did not publish as served" in str(refused.value) and "MAX_STALENESS" not in str(refused.value)
+    assert serving.requests == 3  # the re-request budget, never an endless loop
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("fence-two-sided")
+def test_groups_whose_version_was_burned_during_the_batch_are_re_sampled_at_its_end() -> None:
+    sampler_box: list[CompletionSampler] = []
+    served = {"identity": "run-v000002"}
+
+    def identities(body: dict[str, Any]) -> str:
+        identity = served["identity"]
+        if body["prompt"] == [9, 9]:  # the last group: v2's hot-load is refused and the fleet moves to v3
+            sampler_box[0].note_burned(2)
+            served["identity"] = "run-v000003"
+        return identity
+
+    serving = Serving(identities)
+    with make(serving, max_staleness=1, concurrency=1) as sampler:
+        sampler_box.append(sampler)
+        sampler.note_published(1)
+        sampler.note_published(3)  # a path told only the newest: v2 was within the limit
+        batch = sampler.sample_groups_sync([[1, 2], [3, 4], [9, 9]], 2, PARAMS)
+    assert {c.identity for g in batch for c in g} == {"run-v000003"} and batch.versions == {3: 6}
+    assert batch.metrics["coreweave/unpublished_rerequested"] == 6.0  # all three groups, two completions each
+    assert batch.metrics["coreweave/stale_rerequested"] == 0.0
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("fence-two-sided")
+def test_a_split_group_with_answers_naming_no_identity_is_mixed_and_one_naming_none_is_kept() -> None:
+    serving = Serving(_split_half_unnamed(rounds=1))
+    with make(serving, max_staleness=0) as sampler:
+        sampler.note_published(2)
+        batch = sampler.sample_groups_sync([[1, 2]], 4, PARAMS, split=True)
+        (group,) = batch.groups
+        assert [c.identity for c in group] == ["run-v000002"] * 4 and [c.index for c in group] == [0, 1, 2, 3]
+        assert batch.metrics["coreweave/mixed_groups_resampled"] == 1.0 and serving.requests == 8
+        assert batch.metrics["coreweave/samples_without_version"] == 0.0
+        # no answer names an identity: it cannot be fenced; counted, kept, asked once
+        serving.identities = lambda body: None
+        unnamed = sampler.sample_groups_sync([[1, 2]], 4, PARAMS, split=True)
+    assert [c.identity for c in unnamed[0]] == [None] * 4 and serving.requests == 12
+    m = unnamed.metrics
+    assert m["coreweave/samples_without_version"] == 4.0 and m["coreweave/mixed_groups_resampled"] == 0.0
+    assert m["coreweave/stale_rerequested"] == m["coreweave/unpublished_rerequested"] == 0.0
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("fence-two-sided")
+def test_a_fleet_that_stays_half_unnamed_fails_the_batch_within_the_budget() -> None:
+    serving = Serving(_split_half_unnamed(rounds=10))
+    with make(serving, max_attempts=2) as sampler, pytest.raises(RolloutError) as refused:
+        sampler.sample_groups_sync([[1, 2]], 4, PARAMS, split=True)
+    assert "run-v000002 and answers that named no identity 2 times" in str(refused.value)
+    assert serving.requests == 8
+
+
+def test_note_burned_is_kept_for_the_run_and_a_new_run_starts_over() -> None:
+    with make(Serving(lambda body: "x"), run_id=None) as sampler:
+        with pytest.raises(UsageError, match="run id"):
+            sampler.note_burned(1)
+        sampler.note_burned(2, run_id="r1")
+        sampler.note_published(3)
+        sampler.note_burned(4)
+        assert (sampler.run_id, sampler.published_version, sampler.burned_versions) == ("r1", 3, {2, 4})
+        sampler.note_burned(1, run_id="r2")  # another run: its newest version is not known yet
+        assert (sampler.run_id, sampler.published_version, sampler.burned_versions) == ("r2", None, {1})
+        sampler.set_run("r3")
+        assert sampler.burned_versions == frozenset()
+        with pytest.raises(UsageError, match="integer >= 0"):
+            sampler.note_burned(True)
+
+
 def test_note_published_keeps_the_newest_and_a_new_run_starts_over() -> None:
     with make(Serving(lambda body: "x"), run_id=None) as sampler:
         with pytest.raises(UsageError, match="run id"):
@@ -212,9 +353,10 @@ def test_note_published_keeps_the_newest_and_a_new_run_starts_over() -> None:
 def _shared() -> Iterator[None]:
     from cwtrain.integrations import rollout
 
-    saved = dict(rollout._SHARED), dict(rollout._PUBLISHED)
+    saved = dict(rollout._SHARED), dict(rollout._PUBLISHED), dict(rollout._BURNED)
     rollout._SHARED.clear()
     rollout._PUBLISHED.clear()
+    rollout._BURNED.clear()
     try:
         yield
     finally:
@@ -224,6 +366,8 @@ def _shared() -> Iterator[None]:
         rollout._SHARED.update(saved[0])
         rollout._PUBLISHED.clear()
         rollout._PUBLISHED.update(saved[1])
+        rollout._BURNED.clear()
+        rollout._BURNED.update(saved[2])
 
 
 @pytest.mark.usefixtures("_shared")
@@ -233,6 +377,22 @@ def test_the_module_level_note_reaches_every_shared_sampler_and_later_ones() -> 
     later = shared_sampler(RolloutConfig("http://b.test/v1", "tiny"))
     assert (first.run_id, first.published_version) == ("run", 4)
     assert (later.run_id, later.published_version) == ("run", 4)
+
+
+@pytest.mark.usefixtures("_shared")
+def test_the_module_level_burned_note_reaches_every_shared_sampler_and_a_new_run_forgets_it() -> None:
+    first = shared_sampler(RolloutConfig("http://a.test/v1", "tiny"))
+    note_published(4, run_id="run")
+    note_burned(5, run_id="run")
+    later = shared_sampler(RolloutConfig("http://b.test/v1", "tiny"))
+    assert first.burned_versions == later.burned_versions == {5}
+    assert later.published_version == 4
+    with pytest.raises(UsageError, match="integer >= 0"):
+        note_burned(-1, run_id="run")
+    note_published(1, run_id="next")  # another run: what was burned of the first is forgotten
+    fresh = shared_sampler(RolloutConfig("http://c.test/v1", "tiny"))
+    assert (fresh.run_id, fresh.published_version, fresh.burned_versions) == ("next", 1, frozenset())
+    assert first.burned_versions == frozenset() and first.run_id == "next"
 
 
 def test_fill_group_tags_this_runs_versions_and_other_identities_as_they_are() -> None:

@@ -118,8 +118,8 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar(
         "CWTRAIN_ROLLOUT_MAX_STALENESS",
         "unset (no limit)",
-        "integer >= 0; a completion served more than K versions behind the newest published, or by another "
-        "run's identity, is re-requested",
+        "integer >= 0; a completion served more than K versions behind the newest published, by another "
+        "run's identity, by a version newer than the newest published or by a burned one, is re-requested",
     ),
     # object storage
     EnvVar("AWS_REGION", "required", "the bucket's availability zone, e.g. US-EAST-04A"),

@@ -47,10 +47,15 @@ the sampler knows its run, the version of that run it names (``Completion.versio
 
 **Versions.** The sampler learns the newest version the trainer published
 (``sampler.note_published(version, run_id=...)``, or :func:`note_published` for every
-shared sampler of the process). With ``CWTRAIN_ROLLOUT_MAX_STALENESS=K`` a completion served
-more than K versions behind it, or by another run's identity, is re-requested; a group is
-never returned with completions from two identities; each batch reports the versions it
-held (:mod:`cwtrain.integrations.rollout.sampler`).
+shared sampler of the process) and the burned ones, whose hot-load was refused and the
+fleet re-activated away (``sampler.note_burned(version, run_id=...)``, or :func:`note_burned`).
+With ``CWTRAIN_ROLLOUT_MAX_STALENESS=K`` the fence is two-sided: a completion served more
+than K versions behind the newest, or by another run's identity, is re-requested
+(``coreweave/stale_rerequested``), and so is one served by a version newer than the newest
+published or by a burned one (``coreweave/unpublished_rerequested``); a group is never
+returned with completions from two identities, nor with some naming an identity and
+others none; each batch reports the versions it held
+(:mod:`cwtrain.integrations.rollout.sampler`).
 
 **Canary.** :class:`Canary` scores a fixed probe on the deployment (prompt log-probs through
 ``echo``/``prompt_logprobs``) and compares it with the trainer's own log-probs after a
@@ -69,7 +74,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from cwtrain.errors import RolloutError
+from cwtrain.errors import RolloutError, UsageError
 from cwtrain.integrations.rollout._runtime import run_sync
 from cwtrain.integrations.rollout.canary import (
     DEFAULT_CANARY_BOUND,
@@ -112,6 +117,7 @@ __all__ = [
     "decode_routed_experts",
     "fill_group",
     "merge_batches",
+    "note_burned",
     "note_published",
     "sample_groups",
     "sample_prompt",
@@ -124,6 +130,7 @@ __all__ = [
 _SHARED: dict[RolloutConfig, CompletionSampler] = {}
 _SHARED_LOCK = threading.Lock()
 _PUBLISHED: dict[str, int] = {}  # run id -> the newest version published in this process
+_BURNED: dict[str, set[int]] = {}  # run id -> the versions noted burned in this process (the newest run's)
 
 
 def shared_sampler(config: RolloutConfig | None = None, *, tokenizer: Any = None) -> CompletionSampler:
@@ -131,7 +138,8 @@ def shared_sampler(config: RolloutConfig | None = None, *, tokenizer: Any = None
 
     One sampler (one connection pool) per distinct config, reused across steps. A
     ``tokenizer`` given later is attached to an existing sampler that has none. A new
-    sampler learns the newest version :func:`note_published` recorded.
+    sampler learns the newest version :func:`note_published` recorded and the burned ones
+    :func:`note_burned` did.
     """
     config = config or RolloutConfig.from_env()
     with _SHARED_LOCK:
@@ -140,6 +148,9 @@ def shared_sampler(config: RolloutConfig | None = None, *, tokenizer: Any = None
             sampler = _SHARED[config] = CompletionSampler(config, tokenizer=tokenizer)
             for run_id, version in _PUBLISHED.items():
                 sampler.note_published(version, run_id=run_id)
+            for run_id, burned in _BURNED.items():
+                for version in sorted(burned):
+                    sampler.note_burned(version, run_id=run_id)
         elif tokenizer is not None and sampler.tokenizer is None:
             sampler.tokenizer = tokenizer
         return sampler
@@ -156,9 +167,37 @@ def note_published(version: int, *, run_id: str) -> None:
         if run_id not in _PUBLISHED or version > _PUBLISHED[run_id]:
             _PUBLISHED.clear()
             _PUBLISHED[run_id] = version
+        _keep_only(run_id)
         samplers = list(_SHARED.values())
     for sampler in samplers:
         sampler.note_published(version, run_id=run_id)
+
+
+def note_burned(version: int, *, run_id: str) -> None:
+    """Version ``version`` of ``run_id`` is burned: tell every shared sampler of this process.
+
+    A burned version's hot-load was refused or failed and the fleet was re-activated away
+    from it (see :meth:`CompletionSampler.note_burned`). Samplers made later by
+    :func:`shared_sampler` learn it too. Only the newest run is kept.
+
+    Raises:
+        UsageError: ``version`` is not an integer >= 0.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise UsageError(f"note_burned(version={version!r}): a version is an integer >= 0")
+    with _SHARED_LOCK:
+        _keep_only(run_id)
+        _BURNED.setdefault(run_id, set()).add(version)
+        samplers = list(_SHARED.values())
+    for sampler in samplers:
+        sampler.note_burned(version, run_id=run_id)
+
+
+def _keep_only(run_id: str) -> None:
+    """Forget what was recorded of other runs than ``run_id`` (holds the lock)."""
+    for record in (_PUBLISHED, _BURNED):
+        for other in [run for run in record if run != run_id]:
+            del record[other]
 
 
 def sample_groups(

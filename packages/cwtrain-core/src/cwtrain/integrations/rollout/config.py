@@ -70,8 +70,10 @@ class RolloutConfig:
         seeds: a random seed on every ``n = 1`` request a group is split into.
         max_staleness: ``K``: a completion served by an identity more than ``K`` versions
             behind the newest version the trainer published, or by another run's identity,
-            is re-requested instead of returned (``None``: no limit). It takes effect once
-            the sampler knows its run and the newest version
+            is re-requested instead of returned (``None``: no limit); so is one served by a
+            version newer than the newest published, or by a burned one
+            (:meth:`~cwtrain.integrations.rollout.CompletionSampler.note_burned`). It takes
+            effect once the sampler knows its run and the newest version
             (:meth:`~cwtrain.integrations.rollout.CompletionSampler.note_published`).
 
     Raises:

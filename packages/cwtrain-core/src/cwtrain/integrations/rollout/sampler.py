@@ -5,22 +5,34 @@ its own event-loop thread, so the same sampler serves ``await sampler.sample_gro
 from any event loop and ``sampler.sample_groups_sync(...)`` from plain code — including
 code that is itself running inside an event loop.
 
-**Samples fenced by version.** The sampler knows the run it samples for (``run_id``) and the
-newest version the trainer published (:meth:`CompletionSampler.note_published`, called by
-the publish path after each publish, or by the caller). Each completion's identity becomes
-a version of that run (:func:`cwtrain.hotload.format.identity.identity_version`; another run's
-identity, or ``initial``, is no version of it). With ``max_staleness`` = K
-(``CWTRAIN_ROLLOUT_MAX_STALENESS``), a completion served more than K versions behind the
-newest, or by an identity that is no version of the run, is re-requested instead of
-returned, up to ``max_attempts`` times with the retries' back-off (the fleet may still be
-switching), then the batch fails with a ``RolloutError`` naming the identity; the check is
-made again on every group when the batch ends, against the newest version known then. A
-completion whose identity the endpoint does not report cannot be fenced and is kept. With
-no limit (the default) nothing is re-requested for staleness. Either way a group is never
-returned with completions from two identities: a split group (``n`` requests of ``n = 1``)
-that came back mixed is re-sampled whole (the same budget). Each batch reports what it held
-(:class:`RolloutBatch`: ``versions``, and the ``coreweave/served_version_*``,
-``coreweave/stale_rerequested``, ``coreweave/mixed_groups_resampled`` metrics).
+**Samples fenced by version, on both sides.** The sampler knows the run it samples for
+(``run_id``), the newest version the trainer published (:meth:`CompletionSampler.note_published`,
+called by the publish path after each publish, or by the caller) and the versions it was
+told are burned (:meth:`CompletionSampler.note_burned`: a hot-load of the run that was
+refused or failed, after which the fleet was re-activated away from it; it is never
+announced as served). Each completion's identity becomes a version of that run
+(:func:`cwtrain.hotload.format.identity.identity_version`; another run's identity, or
+``initial``, is no version of it). With ``max_staleness`` = K
+(``CWTRAIN_ROLLOUT_MAX_STALENESS``) a completion is re-requested instead of returned when it
+was served
+
+- more than K versions behind the newest published, or by an identity that is no version
+  of the run (counted in ``coreweave/stale_rerequested``), or
+- by a version newer than the newest published (a hot-load not announced yet, or one
+  refused and re-activated away), or by a burned version (counted in
+  ``coreweave/unpublished_rerequested``),
+
+up to ``max_attempts`` times with the retries' back-off (the fleet may still be switching),
+then the batch fails with a ``RolloutError`` naming the identity; the check is made again on
+every group when the batch ends, against what is known then (the newest version, the burned
+ones). A completion whose identity the endpoint does not report cannot be fenced and is kept
+(``coreweave/samples_without_version`` counts it): such a group is never re-requested for
+it. With no limit (the default) nothing is re-requested for its version. Either way a group
+is never returned with completions from two identities, nor with some naming an identity
+and others naming none: a split group (``n`` requests of ``n = 1``) that came back mixed is
+re-sampled whole (the same budget; ``coreweave/mixed_groups_resampled``). Each batch reports
+what it held (:class:`RolloutBatch`: ``versions``, and the ``coreweave/served_version_*``
+metrics besides those counters).
 """
 
 from __future__ import annotations
@@ -91,34 +103,81 @@ class _Stats:
     resampled: int = 0
     cached_tokens: int = 0
     stale: int = 0  # completions re-requested for staleness
-    mixed: int = 0  # groups re-sampled because they held two identities
+    unpublished: int = 0  # completions re-requested for a version newer than published, or burned
+    mixed: int = 0  # groups re-sampled because they held two identities, or some answers named none
     latencies: list[float] = field(default_factory=list)
+
+    def refused(self, refusal: _Refusal, completions: int) -> None:
+        """Count ``completions`` re-requested for ``refusal`` (stale, or unpublished)."""
+        if refusal.kind == "unpublished":
+            self.unpublished += completions
+        else:
+            self.stale += completions
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """Why a completion may not be returned: ``stale`` (too far behind, or no version of the run),
+    or ``unpublished`` (newer than the newest published, or burned), and the sentence saying so."""
+
+    kind: str
+    reason: str
+
+    @property
+    def advice(self) -> str:
+        """What to check when the deployment keeps serving such completions."""
+        if self.kind == "unpublished":
+            return (
+                "the deployment serves a version the trainer did not publish as served: check its hot-loads "
+                "(`cwtrain hotload list`) and that the publish path tells the sampler each version it publishes"
+            )
+        return (
+            "the deployment does not serve a recent version: check its hot-loads (`cwtrain hotload list`), "
+            "or raise CWTRAIN_ROLLOUT_MAX_STALENESS"
+        )
 
 
 @dataclass(frozen=True)
 class _Fence:
-    """What a completion is checked against: the run, the newest version published, the limit."""
+    """What a completion is checked against: the run, the newest version published, the burned ones, the limit."""
 
     run_id: str | None
     latest: int | None
     limit: int | None
+    burned: frozenset[int] = frozenset()
 
     def version(self, identity: str | None) -> int | None:
         """The version of the run ``identity`` names (``None``: no run known, or not one of its versions)."""
         return identity_version(identity, self.run_id) if self.run_id is not None else None
 
-    def stale(self, identity: str | None) -> str | None:
+    def refusal(self, identity: str | None) -> _Refusal | None:
         """Why a completion served by ``identity`` may not be returned, or ``None`` when it may."""
         if self.limit is None or self.run_id is None or self.latest is None or identity is None:
             return None
         version = identity_version(identity, self.run_id)
         newest = version_identity(self.run_id, self.latest)
         if version is None:
-            return f"served by {identity!r}, which is no version of run {self.run_id!r} (newest published: {newest!r})"
+            return _Refusal(
+                "stale",
+                f"served by {identity!r}, which is no version of run {self.run_id!r} (newest published: {newest!r})",
+            )
+        if version in self.burned:
+            return _Refusal(
+                "unpublished",
+                f"served by {identity!r}, a burned version (its hot-load was refused and the fleet re-activated "
+                f"away from it; newest published: {newest!r})",
+            )
+        if version > self.latest:
+            return _Refusal(
+                "unpublished",
+                f"served by {identity!r}, newer than the newest published {newest!r} (a hot-load not announced yet, "
+                "or one refused and re-activated away)",
+            )
         if self.latest - version > self.limit:
-            return (
+            return _Refusal(
+                "stale",
                 f"served by {identity!r}, {self.latest - version} versions behind the newest published {newest!r} "
-                f"(CWTRAIN_ROLLOUT_MAX_STALENESS={self.limit})"
+                f"(CWTRAIN_ROLLOUT_MAX_STALENESS={self.limit})",
             )
         return None
 
@@ -134,7 +193,9 @@ class RolloutBatch:
         metrics: ``coreweave/*`` numbers (interface.md §4.3 plus latency percentiles,
             tokens/s, requests, retries, identities seen), and what the batch held:
             ``stale_rerequested`` (completions re-requested for staleness),
-            ``mixed_groups_resampled`` (groups re-sampled for holding two identities); with a
+            ``unpublished_rerequested`` (completions re-requested for a version newer than the
+            newest published, or burned), ``mixed_groups_resampled`` (groups re-sampled for
+            holding two identities, or answers with an identity and answers without); with a
             known run, ``samples_without_version`` (served by no version of the run), and when
             versions were served ``served_version_min``, ``served_version_max``,
             ``served_versions`` (how many), ``served_version_samples/<N>`` (samples per
@@ -168,6 +229,7 @@ def served_version_metrics(
     stale: int = 0,
     mixed: int = 0,
     unversioned: int | None = None,
+    unpublished: int = 0,
 ) -> dict[str, float]:
     """The ``coreweave/*`` numbers of what a batch held (see :class:`RolloutBatch`).
 
@@ -175,12 +237,17 @@ def served_version_metrics(
         versions: samples per version of the run that served them.
         published: the newest version published (``staleness_max`` is measured from it).
         stale: completions re-requested for staleness.
-        mixed: groups re-sampled for holding two identities.
+        mixed: groups re-sampled for holding two identities (or some answers without one).
         unversioned: samples served by no version of the run (``None``: the run is not known).
+        unpublished: completions re-requested for a version newer than the newest published, or burned.
 
     :func:`merge_batches` calls it once over several batches.
     """
-    metrics = {"coreweave/stale_rerequested": float(stale), "coreweave/mixed_groups_resampled": float(mixed)}
+    metrics = {
+        "coreweave/stale_rerequested": float(stale),
+        "coreweave/unpublished_rerequested": float(unpublished),
+        "coreweave/mixed_groups_resampled": float(mixed),
+    }
     if unversioned is not None:
         metrics["coreweave/samples_without_version"] = float(unversioned)
     counted = {v: n for v, n in sorted(versions.items()) if n}
@@ -200,7 +267,7 @@ def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
 
     Groups in call order, identities in first-seen order, versions summed. The metrics are
     the last batch's, except what the batches held (``stale_rerequested``,
-    ``mixed_groups_resampled``, ``samples_without_version``, ``served_version_*``,
+    ``unpublished_rerequested``, ``mixed_groups_resampled``, ``samples_without_version``, ``served_version_*``,
     ``staleness_max``): those count every batch's samples (:func:`served_version_metrics`),
     measured from the newest version published when the last batch ended.
     """
@@ -214,7 +281,7 @@ def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
     published = batches[-1].published_version if batches else None
     held = {
         key: sum(int(batch.metrics.get(f"coreweave/{key}", 0)) for batch in batches)
-        for key in ("stale_rerequested", "mixed_groups_resampled", "samples_without_version")
+        for key in ("stale_rerequested", "unpublished_rerequested", "mixed_groups_resampled", "samples_without_version")
     }
     unversioned = held["samples_without_version"] if "coreweave/samples_without_version" in metrics else None
     metrics = {
@@ -227,6 +294,7 @@ def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
             stale=held["stale_rerequested"],
             mixed=held["mixed_groups_resampled"],
             unversioned=unversioned,
+            unpublished=held["unpublished_rerequested"],
         )
     )
     return RolloutBatch(
@@ -341,6 +409,7 @@ class CompletionSampler(Closing):
         self._fence_lock = threading.Lock()
         self._run_id = run_id
         self._latest: int | None = None
+        self._burned: set[int] = set()
 
     # ------------------------------------------------------------------ public
 
@@ -359,32 +428,62 @@ class CompletionSampler(Closing):
 
         The publish path calls this after each publish; a caller may call it directly. A
         version never goes back within a run (a lower one is ignored); another run id
-        replaces the run and its newest version. Thread-safe; batches in flight use it from
-        their next check on.
+        replaces the run, its newest version and its burned ones. Thread-safe; batches in
+        flight use it from their next check on.
 
         Raises:
             UsageError: ``version`` is negative, or no run id was ever given.
         """
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise UsageError(f"note_published(version={version!r}): a version is an integer >= 0")
         with self._fence_lock:
-            run = run_id or self._run_id
-            if run is None:
-                raise UsageError("note_published needs the run id (run_id=...): the sampler knows no run yet")
-            if run != self._run_id:
-                self._run_id, self._latest = run, None
+            self._noted_run("note_published", version, run_id)
             if self._latest is None or version > self._latest:
                 self._latest = version
 
+    def note_burned(self, version: int, *, run_id: str | None = None) -> None:
+        """Version ``version`` of ``run_id`` (default: the sampler's run) is burned.
+
+        A burned version's hot-load was created but refused or failed, and the fleet was
+        re-activated away from it: the publish path never announces it as served. With a
+        limit (``max_staleness``) a completion it served is re-requested like one newer than
+        the newest published (``coreweave/unpublished_rerequested``), whatever the newest
+        version is; the version stays burned for the run. Another run id replaces the run
+        (as :meth:`note_published` does). Thread-safe; batches in flight use it from their next
+        check on, and at their end.
+
+        Raises:
+            UsageError: ``version`` is negative, or no run id was ever given.
+        """
+        with self._fence_lock:
+            self._noted_run("note_burned", version, run_id)
+            self._burned.add(version)
+
+    @property
+    def burned_versions(self) -> frozenset[int]:
+        """The versions of the run :meth:`note_burned` named."""
+        with self._fence_lock:
+            return frozenset(self._burned)
+
     def set_run(self, run_id: str | None) -> None:
-        """Sample for ``run_id`` (a new run forgets the newest version known)."""
+        """Sample for ``run_id`` (a new run forgets the newest version known and the burned ones)."""
         with self._fence_lock:
             if run_id != self._run_id:
                 self._run_id, self._latest = run_id, None
+                self._burned = set()
+
+    def _noted_run(self, what: str, version: int, run_id: str | None) -> None:
+        """Check a note's ``version`` and switch to the run it names when that is new (the fence lock held)."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise UsageError(f"{what}(version={version!r}): a version is an integer >= 0")
+        run = run_id or self._run_id
+        if run is None:
+            raise UsageError(f"{what} needs the run id (run_id=...): the sampler knows no run yet")
+        if run != self._run_id:
+            self._run_id, self._latest = run, None
+            self._burned = set()
 
     def _fence(self) -> _Fence:
         with self._fence_lock:
-            return _Fence(self._run_id, self._latest, self.config.max_staleness)
+            return _Fence(self._run_id, self._latest, self.config.max_staleness, frozenset(self._burned))
 
     @property
     def text_prompts(self) -> bool:
@@ -537,29 +636,32 @@ class CompletionSampler(Closing):
         split: bool,
         stats: _Stats,
     ) -> list[list[Completion]]:
-        """Re-sample the groups that went stale while the batch ran (a newer version was published)."""
+        """Re-sample the groups that were refused once the batch ran (a newer version published, one burned)."""
         largest = max(sizes)
         for round_ in range(1, self.config.max_attempts + 1):
             fence = self._fence()
-            stale = [i for i, group in enumerate(groups) if fence.stale(group[0].identity if group else None)]
-            if not stale:
+            refused = {
+                i: refusal
+                for i, group in enumerate(groups)
+                if (refusal := fence.refusal(group[0].identity if group else None)) is not None
+            }
+            if not refused:
                 return groups
+            first = next(iter(refused.values()))
             if round_ == self.config.max_attempts:
-                reason = fence.stale(groups[stale[0]][0].identity)
                 raise RolloutError(
-                    f"{len(stale)} group(s) were still {reason} after {round_} rounds of re-sampling; the deployment "
-                    "does not serve a recent version: check its hot-loads (`cwtrain hotload list`)"
+                    f"{len(refused)} group(s) were still {first.reason} after {round_} rounds of re-sampling; "
+                    f"{first.advice}"
                 )
-            stats.stale += sum(len(groups[i]) for i in stale)
+            for i, refusal in refused.items():
+                stats.refused(refusal, len(groups[i]))
             log.info(
-                "%d group(s) went stale during the batch (%s); re-sampling them",
-                len(stale),
-                fence.stale(groups[stale[0]][0].identity),
+                "%d group(s) were refused at the end of the batch (%s); re-sampling them", len(refused), first.reason
             )
             async with asyncio.TaskGroup() as tasks:
                 again = {
                     i: tasks.create_task(self._group(items[i], sizes[i], params, salt, split, largest, stats))
-                    for i in stale
+                    for i in refused
                 }
             for i, task in again.items():
                 groups[i] = task.result()
@@ -599,36 +701,38 @@ class CompletionSampler(Closing):
                     "a group came back without log-probs; re-sampling it (%d of %d)", without_logprobs, MAX_RESAMPLES
                 )
                 continue
-            identities = {c.identity for c in completions if c.identity is not None}
-            if len(identities) > 1:  # a split group that straddled a swap: never returned mixed
+            identities = {c.identity for c in completions}
+            if len(identities) > 1:  # a split group that straddled a swap, or half unnamed: never returned mixed
                 mixed += 1
                 stats.mixed += 1
+                named = sorted(i for i in identities if i is not None)
+                what = f"{len(named)} identities ({', '.join(named)})" if len(named) > 1 else named[0]
+                if None in identities:
+                    what += " and answers that named no identity"
                 if mixed >= self.config.max_attempts:
                     raise RolloutError(
-                        f"a group came back from {len(identities)} identities ({', '.join(sorted(identities))}) "
-                        f"{mixed} times; the replicas serve different weights: check the deployment's hot-loads "
-                        "(`cwtrain hotload list`)"
+                        f"a group came back from {what} {mixed} times; the replicas serve different weights (or "
+                        "some do not say which): check the deployment's hot-loads (`cwtrain hotload list`)"
                     )
-                log.info("a group came back from %s; re-sampling it whole", ", ".join(sorted(identities)))
+                log.info("a group came back from %s; re-sampling it whole", what)
                 await self._backoff(mixed)
                 continue
             return completions
 
     async def _fenced(self, ask: _Ask, stats: _Stats) -> list[Completion]:
-        """One request's completions, re-requested while the identity that served them is stale."""
+        """One request's completions, re-requested while the fence refuses the identity that served them."""
         for attempt in range(1, self.config.max_attempts + 1):
             completions = await self._post(ask, stats)
             fence = self._fence()
-            reason = fence.stale(completions[0].identity if completions else None)
-            if reason is None:
+            refusal = fence.refusal(completions[0].identity if completions else None)
+            if refusal is None:
                 return [replace(c, version=fence.version(c.identity)) for c in completions]
             if attempt == self.config.max_attempts:
-                raise RolloutError(
-                    f"completions were {reason}, {attempt} times; the deployment does not serve a recent version: "
-                    "check its hot-loads (`cwtrain hotload list`), or raise CWTRAIN_ROLLOUT_MAX_STALENESS"
-                )
-            stats.stale += len(completions)
-            log.debug("completions were %s; re-requesting them (%d of %d)", reason, attempt, self.config.max_attempts)
+                raise RolloutError(f"completions were {refusal.reason}, {attempt} times; {refusal.advice}")
+            stats.refused(refusal, len(completions))
+            log.debug(
+                "completions were %s; re-requesting them (%d of %d)", refusal.reason, attempt, self.config.max_attempts
+            )
             await self._backoff(attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -856,6 +960,7 @@ class CompletionSampler(Closing):
                 stale=stats.stale,
                 mixed=stats.mixed,
                 unversioned=total - sum(versions.values()) if fence.run_id is not None else None,
+                unpublished=stats.unpublished,
             )
         )
         return RolloutBatch(

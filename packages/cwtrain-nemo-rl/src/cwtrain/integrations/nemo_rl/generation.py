@@ -29,14 +29,16 @@ the endpoint named none or another run's identity), the per-sample counterpart o
 correction.
 
 Samples are fenced by version (:mod:`cwtrain.integrations.rollout.sampler`): the samplers
-sample for ``run_id`` and learn each version the synchronizer publishes
-(:meth:`CoreWeaveGeneration.note_published`); with ``coreweave_cfg.max_staleness`` /
-``CWTRAIN_ROLLOUT_MAX_STALENESS`` stale completions are re-requested. ``max_tokens = max(1, min(max_new_tokens, max_model_len - prompt))``;
+sample for ``run_id``, learn each version the synchronizer publishes
+(:meth:`CoreWeaveGeneration.note_published`) and each one whose hot-load failed
+(:meth:`CoreWeaveGeneration.note_burned`); with ``coreweave_cfg.max_staleness`` /
+``CWTRAIN_ROLLOUT_MAX_STALENESS`` stale completions are re-requested, and so are those
+served by a version newer than the newest published or by a burned one. ``max_tokens = max(1, min(max_new_tokens, max_model_len - prompt))``;
 ``greedy`` means temperature 0; stop strings are kept in the output.
 
 ``get_logger_metrics()`` returns the last batch's ``coreweave/*`` numbers, the versions
 it served (``coreweave/served_version_*``, ``coreweave/stale_rerequested``,
-``coreweave/mixed_groups_resampled``) summed over its requests, and the model_server
+``coreweave/unpublished_rerequested``, ``coreweave/mixed_groups_resampled``) summed over its requests, and the model_server
 endpoint's ``coreweave/gym_*`` ones; ``grpo_train`` nests them under
 ``generation_logger_metrics``, which the run logger of the setup wrapper flattens
 (:mod:`cwtrain.integrations.nemo_rl.metrics`).
@@ -141,6 +143,8 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
                 sampler = CompletionSampler(self.settings.rollout, run_id=self.sampler.run_id)
                 if self.sampler.published_version is not None:
                     sampler.note_published(self.sampler.published_version)
+                for version in sorted(self.sampler.burned_versions):
+                    sampler.note_burned(version)
                 model = GymModel(
                     sampler,
                     ChatRenderer(self.tokenizer),  # type: ignore[arg-type]
@@ -171,6 +175,13 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
         server = self._gym_server
         if server is not None:
             server.model.sampler.note_published(version, run_id=self.settings.hotload.run_id)
+
+    def note_burned(self, version: int) -> None:
+        """The synchronizer's hot-load of ``version`` failed and the fleet was brought back: the samplers refuse it."""
+        self.sampler.note_burned(version, run_id=self.settings.hotload.run_id)
+        server = self._gym_server
+        if server is not None:
+            server.model.sampler.note_burned(version, run_id=self.settings.hotload.run_id)
 
     def init_collective(
         self, ip: str, port: int, world_size: int, *, train_world_size: int | None = None, **kwargs: Any

@@ -39,8 +39,9 @@ identities become version numbers (``"7"`` for ``<run>-v000007``,
 tagged as it is, so it never counts as one of this run's versions. The run id is
 :func:`rollout_run_id`'s; the sampler samples for it, and learns the version the deployment
 serves as the newest one published (the trainer's publish path tells it newer ones), so
-``CWTRAIN_ROLLOUT_MAX_STALENESS`` fences samples from the first rollout on. The batch's
-``coreweave/served_version_*``, ``coreweave/stale_rerequested`` and
+``CWTRAIN_ROLLOUT_MAX_STALENESS`` fences samples from the first rollout on, on both sides (a
+version newer than that one is re-requested too). The batch's ``coreweave/served_version_*``,
+``coreweave/stale_rerequested``, ``coreweave/unpublished_rerequested`` and
 ``coreweave/mixed_groups_resampled`` go to slime's rollout metrics, beside ``hotload/*``.
 """
 
