@@ -148,8 +148,11 @@ def test_a_failed_hot_load_makes_the_next_version_full_and_still_reaches_the_sin
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, policy: str
 ) -> None:
     session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0, on_failure=policy)
+    burned: list[tuple[str, int]] = []
+    session.on_burned.append(lambda run, version: burned.append((run, version)))
     weights = _weights(1)
     session.publish_tensors(session.begin(), weights, extra_files=CONFIG)
+    assert not burned
     fake.fail_identities.add("run-v000001")
     changed = {name: array + 1 for name, array in weights.items()}
     if policy == "stop":
@@ -165,6 +168,7 @@ def test_a_failed_hot_load_makes_the_next_version_full_and_still_reaches_the_sin
     plan = session.begin()
     assert plan.version == 2 and plan.full  # FULL; the failed identity (its objects may be stored) is not reused
     assert session.served_identity == "run-v000000"
+    assert burned == [("run", 1)]  # created, then failed: a sampler refuses its samples
 
 
 def test_a_re_activation_is_followed_and_verified_whatever_the_policy_waits_for(

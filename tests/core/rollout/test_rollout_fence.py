@@ -227,6 +227,35 @@ def test_a_version_above_the_newest_published_is_re_requested_not_kept() -> None
     assert merged["coreweave/unpublished_rerequested"] == 8.0 and merged["coreweave/stale_rerequested"] == 0.0
 
 
+def test_a_newer_version_the_deployment_confirms_is_kept_and_a_burned_one_is_not() -> None:
+    # slime's rollout learns the newest version at its start; a hot-load completing meanwhile
+    # is confirmed by asking the deployment again (once a second at most), not refused
+    serving = Serving(lambda body: "run-v000006")
+    asked: list[int] = []
+
+    def lookup() -> int:
+        asked.append(6)
+        return 6
+
+    with make(serving, max_staleness=0) as sampler:
+        sampler.note_published(5)
+        sampler.look_up_published(lookup)
+        batch = sampler.sample_groups_sync([[1, 2], [3, 4]], 2, PARAMS)
+        assert sampler.published_version == 6 and len(asked) == 1  # two groups, one look-up
+    assert batch.versions == {6: 4} and batch.metrics["coreweave/unpublished_rerequested"] == 0.0
+    assert serving.requests == 2
+
+    # the deployment serves the burned version no more than it says; a look-up never clears a burn
+    answers = iter(["run-v000006", "run-v000006"])
+    serving = Serving(lambda body: next(answers, "run-v000005"))
+    with make(serving, Sleeps(), max_staleness=0) as sampler:
+        sampler.note_published(5)
+        sampler.note_burned(6)
+        sampler.look_up_published(lambda: 5)
+        batch = sampler.sample_groups_sync([[1, 2]], 2, PARAMS)
+    assert batch.versions == {5: 2} and batch.metrics["coreweave/unpublished_rerequested"] == 4.0
+
+
 @pytest.mark.faults
 @pytest.mark.fault_row("fence-two-sided")
 def test_a_burned_version_is_re_requested_even_within_the_limit() -> None:

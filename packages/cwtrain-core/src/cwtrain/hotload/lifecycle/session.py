@@ -38,7 +38,9 @@ above the bound fails the publish, as above (``hotload/canary_gap``).
 
 **Followers** (``followers=``) are told ``(run_id, version)`` whenever the fleet serves a
 version of the run: a rollout sampler in the same process learns the newest version it may
-sample from (``cwtrain.integrations.rollout.note_published``).
+sample from (``cwtrain.integrations.rollout.note_published``); ``on_burned=`` hears of each
+version whose hot-load was created and that failed, whose samples it refuses
+(``cwtrain.integrations.rollout.note_burned``).
 
 **FULL or delta.** :meth:`PublishSession.begin` decides what needs no measurement (nothing
 served yet, after a failure, the count, the 63-delta limit). With
@@ -97,6 +99,9 @@ class PublishSession(Closing):
         canary: checked after every hot-load (when waiting); a failed check fails the publish.
         followers: called with ``(run_id, version)`` whenever the fleet serves a version of
             this run (a rollout sampler's ``note_published``).
+        on_burned: called with ``(run_id, version)`` when a version is burned: its hot-load
+            was created and the version failed (the fleet brought back, or the error raised),
+            so it is never announced as served (a rollout sampler's ``note_burned``).
 
     Attributes:
         settings: the settings.
@@ -117,6 +122,7 @@ class PublishSession(Closing):
         sink: Callable[[PublishOutcome], None] | None = None,
         canary: ServedCheck | None = None,
         followers: Sequence[Callable[[str, int], None]] = (),
+        on_burned: Sequence[Callable[[str, int], None]] = (),
     ) -> None:
         self.settings = settings
         self._target = target
@@ -124,6 +130,7 @@ class PublishSession(Closing):
         self.sink = sink
         self.canary = canary
         self.followers: list[Callable[[str, int], None]] = list(followers)
+        self.on_burned: list[Callable[[str, int], None]] = list(on_burned)
         self.cadence = ChainCadence(settings.full_every, settings.full_share, settings.replay_budget)
         self.served_identity: str | None = None
         self.last_version = -1
@@ -409,6 +416,9 @@ class PublishSession(Closing):
                 self.sink(outcome)
             except Exception:  # a logger must never fail a publish
                 log.warning("the metrics sink failed on version %d", outcome.version, exc_info=True)
+        if outcome.failed and outcome.published:  # created, then refused: never served to sample from
+            for burned in self.on_burned:
+                burned(self.run_id, plan.version)
         if error is None and outcome.served_version >= 0:
             for follower in self.followers:
                 follower(self.run_id, outcome.served_version)

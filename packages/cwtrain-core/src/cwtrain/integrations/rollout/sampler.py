@@ -71,6 +71,8 @@ RETRIED_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 OPTIONAL_ID_FIELDS = ("return_tokens_as_token_ids", "return_token_ids")
 MAX_SLEEP = 30.0
 MAX_RESAMPLES = 2
+#: The least seconds between two look-ups of the newest version published (:meth:`CompletionSampler.look_up_published`).
+LOOKUP_INTERVAL = 1.0
 
 T = TypeVar("T")
 
@@ -109,7 +111,7 @@ class _Stats:
 
     def refused(self, refusal: _Refusal, completions: int) -> None:
         """Count ``completions`` re-requested for ``refusal`` (stale, or unpublished)."""
-        if refusal.kind == "unpublished":
+        if refusal.kind in ("unpublished", "newer"):
             self.unpublished += completions
         else:
             self.stale += completions
@@ -118,7 +120,7 @@ class _Stats:
 @dataclass(frozen=True)
 class _Refusal:
     """Why a completion may not be returned: ``stale`` (too far behind, or no version of the run),
-    or ``unpublished`` (newer than the newest published, or burned), and the sentence saying so."""
+    ``newer`` (newer than the newest published) or ``unpublished`` (burned), and the sentence saying so."""
 
     kind: str
     reason: str
@@ -126,7 +128,7 @@ class _Refusal:
     @property
     def advice(self) -> str:
         """What to check when the deployment keeps serving such completions."""
-        if self.kind == "unpublished":
+        if self.kind in ("unpublished", "newer"):
             return (
                 "the deployment serves a version the trainer did not publish as served: check its hot-loads "
                 "(`cwtrain hotload list`) and that the publish path tells the sampler each version it publishes"
@@ -169,7 +171,7 @@ class _Fence:
             )
         if version > self.latest:
             return _Refusal(
-                "unpublished",
+                "newer",
                 f"served by {identity!r}, newer than the newest published {newest!r} (a hot-load not announced yet, "
                 "or one refused and re-activated away)",
             )
@@ -410,6 +412,9 @@ class CompletionSampler(Closing):
         self._run_id = run_id
         self._latest: int | None = None
         self._burned: set[int] = set()
+        self._lookup: Callable[[], int | None] | None = None
+        self._lookup_task: asyncio.Future[int | None] | None = None
+        self._looked_up = -math.inf
 
     # ------------------------------------------------------------------ public
 
@@ -456,6 +461,42 @@ class CompletionSampler(Closing):
         with self._fence_lock:
             self._noted_run("note_burned", version, run_id)
             self._burned.add(version)
+
+    def look_up_published(self, lookup: Callable[[], int | None] | None) -> None:
+        """Ask ``lookup`` for the newest version published before refusing a completion as newer than it.
+
+        For a sampler that learns the newest version by reading the deployment (slime's
+        rollout, at each rollout's start) rather than from the publish path: a hot-load that
+        completed since is then confirmed (``lookup`` returns the version the deployment
+        serves now, which :meth:`note_published` records) instead of refused. Asked at most
+        once every :data:`LOOKUP_INTERVAL` seconds, in a worker thread; ``None`` stops asking.
+        """
+        with self._fence_lock:
+            self._lookup, self._lookup_task = lookup, None
+            self._looked_up = -math.inf
+
+    async def _confirmed(self, fence: _Fence) -> _Fence:
+        """The fence once the deployment was asked for the newest version published (see :meth:`look_up_published`).
+
+        Requests refused at once wait for the one look-up in flight; a look-up is started
+        when the last one is :data:`LOOKUP_INTERVAL` seconds old.
+        """
+        with self._fence_lock:
+            lookup, task = self._lookup, self._lookup_task
+            idle = task is None or task.done()
+            if lookup is not None and idle and time.monotonic() - self._looked_up >= LOOKUP_INTERVAL:
+                self._looked_up = time.monotonic()
+                task = self._lookup_task = asyncio.ensure_future(asyncio.to_thread(lookup))
+        if task is None:
+            return fence
+        try:
+            newest = await asyncio.shield(task)
+        except Exception as exc:  # a look-up that fails leaves the fence as it is
+            log.warning("could not look up the newest version published: %s", exc)
+            return self._fence()
+        if newest is not None and fence.run_id is not None:
+            self.note_published(newest, run_id=fence.run_id)
+        return self._fence()
 
     @property
     def burned_versions(self) -> frozenset[int]:
@@ -640,6 +681,8 @@ class CompletionSampler(Closing):
         largest = max(sizes)
         for round_ in range(1, self.config.max_attempts + 1):
             fence = self._fence()
+            if any(g and (r := fence.refusal(g[0].identity)) and r.kind == "newer" for g in groups):  # published since?
+                fence = await self._confirmed(fence)
             refused = {
                 i: refusal
                 for i, group in enumerate(groups)
@@ -724,7 +767,11 @@ class CompletionSampler(Closing):
         for attempt in range(1, self.config.max_attempts + 1):
             completions = await self._post(ask, stats)
             fence = self._fence()
-            refusal = fence.refusal(completions[0].identity if completions else None)
+            identity = completions[0].identity if completions else None
+            refusal = fence.refusal(identity)
+            if refusal is not None and refusal.kind == "newer":  # published since the sampler last heard?
+                fence = await self._confirmed(fence)
+                refusal = fence.refusal(identity)
             if refusal is None:
                 return [replace(c, version=fence.version(c.identity)) for c in completions]
             if attempt == self.config.max_attempts:

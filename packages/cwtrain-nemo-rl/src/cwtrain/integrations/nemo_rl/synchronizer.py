@@ -21,8 +21,8 @@ commit (or, after a failure, discard) their new served copies. A failed version'
 not used again (it may hold objects of the failed attempt): the sync after a failure
 publishes ``N + 1``, FULL. An empty delta publishes nothing and the version still advances.
 The generation's samplers learn each version the fleet serves (the session's follower) and
-each version whose hot-load was created and then failed or was refused (from the outcome the
-session hands the sink): a burned version, whose samples they re-request
+each version whose hot-load was created and then failed or was refused (the session's
+``on_burned``): a burned version, whose samples they re-request
 (:meth:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration.note_burned`).
 
 Like NeMo-RL's ``WeightSynchronizer.sync_weights``, the sync returns ``None`` (``grpo_train``
@@ -125,12 +125,13 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
         self.metrics_sink = metrics_sink
         self.last_metrics: dict[str, float] = {}
         # the generation's samplers fence their samples by the newest version the fleet serves,
-        # and by the burned ones (_record)
+        # and by the burned ones
         self.session = PublishSession(
             self.settings,
             target=loader.target if loader is not None else None,
             sink=self._record,
             followers=[lambda _run, version: generation.note_published(version)],
+            on_burned=[lambda _run, version: generation.note_burned(version)],
         )
         self._stale = True
         generation.weight_synchronizer = self
@@ -193,8 +194,6 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
     # ------------------------------------------------------------ helpers
 
     def _record(self, outcome: PublishOutcome) -> None:
-        if outcome.failed and outcome.hot_load is not None:  # created, then refused: never served to sample from
-            self.generation.note_burned(outcome.version)
         self.last_metrics = outcome.metrics()
         if self.metrics_sink is not None:
             self.metrics_sink(dict(self.last_metrics))

@@ -40,7 +40,8 @@ tagged as it is, so it never counts as one of this run's versions. The run id is
 :func:`rollout_run_id`'s; the sampler samples for it, and learns the version the deployment
 serves as the newest one published (the trainer's publish path tells it newer ones), so
 ``CWTRAIN_ROLLOUT_MAX_STALENESS`` fences samples from the first rollout on, on both sides (a
-version newer than that one is re-requested too). The batch's ``coreweave/served_version_*``,
+version newer than that one is re-requested too, unless the deployment, asked again, says it
+serves it: a hot-load that completed while the rollout ran). The batch's ``coreweave/served_version_*``,
 ``coreweave/stale_rerequested``, ``coreweave/unpublished_rerequested`` and
 ``coreweave/mixed_groups_resampled`` go to slime's rollout metrics, beside ``hotload/*``.
 """
@@ -254,6 +255,8 @@ async def sample_groups_into(
         sampler.set_run(run_id)
     if published is not None and sampler.run_id is not None:
         sampler.note_published(published)  # the deployment serves it: at least this one was published
+    if env_str("CWTRAIN_HOTLOAD_DEPLOYMENT_ID"):  # a newer version seen mid-rollout: asked, not guessed
+        sampler.look_up_published(lambda: served_version(args))
     tokenizer: PromptTokenizer | None = sampler.tokenizer
     prompts = [prompt_of(group[0], tokenizer) for group in groups]
     params = sampling_params(args)
