@@ -37,6 +37,11 @@ What each must show:
   snapshots it stored).
 
 The served bytes are checked too, with the tests' reference reader (tests/_reference_snapshot.py).
+
+With the defaults (no ``CWTRAIN_HOTLOAD_VERIFY``, the mirror on), a replica that reports version
+1 loaded but keeps version 0 fails that version in every publisher, which brings every replica
+back to version 0, and the next version is FULL and served by every replica (fault row
+``defaults-converge``).
 """
 
 from __future__ import annotations
@@ -527,3 +532,45 @@ def test_the_publishers_report_the_same_values_for_the_same_snapshot(kind: str, 
         if name not in ignored and value != theirs[name]
     ]
     assert not differ, f"{kind} v{version}: " + "; ".join(differ)
+
+
+def _serving(local: Any, deployment_id: str) -> set[str | None]:
+    """What every replica of the deployment serves now, as the service lists them."""
+    from cwtrain.infra import InferenceClient
+
+    with InferenceClient(local.token, base_url=local.api_url) as client:
+        newest = max(client.list_hot_loads(deployment_id), key=lambda h: h.created_at.timestamp())
+        return {r.current_snapshot_identity for r in client.list_hot_load_replicas(newest.id)}
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("defaults-converge")
+@pytest.mark.parametrize("kind", PUBLISHERS)
+def test_with_the_defaults_every_publisher_brings_a_split_fleet_back_to_one_identity(
+    kind: str, publish_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica reports version 1 loaded but keeps version 0, with CWTRAIN_HOTLOAD_VERIFY off (the default)."""
+    from cwtrain.hotload import follow
+
+    local, target = publish_env
+    monkeypatch.setattr(follow, "CATCH_UP_SECONDS", 1.0)  # the replica left behind never catches up here
+    for default in ("CWTRAIN_HOTLOAD_VERIFY", "CWTRAIN_HOTLOAD_FULL_EVERY"):  # the defaults: no verify, a mirror
+        monkeypatch.delenv(default, raising=False)
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_TIMEOUT", "60")
+    publisher = _publisher(kind, tmp_path / "split", publish_env, monkeypatch)
+    run_id = _run_id()
+    try:
+        records = publisher.baseline()
+        local.faults.replicas.stay_behind(0, deployment_id=target.deployment_id, identity=f"{run_id}-v000001")
+        records += publisher.step(_trained(publisher.base, 1))
+        by_version = {int(r["hotload/version"]): r for r in records}
+        failed = by_version[1]
+        assert (failed["hotload/failed"], failed["hotload/reactivated"], failed["hotload/served_version"]) == (1, 1, 0)
+        assert failed["hotload/converged"] == 0.0, failed
+        assert _serving(local, target.deployment_id) == {f"{run_id}-v000000"}  # one identity the trainer knows
+        after = {int(r["hotload/version"]): r for r in publisher.step(_trained(publisher.base, 2))}
+        (version,) = after
+        assert after[version]["hotload/chain_cut"] == 1.0 and after[version]["hotload/converged"] == 1.0
+        assert _serving(local, target.deployment_id) == {f"{run_id}-v{version:06d}"}
+    finally:
+        publisher.close()

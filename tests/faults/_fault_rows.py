@@ -146,7 +146,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "defaults-converge": (
         "a replica reports the hot-load done but keeps the old identity, with the default settings",
         "the local stack's replica fault `stay_behind` on a run's second version; PublishSession with the "
-        "integrations' defaults (CWTRAIN_HOTLOAD_VERIFY off)",
+        "integrations' defaults (CWTRAIN_HOTLOAD_VERIFY off), and each publisher (slime's hook and live tensors, "
+        "miles, NeMo-RL, the demo)",
         "the version fails (converged 0, the error says the fleet is split) and goes through on_failure: every "
         "replica is brought back to the version before; the next version is FULL and every replica serves it",
     ),
