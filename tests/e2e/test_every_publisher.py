@@ -41,7 +41,9 @@ The served bytes are checked too, with the tests' reference reader (tests/_refer
 With the defaults (no ``CWTRAIN_HOTLOAD_VERIFY``, the mirror on), a replica that reports version
 1 loaded but keeps version 0 fails that version in every publisher, which brings every replica
 back to version 0, and the next version is FULL and served by every replica (fault row
-``defaults-converge``).
+``defaults-converge``); with a shard of version 1 corrupted in the bucket and version 2's
+hot-load failing, every publisher goes back to version 0, whose chain can be replayed, not to
+version 1 (``way-back-checked``).
 """
 
 from __future__ import annotations
@@ -572,5 +574,37 @@ def test_with_the_defaults_every_publisher_brings_a_split_fleet_back_to_one_iden
         (version,) = after
         assert after[version]["hotload/chain_cut"] == 1.0 and after[version]["hotload/converged"] == 1.0
         assert _serving(local, target.deployment_id) == {f"{run_id}-v{version:06d}"}
+    finally:
+        publisher.close()
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("way-back-checked")
+@pytest.mark.parametrize("kind", PUBLISHERS)
+def test_every_publisher_goes_back_only_to_a_chain_that_can_be_replayed(
+    kind: str, publish_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard of the served delta corrupted, then a hot-load that fails: back to the intact FULL."""
+    local, target = publish_env
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_MIRROR", "1")  # a FULL after the failure, with FULL_EVERY=0
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_TIMEOUT", "60")
+    publisher = _publisher(kind, tmp_path / "way-back", publish_env, monkeypatch)
+    run_id = _run_id()
+    try:
+        publisher.baseline()
+        delta = publisher.step(_trained(publisher.base, 1))[-1]  # miles' first call publishes the baseline too
+        assert delta["hotload/incremental"] == 1.0 and delta["hotload/completed"] == 1.0, delta
+        s3 = local.s3_client()
+        prefix = f"{target.path_prefix}/{run_id}-v000001/"
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=target.bucket, Prefix=prefix)["Contents"]]
+        local.faults.flip_byte(target.bucket, next(k for k in keys if k.endswith(".safetensors")), offset=-1)
+        local.faults.replicas.fail_load(0, deployment_id=target.deployment_id)  # the next hot-load
+        failed = publisher.step(_trained(publisher.base, 2))[-1]
+        assert (failed["hotload/failed"], failed["hotload/reactivated"]) == (1.0, 1.0), failed
+        assert failed["hotload/served_version"] == 0, failed  # v1's chain cannot be replayed: the FULL
+        assert _serving(local, target.deployment_id) == {f"{run_id}-v000000"}
+        after = publisher.step(_trained(publisher.base, 3))[-1]
+        assert after["hotload/chain_cut"] == 1.0 and after["hotload/completed"] == 1.0, after
+        assert _serving(local, target.deployment_id) == {f"{run_id}-v{int(after['hotload/version']):06d}"}
     finally:
         publisher.close()

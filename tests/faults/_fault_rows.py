@@ -154,7 +154,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "way-back-checked": (
         "a corrupt shard inside the served chain, then a failed hot-load",
         "one byte of a delta shard of the chain inverted (its cwtrain-sha256 kept), then the replica fault "
-        "`fail_load` on the next version; then the chain's FULL and the newer FULL corrupted too",
+        "`fail_load` on the next version; then the chain's FULL and the newer FULL corrupted too; the same in each "
+        "publisher (slime's hook and live tensors, miles, NeMo-RL, the demo)",
         "the re-activation passes over every identity whose chain holds the corrupt shard and brings every replica "
         "back to the intact FULL; with none intact the run stops with one error naming each candidate and what "
         "cannot be replayed",
