@@ -209,11 +209,12 @@ class Target:
     def serving(self) -> str | None:
         """The identity every replica serves now, read from the service (``None``: a split fleet, or unknown).
 
-        Read from the replicas of the newest hot-load: each names the identity it serves.
+        Read from the replicas of the newest hot-load, each naming the identity it serves;
+        unknown while that hot-load is still running (what they serve may change).
         """
         try:
             hot_loads = self.hot_loads()
-            if not hot_loads:
+            if not hot_loads or not hot_loads[0].terminal:
                 return None
             replicas = self.client.list_hot_load_replicas(hot_loads[0].id)
         except (APIError, TransportError) as error:
