@@ -157,12 +157,12 @@ def test_resumed_baseline_with_matching_manifest_is_not_published_again(
     assert manifest["run_id"] == "grpo-a" and manifest["version"] == "000000"
     assert manifest["deployment_id"] == "dep-1" and manifest["checksum_format"] == "adler32"
     assert sorted(manifest["tensors"]) == sorted(tiny_weights())
-    recording_loader.serve("grpo-a-v000007")  # the replicas moved on since
+    recording_loader.serve("other-v000007")  # since then, the replicas served another run
     run2 = _run(tmp_path, recording_loader)
     run2.baseline()
     assert len(recording_loader.published) == 1
     assert run2.results[0]["hotload/baseline_skipped"] == 1.0
-    assert recording_loader.rollbacks == ["grpo-a-v000000"]
+    assert recording_loader.rollbacks == ["grpo-a-v000000"]  # pointed back at the run's baseline
 
 
 def test_publish_baseline_off_requires_the_identity(
@@ -206,10 +206,10 @@ def test_hook_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s3cr3t" not in repr(config)
     assert HookConfig.from_env(env, default_run_id="run", wait=True).wait is True
     fields = [f for f in HookConfig.__dataclass_fields__]
-    # interface.md's positional order; issue 24's failure policy and issue 25's two settings
-    # of the cost rule come after it
+    # interface.md's positional order; issue 24's failure policy, issue 25's two settings
+    # of the cost rule and issue 31's resume setting come after it
     assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[13] == "api_insecure"
-    assert fields[14:] == ["on_failure", "full_share", "replay_budget"]
+    assert fields[14:] == ["on_failure", "full_share", "replay_budget", "rollback_on_resume"]
     with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
         HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": "65"}, default_run_id="run")
     with pytest.raises(ConfigError, match="MIRROR"):

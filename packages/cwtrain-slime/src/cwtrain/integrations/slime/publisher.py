@@ -135,7 +135,7 @@ class SlimePublisher:
         hf_dir = Path(str(getattr(args, "hf_checkpoint", "") or ""))
         if not str(hf_dir) or not hf_dir.is_dir():
             raise CWTrainError(f"--hf-checkpoint {hf_dir} is not a directory: the baseline is published from it")
-        plan = self.session.begin(0, full=True)
+        plan = self.session.plan_baseline()  # <run>-v000000, also in a resumed run
         started = time.perf_counter()
         checksums = dict(checkpoint_checksums(hf_dir))  # the baseline's manifest and the mirror's
         plan.measure(stage_seconds=time.perf_counter() - started)
