@@ -20,6 +20,10 @@ manifest (spec §8.1), all within one budget of ``hotload_timeout`` seconds; the
 commit (or, after a failure, discard) their new served copies. A failed version's identity is
 not used again (it may hold objects of the failed attempt): the sync after a failure
 publishes ``N + 1``, FULL. An empty delta publishes nothing and the version still advances.
+The version comes from the session, not a count of this process's syncs: a restarted run
+(same run id) reads what the fleet holds of it at its first sync and publishes the version
+after the last one any of its processes attempted, FULL (the new workers' weights are not
+known to equal the served ones); deltas follow on it.
 
 Like NeMo-RL's ``WeightSynchronizer.sync_weights``, the sync returns ``None`` (``grpo_train``
 would discard anything else). Its ``hotload/*`` metrics are the session's, the same names
@@ -150,8 +154,9 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
 
     @property
     def version(self) -> int:
-        """The version the next sync publishes (a failed one is not tried again: the next is FULL)."""
-        return self.session.last_attempted + 1
+        """The version the next sync publishes: the session's (a failed one is not tried again; after a
+        restart, the one after the last any process of the run attempted, read from the fleet on first use)."""
+        return self.session.next_version()
 
     @property
     def served_identity(self) -> str | None:
@@ -180,7 +185,9 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             self._sync()
 
     def _sync(self) -> None:
-        plan = self.session.begin()  # a failed version's identity is not tried again (its objects may be stored)
+        # the session's next version: a failed one's identity is not tried again (its objects may be stored),
+        # and a restarted run goes on after the last version any of its processes attempted
+        plan = self.session.begin()
         outcome = publish_shares(self.session, plan, WorkerRanks(self.policy), files=self._side_files)
         if not outcome.failed:  # a failed one (the fleet brought back) makes the next sync FULL
             self._stale = False
