@@ -235,6 +235,8 @@ def test_post_save_full_cadence_counts_published_exports(
     ]
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
 def test_post_save_after_a_restart_publishes_the_next_version_full_and_keeps_what_is_served(
     miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
 ) -> None:

@@ -230,6 +230,8 @@ def test_a_failed_hot_load_is_recorded_and_the_next_version_is_full(
     assert sync.last_metrics["hotload/incremental"] == 1.0 and sync.served_identity == "nemo-v000003"
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
 def test_a_restarted_synchronizer_publishes_the_next_version_full_then_deltas(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
 ) -> None:

@@ -173,6 +173,8 @@ def test_resumed_baseline_with_matching_manifest_is_not_published_again(
     assert recording_loader.rollbacks == ["grpo-a-v000000"]  # pointed back at the run's baseline
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
 def test_a_restarted_run_keeps_what_the_fleet_serves_and_goes_on_with_a_full_version(
     slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
 ) -> None:
@@ -203,6 +205,8 @@ def test_a_restarted_run_keeps_what_the_fleet_serves_and_goes_on_with_a_full_ver
     assert again.results[1]["hotload/cut_reason"] == 1.0 and again.results[2]["hotload/chain_length"] == 1.0
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
 def test_a_restart_without_a_served_copy_stops_at_its_baseline_unless_it_may_roll_back(
     slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
 ) -> None:

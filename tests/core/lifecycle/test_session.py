@@ -265,6 +265,8 @@ def _run_versions(session: PublishSession, count: int, seed: int = 5) -> dict[st
     return weights
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
 def test_a_restarted_session_publishes_the_next_version_full_and_renumbers_its_own_count(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -289,6 +291,8 @@ def test_a_restarted_session_publishes_the_next_version_full_and_renumbers_its_o
     assert read_served_identity(tmp_path / "state") == "run-v000005"
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
 def test_a_restart_never_reuses_an_identity_a_failed_attempt_stored_objects_under(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
 ) -> None:
@@ -313,6 +317,8 @@ def test_a_restart_never_reuses_an_identity_a_failed_attempt_stored_objects_unde
     assert outcome.completed and outcome.served_version == 3
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
 def test_a_restarted_baseline_keeps_a_later_version_served_unless_asked_to_roll_back(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
 ) -> None:
