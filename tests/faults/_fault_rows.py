@@ -136,6 +136,15 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "counted (samples_without_version), asked once; a fleet that stays so fails the batch within max_attempts "
         "with a RolloutError naming the identity",
     ),
+    "trainer-restart": (
+        "a trainer restarted with the same run id",
+        "a new publish session (a custom loop, slime's hook and its baseline, miles' post-save hook, NeMo-RL's "
+        "synchronizer) after the run published versions, on the local stack and the API stand-in; also after a "
+        "failed attempt that stored objects without a hot-load, and an upload a killed process left unfinished",
+        "the restart publishes the version after the last one any process attempted, FULL, and it completes "
+        "(no SnapshotConflictError); its own count is moved on past it; deltas follow; its baseline never rolls "
+        "the fleet back from a later version of the run unless CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME asks",
+    ),
     "wrong-weights": (
         "a replica serves a corrupted or an old FULL under the new identity",
         "the local stack's replica fault `serve_wrong_weights` (corrupt: lm_head's exponent and mantissa bits "

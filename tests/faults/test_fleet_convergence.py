@@ -182,3 +182,6 @@ def test_stop_keeps_raising(stack: LocalStack, target: Any) -> None:
         session.publish_tensors(session.begin(1), dict(trainer.weights), base=served, extra_files=CONFIG)
     assert seen[-1].failed and not seen[-1].reactivated
     assert _replica_identities(stack, target) == {"conv-stop-v000000", "conv-stop-v000001"}  # a mix, as before
+    # one record of what is served: no single identity, so none is named, and no delta is planned on one
+    assert session.served_identity is None and seen[-1].served_version == -1
+    assert session.begin().full

@@ -235,6 +235,32 @@ def test_post_save_full_cadence_counts_published_exports(
     ]
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
+def test_post_save_after_a_restart_publishes_the_next_version_full_and_keeps_what_is_served(
+    miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
+) -> None:
+    """Resumed from the checkpoint of rollout 9 after rollout 19's export was published (v20)."""
+    from cwtrain.hotload import HotLoadSettings
+    from cwtrain.integrations.miles import MilesRuntime, post_save
+
+    args, hook, loader = _post_save(tmp_path, monkeypatch, bucket)
+    weights = tiny_weights()
+    for rollout_id in (9, 19):
+        weights = nudge(weights, ["lm_head.weight"], rollout_id)
+        hook(args, rollout_id, "/ckpt", str(_export(Path(args.save_hf.format(rollout_id=rollout_id)), weights)))
+    settings = HotLoadSettings("dep", "ps", full_every=0, state_dir=str(tmp_path / "state"))
+    MilesRuntime.current().use_post_save(post_save.PostSavePublisher(settings, loader))  # a new process, same run
+    weights = nudge(tiny_weights(), ["model.norm.weight"], 14)
+    metrics = hook(args, 14, "/ckpt", str(_export(Path(args.save_hf.format(rollout_id=14)), weights)))
+    assert loader.rollbacks == []  # the baseline did not point the fleet back at v0
+    assert metrics["hotload/version"] == 21.0 and metrics["hotload/chain_cut"] == 1.0  # rollout 14: v15 moved on
+    weights = nudge(weights, ["lm_head.weight"], 19)
+    hook(args, 19, "/ckpt", str(_export(Path(args.save_hf.format(rollout_id=19)), weights)))
+    published = [(p[0], p[1], p[2]) for p in loader.published]
+    assert published[3:] == [("ps-v000021", "FULL", None), ("ps-v000022", "INCREMENTAL", "ps-v000021")]
+
+
 def test_post_save_metrics_reach_miles_tracking(
     miles_stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: tuple[Any, str]
 ) -> None:

@@ -232,6 +232,33 @@ def test_a_failed_hot_load_is_recorded_and_the_next_version_is_full(
     assert sync.last_metrics["hotload/incremental"] == 1.0 and sync.served_identity == "nemo-v000003"
 
 
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
+def test_a_restarted_synchronizer_publishes_the_next_version_full_then_deltas(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    s3, bucket = s3_bucket
+    sync, policy, _ = _synchronizer(fake, s3, tmp_path, full_every=5)
+    for step in range(3):  # v0 FULL, v1 and v2 deltas
+        if step:
+            policy.train(step)
+        sync.sync_weights()
+    sync.shutdown()
+    # the run restarts from a checkpoint: new workers, weights other than v2's, the same run id
+    again, restored, sunk = _synchronizer(fake, s3, tmp_path, full_every=5)
+    restored.train(7)
+    assert again.version == 3  # the session's next version, read from the fleet: not 0
+    again.sync_weights()
+    assert (sunk[-1]["hotload/version"], sunk[-1]["hotload/chain_cut"], sunk[-1]["hotload/completed"]) == (3, 1, 1)
+    assert sunk[-1]["hotload/cut_reason"] == 1.0 and sunk[-1]["hotload/tensors_changed"] == 6  # FULL: a restart
+    restored.train(8)
+    again.sync_weights()
+    assert sunk[-1]["hotload/incremental"] == 1.0 and again.served_identity == "nemo-v000004"
+    assert (tmp_path / "state" / "served_identity").read_text() == "nemo-v000004\n"
+    trainer = restored.weights()
+    assert_same_weights(decode_chain(bucket_reader(s3, bucket, "hotload"), "nemo-v000004"), trainer, "nemo-v000004")
+
+
 def test_a_full_version_without_config_json_is_refused_and_recorded(
     fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
 ) -> None:

@@ -25,13 +25,21 @@ def env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CWTRAIN_HOTLOAD_RUN_ID", "grpo-a")
 
 
-def _run(tmp_path: Path, loader: Any, *, every: int = 0, mirror: bool = False, **overrides: Any) -> SlimeRun:
+def _run(
+    tmp_path: Path,
+    loader: Any,
+    *,
+    every: int = 0,
+    mirror: bool = False,
+    settings: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> SlimeRun:
     from cwtrain.integrations.slime import HookConfig, SlimePublisher, SlimeRuntime
 
     base = tiny_weights()
     hf = write_hf_checkpoint(tmp_path / "hf", base)
     args = slime_args(tmp_path, hf, **overrides)
-    config = HookConfig("dep-1", "grpo-a", full_every=every, mirror=mirror).with_state_dir(args)
+    config = HookConfig("dep-1", "grpo-a", full_every=every, mirror=mirror, **(settings or {})).with_state_dir(args)
     SlimeRuntime.current().use_publisher(SlimePublisher(config, loader=loader))
     return SlimeRun(args, base, _load(args.custom_update_weight_post_write_path))
 
@@ -157,12 +165,64 @@ def test_resumed_baseline_with_matching_manifest_is_not_published_again(
     assert manifest["run_id"] == "grpo-a" and manifest["version"] == "000000"
     assert manifest["deployment_id"] == "dep-1" and manifest["checksum_format"] == "adler32"
     assert sorted(manifest["tensors"]) == sorted(tiny_weights())
-    recording_loader.serve("grpo-a-v000007")  # the replicas moved on since
+    recording_loader.serve("other-v000007")  # since then, the replicas served another run
     run2 = _run(tmp_path, recording_loader)
     run2.baseline()
     assert len(recording_loader.published) == 1
     assert run2.results[0]["hotload/baseline_skipped"] == 1.0
-    assert recording_loader.rollbacks == ["grpo-a-v000000"]
+    assert recording_loader.rollbacks == ["grpo-a-v000000"]  # pointed back at the run's baseline
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
+def test_a_restarted_run_keeps_what_the_fleet_serves_and_goes_on_with_a_full_version(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader, mirror=True)
+    run.baseline()
+    weights = tiny_weights()
+    for step in (1, 2):
+        weights = nudge(weights, ["lm_head.weight"], step)
+        run.step(weights)
+    # the trainer restarts from its checkpoint: slime captures its baseline again and counts from 1
+    again = _run(tmp_path, recording_loader, mirror=True)
+    again.baseline()
+    assert recording_loader.rollbacks == []  # the replicas keep serving v2: not rolled back to the baseline
+    baseline = again.results[0]
+    assert baseline["hotload/baseline_skipped"] == 1.0 and baseline["hotload/served_version"] == 2.0
+    assert baseline["hotload/chain_cut"] == baseline["hotload/incremental"] == 0.0  # nothing hot-loaded
+    weights = nudge(weights, ["model.norm.weight"], 3)
+    again.step(weights)  # weight_v000001: the resumed weights, as a delta on --hf-checkpoint
+    later = nudge(weights, ["lm_head.weight"], 4)
+    again.step(later)  # weight_v000002
+    published = [(p[0], p[1], p[2]) for p in recording_loader.published]
+    assert published[3:] == [
+        ("grpo-a-v000003", "FULL", None),  # the next version, FULL: the replicas' bytes are not the base's
+        ("grpo-a-v000004", "INCREMENTAL", "grpo-a-v000003"),
+    ]
+    assert recording_loader.manifests["grpo-a-v000003"]["tensors"] == _adler(weights)
+    assert recording_loader.manifests["grpo-a-v000004"]["tensors"] == _adler(later)
+    assert again.results[1]["hotload/cut_reason"] == 1.0 and again.results[2]["hotload/chain_length"] == 1.0
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
+def test_a_restart_without_a_served_copy_stops_at_its_baseline_unless_it_may_roll_back(
+    slime_stubs: Path, tmp_path: Path, env: None, recording_loader: Any
+) -> None:
+    run = _run(tmp_path, recording_loader)  # FULL_EVERY=0 without the mirror: deltas only
+    run.baseline()
+    run.step(nudge(tiny_weights(), ["lm_head.weight"], 1))
+    with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME"):
+        _run(tmp_path, recording_loader).baseline()  # it could publish no FULL version after it
+    assert recording_loader.rollbacks == [] and len(recording_loader.published) == 2
+    asked = _run(tmp_path, recording_loader, settings={"rollback_on_resume": True})
+    asked.baseline()
+    assert recording_loader.rollbacks == ["grpo-a-v000000"]  # asked for: back at the baseline
+    asked.step(nudge(tiny_weights(), ["model.norm.weight"], 2))
+    assert [(p[0], p[1], p[2]) for p in recording_loader.published][-1] == (
+        "grpo-a-v000002", "INCREMENTAL", "grpo-a-v000000"
+    )  # fmt: skip
 
 
 def test_publish_baseline_off_requires_the_identity(
@@ -206,10 +266,10 @@ def test_hook_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s3cr3t" not in repr(config)
     assert HookConfig.from_env(env, default_run_id="run", wait=True).wait is True
     fields = [f for f in HookConfig.__dataclass_fields__]
-    # interface.md's positional order; issue 24's failure policy and issue 25's two settings
-    # of the cost rule come after it
+    # interface.md's positional order; issue 24's failure policy, issue 25's two settings
+    # of the cost rule and issue 31's resume setting come after it
     assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[13] == "api_insecure"
-    assert fields[14:] == ["on_failure", "full_share", "replay_budget"]
+    assert fields[14:] == ["on_failure", "full_share", "replay_budget", "rollback_on_resume"]
     with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
         HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": "65"}, default_run_id="run")
     with pytest.raises(ConfigError, match="MIRROR"):

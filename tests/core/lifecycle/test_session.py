@@ -73,10 +73,12 @@ def test_settings_read_every_variable_and_name_the_label_in_errors() -> None:
         "CWTRAIN_HOTLOAD_VERIFY": "yes",
         "CWTRAIN_HOTLOAD_PROMPT_CACHE_POLICY": "reset_all",
         "CWTRAIN_HOTLOAD_UPLOAD_WORKERS": "3",
+        "CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME": "on",
     }
     settings = HotLoadSettings.from_env(env)
     assert (settings.deployment_id, settings.run_id, settings.wait, settings.timeout) == ("dep", "grpo-a", False, 90.0)
     assert (settings.full_every, settings.verify, settings.upload_workers) == (5, True, 3)
+    assert settings.rollback_on_resume and not default_of("rollback_on_resume")
     assert settings.prompt_cache_policy.name == "RESET_ALL"
     assert HotLoadSettings.from_env(env, timeout=7.0).timeout == 7.0  # explicit beats the variable
     with pytest.raises(ConfigError, match=r"coreweave_cfg\.hotload_timeout='-1'"):
@@ -269,6 +271,104 @@ def test_the_baseline_is_skipped_when_an_identical_one_completed(
     assert skipped.baseline_skipped and not skipped.published
     assert skipped.hot_load is not None and skipped.hot_load.identity == "run-v000000"  # pointed back at it
     assert again.served_identity == "run-v000000" and again.begin().previous_identity == "run-v000000"
+
+
+# ------------------------------------------------------------------------------ restarts
+
+
+def _run_versions(session: PublishSession, count: int, seed: int = 5) -> dict[str, np.ndarray]:
+    """Publish ``count`` versions (a FULL, then deltas); returns the weights served last."""
+    weights = _weights(seed)
+    served: dict[str, np.ndarray] | None = None
+    for step in range(count):
+        if step:
+            weights = {name: array.copy() for name, array in weights.items()}
+            weights[f"layer{step % 4}.weight"][0, 0] += 1.0
+        session.publish_tensors(session.begin(), weights, base=served, extra_files=CONFIG)
+        served = weights
+    return weights
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
+def test_a_restarted_session_publishes_the_next_version_full_and_renumbers_its_own_count(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, _ = _session(fake, s3_bucket[0], tmp_path)
+    served = _run_versions(first, 4)  # v0..v3
+    restarted, outcomes = _session(fake, s3_bucket[0], tmp_path)  # a new process, the same run id
+    trained = {name: array + 0.5 for name, array in served.items()}  # its checkpoint's weights, not v3's
+    with caplog.at_level(logging.INFO):
+        plan = restarted.begin()
+    assert (plan.version, plan.full, plan.cut_reason) == (4, True, CutReason.FIRST)
+    assert any("restarted trainer" in r.getMessage() and "run-v000003" in r.getMessage() for r in caplog.records)
+    outcome = restarted.publish_tensors(plan, trained, extra_files=CONFIG)
+    assert outcome.completed and not outcome.failed and outcome.chain_cut and outcome.served_version == 4
+    later = {name: array.copy() for name, array in trained.items()}
+    later["layer0.weight"][0, 0] += 1.0
+    with caplog.at_level(logging.WARNING):
+        moved = restarted.begin(1)  # a framework counting from its own restart
+    assert (moved.version, moved.full, moved.previous_identity) == (5, False, "run-v000004")
+    assert any("publishing it as version 5" in r.getMessage() for r in caplog.records)
+    restarted.publish_tensors(moved, later, base=trained, extra_files=CONFIG)
+    assert [(o.version, o.kind, o.completed) for o in outcomes] == [(4, "FULL", True), (5, "INCREMENTAL", True)]
+    assert read_served_identity(tmp_path / "state") == "run-v000005"
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
+def test_a_restart_never_reuses_an_identity_a_failed_attempt_stored_objects_under(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    from fakeapi import error_response
+
+    s3, bucket = s3_bucket
+    first, _ = _session(fake, s3, tmp_path)
+    served = _run_versions(first, 1)
+    fake.inject("POST", r"/hotLoads$", error_response(400, "invalid_argument", "refused"))
+    with pytest.raises(CWTrainError, match="refused"):  # v1's objects are stored; it never got a hot-load
+        first.publish_tensors(first.begin(), {n: a + 1 for n, a in served.items()}, base=served, extra_files=CONFIG)
+    assert _objects(s3, bucket, "run-v000001") and not any(
+        h["spec"]["identity"] == "run-v000001" for h in fake.hot_loads.values()
+    )
+    s3.create_multipart_upload(Bucket=bucket, Key="hotload/run-v000002/model-00000-of-00001.safetensors")
+    restarted, _ = _session(fake, s3, tmp_path)  # v2: only an unfinished upload of a killed process
+    plan = restarted.begin()
+    assert plan.version == 3 and plan.full
+    assert restarted.history is not None
+    assert (restarted.history.last_hot_loaded, restarted.history.last_stored) == (0, 2)
+    outcome = restarted.publish_tensors(plan, {n: a + 2 for n, a in served.items()}, extra_files=CONFIG)
+    assert outcome.completed and outcome.served_version == 3
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("trainer-restart")
+def test_a_restarted_baseline_keeps_a_later_version_served_unless_asked_to_roll_back(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    from codec_helpers import save_checkpoint
+
+    base = _weights(3)
+    checkpoint = save_checkpoint(tmp_path / "base", base)
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "tiny"}))
+    first, _ = _session(fake, s3_bucket[0], tmp_path)
+    first.publish_baseline(checkpoint)
+    changed = {name: array + 1 for name, array in base.items()}
+    first.publish_tensors(first.begin(), changed, base=base, extra_files=CONFIG)  # v1, served
+    created = len(fake.hot_loads)
+    restarted, outcomes = _session(fake, s3_bucket[0], tmp_path)
+    kept = restarted.publish_baseline(checkpoint)
+    assert len(fake.hot_loads) == created  # nothing hot-loaded: the fleet keeps v1
+    assert kept.baseline_skipped and not kept.published and kept.served_version == 1 and outcomes == [kept]
+    assert restarted.served_identity == "run-v000001" == read_served_identity(tmp_path / "state")
+    plan = restarted.begin()
+    assert (plan.version, plan.full) == (2, True)  # its weights are the base's, not v1's: FULL
+    asked, _ = _session(fake, s3_bucket[0], tmp_path, rollback_on_resume=True)
+    back = asked.publish_baseline(checkpoint)
+    assert back.baseline_skipped and back.hot_load is not None and back.hot_load.identity == "run-v000000"
+    assert asked.served_identity == "run-v000000" and fake.serving == "run-v000000"
+    plan = asked.begin()
+    assert (plan.version, plan.previous_identity) == (2, "run-v000000")  # the chain goes on from the baseline
 
 
 # ------------------------------------------------------------------------------ distributed

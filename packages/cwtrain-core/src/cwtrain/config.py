@@ -57,6 +57,12 @@ _DECLARED: tuple[EnvVar, ...] = (
     ),
     EnvVar("CWTRAIN_HOTLOAD_PUBLISH_BASELINE", "true", "publish <run>-v000000 unless an identical one completed"),
     EnvVar(
+        "CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME",
+        "false",
+        "a restarted trainer's baseline points the fleet back at <run>-v000000 even when it serves a later "
+        "version of the run; false = the fleet keeps it and the restart's first version is FULL",
+    ),
+    EnvVar(
         "CWTRAIN_HOTLOAD_FULL_EVERY",
         "auto",
         "auto (FULL when a delta costs nearly a FULL, when a cold start would replay too much, or after 19 "

@@ -42,6 +42,17 @@ sample from (``cwtrain.integrations.rollout.note_published``); ``on_burned=`` he
 version whose hot-load was created and that failed, whose samples it refuses
 (``cwtrain.integrations.rollout.note_burned``).
 
+**Restarts.** A trainer restarted with the same run id continues the run: on first use the
+session reads what the fleet holds of it once (:meth:`PublishSession.resume`: the deployment's
+hot-loads and the store's identities of the run, since a failed attempt may have stored
+objects under an identity that never got a hot-load), and its next version is the one after
+the last any process of the run attempted. A number asked for that is not above it (a
+framework counting from its own restart) is published as the next version instead, with a
+warning. The restarted trainer's weights are not known to equal what the fleet serves, so its
+first version is FULL (``first``, logged as a restart); its baseline never rolls the fleet back
+from a later version of the run unless ``CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME`` asks
+(:meth:`PublishSession.publish_baseline`).
+
 **FULL or delta.** :meth:`PublishSession.begin` decides what needs no measurement (nothing
 served yet, after a failure, the count, the 63-delta limit). With
 ``CWTRAIN_HOTLOAD_FULL_EVERY=auto`` a delta plan is then weighed once its size is known and
@@ -67,6 +78,7 @@ from cwtrain.errors import CWTrainError, UsageError
 from cwtrain.hotload.format.identity import identity_version, version_identity
 from cwtrain.hotload.lifecycle.cadence import ChainCadence, CutReason
 from cwtrain.hotload.lifecycle.cycle import CyclePolicy, VersionCycle
+from cwtrain.hotload.lifecycle.served import write_served_identity
 from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.hotload.lifecycle.shares import ShareResult
 from cwtrain.hotload.lifecycle.sources import (
@@ -78,7 +90,7 @@ from cwtrain.hotload.lifecycle.sources import (
     UnchangedSource,
     VersionSource,
 )
-from cwtrain.hotload.lifecycle.target import Target
+from cwtrain.hotload.lifecycle.target import RunHistory, Target
 from cwtrain.hotload.lifecycle.version import Attempt, PublishOutcome, ServedCheck, VersionPlan
 from cwtrain.hotload.store.prefix import StoredSnapshot
 from cwtrain.polling import Budget
@@ -107,11 +119,14 @@ class PublishSession(Closing):
         settings: the settings.
         cadence: when a version is FULL.
         served_identity: the identity the replicas serve (or will once the last hot-load
-            completes); ``None`` before the first publish.
-        last_version: the last version published or skipped (-1 before any).
-        last_attempted: the last version a publish was attempted for, failed ones included:
-            a failed attempt may have stored objects under its identity, and identities are
+            completes): the newest completed hot-load's once the fleet was read
+            (:meth:`resume`); ``None`` when nothing was hot-loaded yet.
+        last_version: the last version this session published or skipped (-1 before any).
+        last_attempted: the last version a publish was attempted for, failed ones included,
+            by this session or (found by :meth:`resume`) an earlier process of the run: a
+            failed attempt may have stored objects under its identity, and identities are
             immutable, so the next plan takes the number after it.
+        history: what the fleet held of the run when it was first read (``None`` before).
     """
 
     def __init__(
@@ -135,6 +150,9 @@ class PublishSession(Closing):
         self.served_identity: str | None = None
         self.last_version = -1
         self.last_attempted = -1
+        self.history: RunHistory | None = None
+        self._attempts = 0  # versions this session attempted (or kept): the baseline comes before any
+        self._renumbered = False  # a version asked for was moved after the run's last attempt (warned once)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -170,30 +188,109 @@ class PublishSession(Closing):
 
     # ------------------------------------------------------------------ plans
 
+    def resume(self) -> RunHistory:
+        """What the fleet holds of this run, read once (on first use): where a restarted trainer goes on.
+
+        The deployment's hot-loads and the store's identities of the run
+        (:meth:`Target.history <cwtrain.hotload.lifecycle.target.Target.history>`) raise
+        :attr:`last_attempted` to the highest version found, so the next version follows the
+        last one any process of the run attempted; :attr:`served_identity` becomes what the
+        newest completed hot-load serves. :meth:`begin` and :meth:`plan_baseline` call it.
+
+        Raises:
+            APIError: the hot-loads could not be listed.
+        """
+        if self.history is None:
+            history = self.target.history(self.run_id)
+            self.history = history
+            self.last_attempted = max(self.last_attempted, history.last_version)
+            if self.served_identity is None:
+                self.served_identity = history.served_identity
+            if history.last_version >= 0:
+                log.info(
+                    "run %r resumed: its last version attempted is %d (hot-loads up to %d, stored objects up to %d%s); "
+                    "the deployment serves %s; this process publishes from version %d on",
+                    self.run_id,
+                    history.last_version,
+                    history.last_hot_loaded,
+                    history.last_stored,
+                    "" if history.store_listed else ", the store could not be listed",
+                    self.served_identity or "its base weights",
+                    self.last_attempted + 1,
+                )
+        return self.history
+
+    def next_version(self) -> int:
+        """The version :meth:`begin` plans when none is asked for (the fleet is read on first use)."""
+        self.resume()
+        return self.last_attempted + 1
+
+    @property
+    def resumed(self) -> bool:
+        """Whether the fleet held versions of this run from before this session (a restarted trainer)."""
+        return self.history is not None and self.history.last_version >= 0
+
     def begin(
         self, version: int | None = None, *, full: bool = False, cadence_position: int | None = None
     ) -> VersionPlan:
         """Plan ``version`` (default: the next one): FULL or a delta on what is served, and its budget.
 
+        The first call reads what the fleet holds of the run (:meth:`resume`).
+
         Args:
             version: the version number; must be above :attr:`last_attempted` (a failed
-                version's identity is not used again: its objects may be stored).
+                version's identity is not used again: its objects may be stored). In a
+                resumed run a number that is not (a framework that counts from its own
+                restart) is published as the next version instead, with a warning.
             full: publish FULL whatever the cadence says.
             cadence_position: the count the cadence goes by (default ``version``): a caller
                 whose versions skip numbers (miles' post-save hook) passes how many it published.
 
         Raises:
-            UsageError: the version is not above the last one attempted.
+            UsageError: the version is not above the last one attempted, in a run that did not resume.
         """
+        self.resume()
         number = self.last_attempted + 1 if version is None else version
         if number <= self.last_attempted:
-            raise UsageError(
-                f"version {number} of run {self.run_id!r} comes after version {self.last_attempted}: "
-                "versions must increase (a failed version's identity is not published again)"
+            if not self.resumed:
+                raise UsageError(
+                    f"version {number} of run {self.run_id!r} comes after version {self.last_attempted}: "
+                    "versions must increase (a failed version's identity is not published again)"
+                )
+            moved = self.last_attempted + 1
+            (log.info if self._renumbered else log.warning)(
+                "version %d of run %r is not above the run's last attempt (%d, by this process or one before its "
+                "restart; identities are never reused): publishing it as version %d",
+                number,
+                self.run_id,
+                self.last_attempted,
+                moved,
             )
-        position = number if cadence_position is None else cadence_position
-        if self.served_identity is None:
-            reason = CutReason.FIRST
+            self._renumbered = True
+            number = moved
+        return self._plan(number, full=full, position=number if cadence_position is None else cadence_position)
+
+    def plan_baseline(self) -> VersionPlan:
+        """The plan of the baseline ``<run>-v000000`` (FULL), the first version of every process of a run.
+
+        Also in a resumed run, where version 0 exists: :meth:`publish_baseline` keeps it (or
+        stores its same bytes again), so it is not moved to a new number as :meth:`begin` would.
+
+        Raises:
+            UsageError: this session attempted a version already (the baseline comes first).
+        """
+        self.resume()
+        if self._attempts:
+            raise UsageError(
+                f"the baseline {self.identity(0)} comes first: this session already attempted version "
+                f"{self.last_attempted} of run {self.run_id!r}"
+            )
+        return self._plan(0, full=True, position=0)
+
+    def _plan(self, number: int, *, full: bool, position: int) -> VersionPlan:
+        """The plan of version ``number``: why it is FULL, or the delta on what is served."""
+        if self.served_identity is None or (self.cadence.force_full and not self.cadence.after_failure):
+            reason = CutReason.FIRST  # nothing of this process is served yet (a new trainer, or a restarted one)
         elif full:
             reason = CutReason.REQUESTED
         else:
@@ -209,7 +306,10 @@ class PublishSession(Closing):
             cut_at_bytes=None if cut else self.cadence.delta_limit(),
             run_id=self.run_id,
         )
-        if cut:
+        if cut and reason is CutReason.FIRST and self.resumed and self.served_identity is not None:
+            log.info("%s: FULL (first of a restarted trainer: the fleet serves %s, which this process's weights are "
+                     "not known to equal)", plan.identity, self.served_identity)  # fmt: skip
+        elif cut:
             log.info("%s: FULL (%s)", plan.identity, reason.label)
         elif plan.cut_at_bytes is None:
             log.info("%s: a delta on %s (chain of %d deltas)", plan.identity, plan.previous_identity,
@@ -356,22 +456,33 @@ class PublishSession(Closing):
         """Publish a base checkpoint as ``<run>-v000000`` (FULL), unless an identical one completed.
 
         A COMPLETED hot-load of that identity whose manifest holds the same tensor checksums
-        is kept (a resumed run): the replicas are pointed back at it when they serve something
-        else. With ``publish_baseline=False`` it must exist.
+        is kept (a resumed run): the replicas are pointed back at it when they serve another
+        run's identity or the deployment's base. When they serve a later version of this run
+        (a restarted trainer), nothing is hot-loaded: the fleet keeps it and the next version
+        is FULL; ``rollback_on_resume`` (``CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME``) points them back
+        at the baseline instead, and the chain goes on from it. With ``publish_baseline=False``
+        the baseline must exist (unless the fleet keeps the later version).
 
         Args:
             checkpoint: the base checkpoint directory.
             checksums: its tensors' Adler-32s (default: computed from the directory, timed
                 as ``stage_seconds``).
-            plan: the plan of version 0 (default: ``begin(0, full=True)``), for a caller
-                that measured figures of its own.
+            plan: the plan of version 0 (default: :meth:`plan_baseline`), for a caller that
+                measured figures of its own.
 
         Raises:
+            UsageError: ``plan`` is not version 0.
             CWTrainError: the baseline is required but missing, or publishing failed.
         """
         from cwtrain.hotload.files.write import checkpoint_checksums
 
-        plan = plan if plan is not None else self.begin(0, full=True)
+        self.resume()
+        plan = plan if plan is not None else self.plan_baseline()
+        if plan.version != 0:
+            raise UsageError(f"{plan.identity} is not the baseline {self.identity(0)}: plan it with plan_baseline()")
+        served = self.served_version
+        if served is not None and served > 0 and not self.settings.rollback_on_resume:
+            return self._keep_served(plan)
         if checksums is not None:
             sums = dict(checksums)
         else:
@@ -390,6 +501,36 @@ class PublishSession(Closing):
         kept = RestoreSource(plan.identity, prior=existing, unless_served=True, measure=True)
         return self._cycle().publish(plan, _KeptBaseline(kept), weigh=self.weigh, manifest=False)
 
+    def _keep_served(self, plan: VersionPlan) -> PublishOutcome:
+        """The baseline of a restarted trainer while the fleet serves a later version of the run: nothing is hot-loaded.
+
+        The outcome (``baseline_skipped``, nothing published) reaches the sink and the
+        followers like any version's; the cadence is left as it is, so the next version is
+        FULL (the trainer's weights are not known to equal the served ones).
+        """
+        log.info(
+            "baseline %s: not hot-loaded again: the deployment serves %s, a later version of run %r (a restarted "
+            "trainer); the next version is FULL (CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME=1 points the fleet back at the "
+            "baseline instead)",
+            plan.identity,
+            self.served_identity,
+            self.run_id,
+        )
+        outcome = Attempt(plan).outcome  # with the figures the publisher measured
+        outcome.identity = None
+        outcome.chain_cut = outcome.incremental = False
+        outcome.cut_reason = int(CutReason.NONE)
+        outcome.baseline_skipped = True
+        if self.settings.state_dir and self.served_identity is not None:
+            try:  # the run's other processes learn what is served, as after any version
+                write_served_identity(self.settings.state_dir, self.served_identity)
+            except OSError as exc:  # informational only
+                log.warning("could not record the served identity in %s: %s", self.settings.state_dir, exc)
+        self._attempts += 1
+        self.last_version = max(self.last_version, plan.version)
+        self._tell(outcome, None)
+        return outcome
+
     def skip(self, plan: VersionPlan) -> PublishOutcome:
         """Record ``plan``'s version as an empty delta (nothing changed): nothing is published."""
         return self.publish(plan, UnchangedSource())
@@ -399,6 +540,7 @@ class PublishSession(Closing):
     def ended(self, attempt: Attempt, error: BaseException | None) -> None:
         """The composer's report of one version: the counter, the cadence, the served identity, the sink, the followers."""
         plan, outcome = attempt.plan, attempt.outcome
+        self._attempts += 1
         self.last_attempted = max(self.last_attempted, plan.version)
         if outcome.failed:
             self.cadence.failed()  # the replicas keep (or got back) what they served: the next version is FULL
@@ -406,8 +548,12 @@ class PublishSession(Closing):
             self.last_version = max(self.last_version, plan.version)
             if not outcome.skipped_empty:
                 self.cadence.published(full=plan.full, snapshot_bytes=attempt.cadence_bytes)
-        if outcome.served_identity is not None:
-            self.served_identity = outcome.served_identity
+        if outcome.served_identity is not None or (outcome.failed and outcome.published and not outcome.reactivated):
+            self.served_identity = outcome.served_identity  # None: the fleet is split (or cannot be told)
+        self._tell(outcome, error)
+
+    def _tell(self, outcome: PublishOutcome, error: BaseException | None) -> None:
+        """Complete ``outcome`` with what is served now and hand it to the sink, then the followers."""
         outcome.served_version = self.served_version if self.served_version is not None else -1
         outcome.chain_length = self.cadence.deltas_in_chain
         outcome.replay_bytes = self.cadence.replay_bytes
@@ -418,7 +564,7 @@ class PublishSession(Closing):
                 log.warning("the metrics sink failed on version %d", outcome.version, exc_info=True)
         if outcome.failed and outcome.published:  # created, then refused: never served to sample from
             for burned in self.on_burned:
-                burned(self.run_id, plan.version)
+                burned(self.run_id, outcome.version)
         if error is None and outcome.served_version >= 0:
             for follower in self.followers:
                 follower(self.run_id, outcome.served_version)

@@ -85,6 +85,7 @@ FIELD_VARIABLES: Mapping[str, str] = {
     "api_insecure": "CWTRAIN_API_INSECURE",
     "full_share": "CWTRAIN_HOTLOAD_FULL_SHARE",
     "replay_budget": "CWTRAIN_HOTLOAD_REPLAY_BUDGET",
+    "rollback_on_resume": "CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME",
 }
 
 
@@ -179,6 +180,10 @@ class HotLoadSettings:
             published FULL (0-1].
         replay_budget: ``auto``: the deltas since the last FULL hold at most this many FULLs'
             bytes (a cold start reads at most ``1 + replay_budget`` FULLs).
+        rollback_on_resume: a restarted trainer's baseline points the fleet back at
+            ``<run>-v000000`` even when it serves a later version of the run (the chain then
+            goes on from the baseline); by default the fleet keeps what it serves and the
+            restart's first version is FULL.
     """
 
     deployment_id: str
@@ -198,6 +203,7 @@ class HotLoadSettings:
     on_failure: str = "reactivate"
     full_share: float = DEFAULT_FULL_SHARE
     replay_budget: float = DEFAULT_REPLAY_BUDGET
+    rollback_on_resume: bool = False
 
     def __post_init__(self) -> None:
         validate_run_id(self.run_id, "run_id")
@@ -306,6 +312,7 @@ def _read(
         env_float("CWTRAIN_HOTLOAD_FULL_SHARE", default_of("full_share"), env), "CWTRAIN_HOTLOAD_FULL_SHARE"
     )
     values["replay_budget"] = env_float("CWTRAIN_HOTLOAD_REPLAY_BUDGET", default_of("replay_budget"), env)
+    values["rollback_on_resume"] = env_bool("CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME", default_of("rollback_on_resume"), env)
     mirror = env_str("CWTRAIN_HOTLOAD_MIRROR", env)
     values["mirror"] = None if mirror is None else env_bool("CWTRAIN_HOTLOAD_MIRROR", False, env)
     values["verify"] = env_bool("CWTRAIN_HOTLOAD_VERIFY", default_of("verify"), env)

@@ -31,6 +31,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from cwtrain.errors import (
     APIError,
@@ -43,17 +44,18 @@ from cwtrain.errors import (
 )
 from cwtrain.hotload.follow import wait_until_terminal
 from cwtrain.hotload.format import chain
+from cwtrain.hotload.format.identity import identity_version
 from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.hotload.store.prefix import SnapshotStore
 from cwtrain.hotload.store.snapshot_verify import verify_stored_snapshot
 from cwtrain.infra.client import InferenceClient
-from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ReplicaState, ResourceStatus, SnapshotType
+from cwtrain.infra.enums import HotLoadState, PromptCachePolicy, ResourceStatus, SnapshotType
 from cwtrain.infra.models import Deployment, HotLoad, HotLoadConfig, IncrementalSnapshotMetadata
 from cwtrain.infra.objectstore import ObjectStore, ObjectStoreDeadlineError, ObjectStoreError
 from cwtrain.infra.s3 import ObjectStoreLike, as_object_store
 from cwtrain.polling import Budget
 
-__all__ = ["POLL_INTERVAL", "Target", "deployment_store", "require_hot_load", "upload_deadline"]
+__all__ = ["POLL_INTERVAL", "RunHistory", "Target", "deployment_store", "require_hot_load", "upload_deadline"]
 
 #: Seconds between hot-load polls of a target built for a run (a hot-load takes seconds to minutes).
 POLL_INTERVAL = 1.0
@@ -64,6 +66,32 @@ log = logging.getLogger(__name__)
 _ACCEPTS_HOT_LOADS = frozenset({ResourceStatus.READY, ResourceStatus.ERROR})
 #: Statuses a deployment never leaves by waiting.
 _FINAL = frozenset({ResourceStatus.FAILED, ResourceStatus.DELETING})
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """What a deployment and its store hold of one run, read when a trainer (re)starts (:meth:`Target.history`).
+
+    Attributes:
+        run_id: the run.
+        last_hot_loaded: the highest version of the run with a hot-load, whatever its state (-1: none).
+        last_stored: the highest version of the run with anything stored under its identity,
+            a failed attempt's objects included (-1: none, or the store could not be listed).
+        served_identity: the identity of the deployment's newest COMPLETED hot-load, of any run
+            (``None``: none completed, the deployment serves its base weights).
+        store_listed: the store was listed (``False``: it could not be, and ``last_stored`` is -1).
+    """
+
+    run_id: str
+    last_hot_loaded: int = -1
+    last_stored: int = -1
+    served_identity: str | None = None
+    store_listed: bool = True
+
+    @property
+    def last_version(self) -> int:
+        """The highest version of the run found (-1: the run never published here)."""
+        return max(self.last_hot_loaded, self.last_stored)
 
 
 class Target:
@@ -151,6 +179,37 @@ class Target:
             None,
         )
 
+    def history(self, run_id: str, *, store: bool = True) -> RunHistory:
+        """What the deployment and (with ``store``) its snapshot store hold of run ``run_id``.
+
+        One listing of the hot-loads (the run's versions, and the newest COMPLETED one of any
+        run: what the replicas serve), then, with ``store``, the identities of the run that
+        hold objects or unfinished uploads (a failed attempt may have stored some without a
+        hot-load). A store that cannot be listed is logged and left out.
+
+        Raises:
+            APIError: the hot-loads could not be listed.
+        """
+        hot_loads = self.hot_loads()
+        versions = [identity_version(h.identity, run_id) for h in hot_loads]
+        served = next((h.identity for h in hot_loads if h.state is HotLoadState.COMPLETED), None)
+        last_stored, listed = -1, store
+        if store:
+            try:
+                names = self.store.identities(f"{run_id}-v")  # every <run>-vNNNNNN (and names sharing the start)
+                stored = [identity_version(name, run_id) for name in names]
+            except Exception as exc:  # the hot-loads still say what was published
+                log.warning("could not list the stored identities of run %r (%s); going by its hot-loads", run_id, exc)
+                stored, listed = [], False
+            last_stored = max((v for v in stored if v is not None), default=-1)
+        return RunHistory(
+            run_id,
+            last_hot_loaded=max((v for v in versions if v is not None), default=-1),
+            last_stored=last_stored,
+            served_identity=served,
+            store_listed=listed,
+        )
+
     def active(self) -> HotLoad | None:
         """The newest unfinished hot-load, if any."""
         return next((h for h in self.hot_loads() if not h.terminal), None)
@@ -209,8 +268,9 @@ class Target:
     def serving(self) -> str | None:
         """The identity every replica serves now, read from the service (``None``: a split fleet, or unknown).
 
-        Read from the replicas of the newest hot-load, each naming the identity it serves;
-        unknown while that hot-load is still running (what they serve may change).
+        Read from the replicas of the newest hot-load, each naming the identity it serves (one
+        whose load failed keeps serving what it had); unknown while that hot-load is still
+        running (what they serve may change), or when a replica names none.
         """
         try:
             hot_loads = self.hot_loads()
@@ -220,8 +280,8 @@ class Target:
         except (APIError, TransportError) as error:
             log.warning("cannot read what the replicas serve (%s)", error)
             return None
-        identities = {r.current_snapshot_identity for r in replicas if r.state is ReplicaState.READY}
-        if len(identities) != 1 or len([r for r in replicas if r.state is ReplicaState.READY]) != len(replicas):
+        identities = {r.current_snapshot_identity for r in replicas}  # a replica whose load failed serves what it had
+        if len(identities) != 1 or None in identities:
             return None
         return identities.pop()
 

@@ -313,6 +313,19 @@ class SnapshotStore:
         """Whether ``identity``'s index object is stored (its snapshot is complete)."""
         return self.s3.head(self.bucket, f"{self.prefix(identity)}/{INDEX_NAME}") is not None
 
+    def identities(self, starting: str) -> set[str]:
+        """The identities whose names start with ``starting`` that hold anything under the prefix.
+
+        An identity counts once one object, or one unfinished multipart upload, is stored
+        under ``P/<identity>/``: what an interrupted or failed upload left counts too (its
+        identity cannot be published again with other bytes). Two listings, every page.
+        """
+        root = snapshot_prefix(self.path_prefix, starting)
+        keys = [item.key for item in self.s3.list_objects(self.bucket, root)]
+        keys += [upload.key for upload in self.s3.list_multipart_uploads(self.bucket, root)]
+        skip = len(root) - len(starting)  # the key's identity starts there
+        return {key[skip:].split("/", 1)[0] for key in keys if "/" in key[skip:]}
+
     def check_access(self) -> str:
         """The four-call permission check on the prefix (snapshot-format.md section 9); returns the URI."""
         from cwtrain.hotload.store.prefix_access import check_snapshot_access

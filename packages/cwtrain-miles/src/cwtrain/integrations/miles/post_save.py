@@ -27,6 +27,12 @@ What miles hands over, and what the hook does with it:
 
 miles discards the hook's return value, so the metrics also go to the run's logger: miles'
 tracking (:data:`~cwtrain.integrations.miles.dialect.MILES_DIALECT`).
+
+**After a restart** (the same run id, resumed from a checkpoint): the baseline call keeps what
+the fleet serves when it is a later version of the run (nothing rolls it back), and the first
+export is published FULL from its directory, as the version after the last one any process of
+the run attempted when ``rollout_id + 1`` is not above it (a checkpoint older than the last
+export published); deltas follow on it. Each rollout's export is still handed over once.
 """
 
 from __future__ import annotations
@@ -61,12 +67,15 @@ class PostSavePublisher:
     Attributes:
         session: the run's publish session.
         exports_published: exports handed to the session so far (the FULL cadence's count).
+        last_asked: the version this process last asked the session for (``rollout_id + 1``;
+            0 before any export): a rollout's export is handed over once.
     """
 
     def __init__(self, settings: HotLoadSettings, loader: HotLoader | None = None) -> None:
         self.session = PublishSession(settings, target=loader.target if loader is not None else None)
         self._previous: Path | None = None
         self.exports_published = 0
+        self.last_asked = 0
 
     @classmethod
     def from_env(cls, args: argparse.Namespace) -> PostSavePublisher:
@@ -111,8 +120,11 @@ class PostSavePublisher:
             records.append(session.publish_baseline(str(args.hf_checkpoint)).metrics())
             self._previous = Path(str(args.hf_checkpoint))
         version = int(rollout_id) + 1
-        if version <= session.last_version:
-            raise ConfigError(f"rollout {rollout_id} was already published as version {session.last_version}")
+        if version <= self.last_asked:  # the session's numbers may differ after a restart: see the module docstring
+            raise ConfigError(
+                f"rollout {rollout_id} is not after rollout {self.last_asked - 1}, whose export was handed over already: "
+                "each export is published once, in order"
+            )
         export = Path(hf_checkpoint_dir)
         if not (export / COMPLETE_MARKER).is_file():
             log.error(
@@ -130,6 +142,7 @@ class PostSavePublisher:
             records.append({**skipped.metrics(), "hotload/skipped_incomplete": 1.0})
             return records
         plan = session.begin(version, cadence_position=self.exports_published + 1)
+        self.last_asked = version
         outcome = session.publish_diff(plan, export, self._previous)
         records.append(outcome.metrics())
         self.exports_published += 1

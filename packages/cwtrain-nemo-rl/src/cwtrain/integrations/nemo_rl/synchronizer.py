@@ -24,6 +24,10 @@ The generation's samplers learn each version the fleet serves (the session's fol
 each version whose hot-load was created and then failed or was refused (the session's
 ``on_burned``): a burned version, whose samples they re-request
 (:meth:`~cwtrain.integrations.nemo_rl.generation.CoreWeaveGeneration.note_burned`).
+The version comes from the session, not a count of this process's syncs: a restarted run
+(same run id) reads what the fleet holds of it at its first sync and publishes the version
+after the last one any of its processes attempted, FULL (the new workers' weights are not
+known to equal the served ones); deltas follow on it.
 
 Like NeMo-RL's ``WeightSynchronizer.sync_weights``, the sync returns ``None`` (``grpo_train``
 would discard anything else). Its ``hotload/*`` metrics are the session's, the same names
@@ -156,8 +160,9 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
 
     @property
     def version(self) -> int:
-        """The version the next sync publishes (a failed one is not tried again: the next is FULL)."""
-        return self.session.last_attempted + 1
+        """The version the next sync publishes: the session's (a failed one is not tried again; after a
+        restart, the one after the last any process of the run attempted, read from the fleet on first use)."""
+        return self.session.next_version()
 
     @property
     def served_identity(self) -> str | None:
@@ -186,7 +191,9 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             self._sync()
 
     def _sync(self) -> None:
-        plan = self.session.begin()  # a failed version's identity is not tried again (its objects may be stored)
+        # the session's next version: a failed one's identity is not tried again (its objects may be stored),
+        # and a restarted run goes on after the last version any of its processes attempted
+        plan = self.session.begin()
         outcome = publish_shares(self.session, plan, WorkerRanks(self.policy), files=self._side_files)
         if not outcome.failed:  # a failed one (the fleet brought back) makes the next sync FULL
             self._stale = False

@@ -9,7 +9,8 @@ call                                       published as
 ========================================== ==================================================
 root (baseline)                            ``<run>-v000000`` FULL from ``--hf-checkpoint``;
                                            skipped when a COMPLETED one with a matching
-                                           manifest exists (resume)
+                                           manifest exists, or when the replicas serve a
+                                           later version of the run (resume: see below)
 ``weight_vN`` the cadence cuts             ``<run>-vN`` FULL from the served copy (the
                                            mirror) after applying and verifying the delta
                                            (by count, or with ``auto`` when the delta's
@@ -28,6 +29,13 @@ delta format's version order, and the mirror of what is served. After a failed p
 replicas keep serving the previous identity, so the session makes the next version FULL,
 published from the mirror (the chain is cut) instead of as a delta over bytes that never
 arrived.
+
+**A resumed run** (the same run id, slime restarted): slime captures its baseline again and
+numbers its versions from 1. The baseline call leaves a later version of the run served (the
+fleet is not rolled back unless ``CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME`` asks); each
+``weight_vN`` whose number is not above the run's last attempt is published as the session's
+next version (its order is still checked by slime's numbers), and the first one is FULL from
+the mirror. Without a mirror no FULL can be published, so the baseline call refuses to go on.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cwtrain.errors import CWTrainError, SnapshotError, SnapshotNotFoundError
+from cwtrain.errors import ConfigError, CWTrainError, SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload import (
     INDEX_NAME,
     PublishOutcome,
@@ -135,7 +143,15 @@ class SlimePublisher:
         hf_dir = Path(str(getattr(args, "hf_checkpoint", "") or ""))
         if not str(hf_dir) or not hf_dir.is_dir():
             raise CWTrainError(f"--hf-checkpoint {hf_dir} is not a directory: the baseline is published from it")
-        plan = self.session.begin(0, full=True)
+        plan = self.session.plan_baseline()  # reads what the fleet holds of the run (a restarted trainer's)
+        served = self.session.served_version
+        if served is not None and served > 0 and not self.config.rollback_on_resume and not self.config.use_mirror:
+            raise ConfigError(
+                f"run {self.config.run_id!r} resumes while the deployment serves {self.session.served_identity}: the "
+                "restart's first version is published FULL from the served copy, and none is kept. Turn "
+                "CWTRAIN_HOTLOAD_MIRROR on, or set CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME=1 to point the fleet back at "
+                "the baseline and go on with deltas from it"
+            )
         started = time.perf_counter()
         checksums = dict(checkpoint_checksums(hf_dir))  # the baseline's manifest and the mirror's
         plan.measure(stage_seconds=time.perf_counter() - started)
@@ -177,7 +193,7 @@ class SlimePublisher:
         if not _delta_mode(args) and not _is_delta_dir(directory):
             self._version = version  # full mode: no baseline call, no chain
             return self.session.publish_directory(self.session.begin(version, full=True), directory)
-        if self.served_identity is None:
+        if self._version < 0:
             raise CWTrainError(
                 f"{directory.name} arrived before the baseline: the hook must see slime's delta root first "
                 "(slime calls it on rank 0 at the first update_weights)"
