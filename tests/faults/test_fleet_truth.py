@@ -18,8 +18,6 @@ every integration does) with the integrations' default settings unless a test sa
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ import httpx
 import pytest
 import torch
 from _faults_trainer import Trainer
+from _silent import Silent
 
 from cwtrain.errors import CWTrainError
 from cwtrain.hotload import HotLoader, HotLoadSettings, PublishOutcome, PublishSession, follow
@@ -111,45 +110,6 @@ def _replica_identities(stack: LocalStack, target: Any) -> set[str]:
     return seen
 
 
-class _Silent:
-    """A loopback endpoint that accepts connections and never answers (a canary endpoint gone quiet)."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.2)
-        self._stop = threading.Event()
-        self._conns: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.getsockname()[1]}/v1"
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._conns.append(self._server.accept()[0])
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._server.close()
-        for conn in self._conns:
-            conn.close()
-
-
-@pytest.fixture
-def silent() -> Iterator[_Silent]:
-    server = _Silent()
-    yield server
-    server.close()
-
-
 # ------------------------------------------------------------------ the defaults prove convergence
 
 
@@ -212,7 +172,7 @@ def test_the_way_back_passes_over_chains_that_cannot_be_replayed(stack: LocalSta
 
 @pytest.mark.fault_row("canary-record")
 def test_a_canary_that_cannot_check_leaves_the_record_on_what_the_fleet_serves(
-    stack: LocalStack, target: Any, tmp_path: Path, silent: _Silent
+    stack: LocalStack, target: Any, tmp_path: Path, silent: Silent
 ) -> None:
     run = _Run(stack, target, "truth-record", tmp_path, on_failure="stop", timeout=8.0)
     run.publish()
@@ -232,7 +192,7 @@ def test_a_canary_that_cannot_check_leaves_the_record_on_what_the_fleet_serves(
 
 @pytest.mark.fault_row("publish-budget")
 def test_a_silent_canary_is_answered_inside_the_publish_budget(
-    stack: LocalStack, target: Any, tmp_path: Path, silent: _Silent
+    stack: LocalStack, target: Any, tmp_path: Path, silent: Silent
 ) -> None:
     budget = 6.0
     run = _Run(stack, target, "truth-budget", tmp_path, timeout=budget)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from _s3_proxy import Request, S3Proxy
+from _silent import Silent
 
 from cwtrain.cli import main
 from cwtrain.errors import FailedPreconditionError, HotLoadTimeoutError, PublishTimeoutError
@@ -47,46 +47,6 @@ from _upload_util import MIB, write_full_snapshot  # noqa: E402
 from fakeapi import FakeAPI  # noqa: E402
 
 PART = 5 * MIB
-
-
-class Silent:
-    """A loopback server that accepts connections, reads what it is sent and never answers."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.2)
-        self._stop = threading.Event()
-        self._conns: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._conns.append(conn)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._server.close()
-        for conn in self._conns:
-            conn.close()
-
-
-@pytest.fixture
-def silent() -> Iterator[Silent]:
-    server = Silent()
-    yield server
-    server.close()
 
 
 # ------------------------------------------------------------------ a store that never answers
