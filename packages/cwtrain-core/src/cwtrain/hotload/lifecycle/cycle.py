@@ -68,7 +68,7 @@ from cwtrain.errors import (
     UsageError,
 )
 from cwtrain.hotload.follow import ProgressEvent, replicas_behind, verify_served, wait_for_hot_load
-from cwtrain.hotload.lifecycle.served import write_served_identity
+from cwtrain.hotload.lifecycle.served import record_served_identity
 from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, FAILURE_POLICIES, HotLoadSettings
 from cwtrain.hotload.lifecycle.sources import RestoreSource, VersionSource
 from cwtrain.hotload.lifecycle.target import Target
@@ -479,10 +479,7 @@ class VersionCycle:
         elif outcome.skipped_empty:
             outcome.served_identity = plan.previous_identity
         if outcome.served_identity is not None and not outcome.skipped_empty and self.policy.state_dir:
-            try:
-                write_served_identity(self.policy.state_dir, outcome.served_identity)
-            except OSError as exc:  # informational only
-                log.warning("could not record the served identity in %s: %s", self.policy.state_dir, exc)
+            record_served_identity(self.policy.state_dir, outcome.served_identity)
         outcome.publish_seconds = time.perf_counter() - attempt.started
         if self.ledger is not None:
             self.ledger.ended(attempt, error)

@@ -14,6 +14,7 @@ read it, and learn the publisher's run and version from it (:func:`recorded_run_
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -24,9 +25,12 @@ __all__ = [
     "SERVED_IDENTITY_FILE",
     "read_served_identity",
     "recorded_run_id",
+    "record_served_identity",
     "recorded_version",
     "write_served_identity",
 ]
+
+log = logging.getLogger(__name__)
 
 SERVED_IDENTITY_FILE = "served_identity"
 
@@ -53,6 +57,14 @@ def write_served_identity(state_dir: str | os.PathLike[str], identity: str) -> P
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def record_served_identity(state_dir: str | os.PathLike[str], identity: str) -> None:
+    """:func:`write_served_identity` for a publisher: informational, so a failure to write only warns."""
+    try:
+        write_served_identity(state_dir, identity)
+    except OSError as exc:
+        log.warning("could not record the served identity in %s: %s", state_dir, exc)
 
 
 def read_served_identity(state_dir: str | os.PathLike[str] | None) -> str | None:

@@ -78,7 +78,7 @@ from cwtrain.errors import CWTrainError, UsageError
 from cwtrain.hotload.format.identity import identity_version, version_identity
 from cwtrain.hotload.lifecycle.cadence import ChainCadence, CutReason
 from cwtrain.hotload.lifecycle.cycle import CyclePolicy, VersionCycle
-from cwtrain.hotload.lifecycle.served import write_served_identity
+from cwtrain.hotload.lifecycle.served import record_served_identity
 from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.hotload.lifecycle.shares import ShareResult
 from cwtrain.hotload.lifecycle.sources import (
@@ -521,11 +521,8 @@ class PublishSession(Closing):
         outcome.chain_cut = outcome.incremental = False
         outcome.cut_reason = int(CutReason.NONE)
         outcome.baseline_skipped = True
-        if self.settings.state_dir and self.served_identity is not None:
-            try:  # the run's other processes learn what is served, as after any version
-                write_served_identity(self.settings.state_dir, self.served_identity)
-            except OSError as exc:  # informational only
-                log.warning("could not record the served identity in %s: %s", self.settings.state_dir, exc)
+        if self.settings.state_dir and self.served_identity is not None:  # as after any version
+            record_served_identity(self.settings.state_dir, self.served_identity)
         self._attempts += 1
         self.last_version = max(self.last_version, plan.version)
         self._tell(outcome, None)
