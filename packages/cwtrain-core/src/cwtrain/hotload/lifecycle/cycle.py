@@ -262,6 +262,8 @@ class VersionCycle:
         assert self.canary is not None
         try:
             result = self.canary.check(identity=hot_load.identity, timeout=budget.remaining)
+        except UsageError:  # the canary is misused (its scorer): not the fleet's fault
+            raise
         except (CWTrainError, OSError) as exc:  # the endpoint stopped answering, or the share ran out
             raise HotLoadVerificationError(
                 hot_load, [], [f"canary: could not check the served weights ({exc})"]
