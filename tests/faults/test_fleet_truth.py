@@ -201,6 +201,7 @@ def test_a_silent_canary_is_answered_inside_the_publish_budget(
     started = time.monotonic()
     outcome = run.publish()
     elapsed = time.monotonic() - started
+    print(f"\na silent canary, a {budget:g} s budget: the publish ended after {elapsed:.2f} s, re-activated")
     assert outcome.failed and outcome.reactivated and outcome.served_version == 0
     assert "canary: could not check" in str(outcome.error)
     assert elapsed <= budget + POLL + 0.5, elapsed  # the timeout plus one poll (and the process's own time)
