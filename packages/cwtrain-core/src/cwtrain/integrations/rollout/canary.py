@@ -43,7 +43,8 @@ endpoint names no replica, so that is as far as replicas can be told apart.
 that applied nothing and reports the new identity, a broken delta that passed its checks),
 and drift that accumulates over versions, are seen as a gap well above BF16 rounding. A
 one-version lag may not be: one optimizer step can move log-probs by less than the bound.
-The served identity covers that (the sampler's version fence, ``verify``). A replica that
+The served identity covers that (the sampler's version fence, and the composer's check that
+every replica serves the identity once its hot-load completed). A replica that
 answered none of the canary's requests is not checked.
 """
 
