@@ -182,6 +182,14 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "the canary's failure is answered by a re-activation and the publish returns within its timeout plus one "
         "poll; every replica serves the version before",
     ),
+    "sample-canary": (
+        "a replica serves corrupted or previous weights under the new identity, with no probe canary",
+        "the local stack's replica fault `serve_wrong_weights` (corrupt, then previous); a batch sampled at "
+        "temperature 1 judged from the sampled tokens' served and trainer log-probs (judge_samples), then "
+        "PublishSession.refuse",
+        "correct weights pass and both wrong ones exceed the bound; the late refusal brings every replica back to "
+        "the version before, reports failed, reactivated and the gap, burns the version, and the next one is FULL",
+    ),
     "session-ownership": (
         "a trainer that shares its API client with the publish session",
         "PublishSession given a Target built on the trainer's client, closed after a publish; one built from "

@@ -12,7 +12,11 @@ every integration does) with the integrations' default settings unless a test sa
   replica: with ``stop`` the session, the next plan and the served-identity file name the
   identity the fleet serves; with ``reactivate`` the fleet is brought back;
 * ``publish-budget``: the same silent endpoint, and the canary's own timeout of 600 s per
-  request with 6 attempts: the publish ends within its timeout plus one poll.
+  request with 6 attempts: the publish ends within its timeout plus one poll;
+* ``sample-canary``: a replica serving corrupted, then previous, weights under the new identity
+  is seen from the sampled tokens' log-probs (the served ones and the trainer's, as a framework
+  computes them for its loss), and the late refusal brings the fleet back (the gaps print with
+  ``-s``).
 """
 
 from __future__ import annotations
@@ -206,3 +210,51 @@ def test_a_silent_canary_is_answered_inside_the_publish_budget(
     assert "canary: could not check" in str(outcome.error)
     assert elapsed <= budget + POLL + 0.5, elapsed  # the timeout plus one poll (and the process's own time)
     assert _replica_identities(stack, target) == {"truth-budget-v000000"}
+
+
+# ------------------------------------------------------------------ the sample canary, a late verdict
+
+
+@pytest.mark.fault_row("sample-canary")
+def test_the_sample_canary_sees_wrong_weights_and_its_late_refusal_brings_the_fleet_back(
+    stack: LocalStack, target: Any, tmp_path: Path
+) -> None:
+    from cwtrain.integrations.rollout import CompletionSampler, SamplingParams
+    from cwtrain.integrations.rollout.canary import judge_samples
+
+    run = _Run(stack, target, "truth-samples", tmp_path)
+    config = RolloutConfig(base_url=target.base_url, model=target.model, api_key=stack.token)
+    prompts = [TOK.encode(text) for text in ("the quick brown fox", "hello there", "one two three", "so it goes")]
+
+    def judged(identity: str) -> Any:
+        """Sample a batch as a trainer would, and judge it from the log-probs the trainer computes for its loss."""
+        with CompletionSampler(config, run_id="truth-samples") as sampler:
+            batch = sampler.sample_groups_sync(prompts, 2, SamplingParams(max_tokens=8, temperature=1.0))
+        samples = [
+            (c.identity, c.logprobs or (), token_logprobs(run.trainer.weights, c.prompt_ids, c.response_ids))
+            for group in batch.groups
+            for c in group
+        ]
+        verdict = judge_samples(samples, identity=identity)
+        assert verdict is not None
+        return verdict
+
+    run.publish()
+    run.publish()
+    right = judged("truth-samples-v000001")
+    stack.faults.replicas.serve_wrong_weights(0, weights="corrupt", identity="truth-samples-v000002")
+    assert run.publish().completed  # no probe canary: the version completes, every replica reports it
+    corrupt = judged("truth-samples-v000002")
+    refused = run.session.refuse("truth-samples-v000002", corrupt.summary(), gap=corrupt.gap)
+    assert refused.failed and refused.reactivated and refused.served_version == 1
+    assert refused.metrics()["hotload/canary_gap"] == corrupt.gap
+    assert _replica_identities(stack, target) == {"truth-samples-v000001"}
+    stack.faults.replicas.serve_wrong_weights(0, weights="previous", identity="truth-samples-v000003")
+    after = run.publish()
+    assert after.chain_cut and after.completed  # FULL after the refusal
+    previous = judged("truth-samples-v000003")
+    print(
+        f"\nsample canary gaps (bound {right.bound:g}): correct {right.gap:.4f}, corrupted {corrupt.gap:.4f}, "
+        f"previous weights {previous.gap:.4f}"
+    )
+    assert right.passed and not corrupt.passed and not previous.passed

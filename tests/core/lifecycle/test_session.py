@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 from fakeapi import FakeAPI
 
-from cwtrain.errors import ConfigError, CWTrainError, HotLoadFailedError, SnapshotError, UsageError
+from cwtrain.errors import (
+    ConfigError,
+    CWTrainError,
+    HotLoadFailedError,
+    HotLoadVerificationError,
+    SnapshotError,
+    UsageError,
+)
 from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.hotload.lifecycle.cadence import CutReason
 from cwtrain.hotload.lifecycle.protocol import SingleProcess, publish_spmd
@@ -193,6 +200,37 @@ def test_versions_must_increase(fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_p
     session.publish_tensors(session.begin(4), _weights(), extra_files=CONFIG)
     with pytest.raises(UsageError, match="versions must increase"):
         session.begin(4)
+
+
+@pytest.mark.parametrize("policy", ["reactivate", "stop"])
+def test_a_version_refused_after_its_publish_is_answered_as_a_failed_hot_load(
+    fake: FakeAPI, s3_bucket: tuple[Any, str], tmp_path: Path, policy: str
+) -> None:
+    # a framework's canary judges v1 from the next step's log-probs, after v1's cycle ended
+    session, outcomes = _session(fake, s3_bucket[0], tmp_path, full_every=0, on_failure=policy)
+    burned: list[int] = []
+    session.on_burned.append(lambda run, version: burned.append(version))
+    weights = _weights(1)
+    session.publish_tensors(session.begin(), weights, extra_files=CONFIG)
+    changed = {name: array + 1 for name, array in weights.items()}
+    session.publish_tensors(session.begin(), changed, base=weights, extra_files=CONFIG)
+    with pytest.raises(UsageError, match="only the served identity"):
+        session.refuse("run-v000000", "canary gap 0.3")
+    if policy == "stop":
+        with pytest.raises(HotLoadVerificationError, match=r"canary gap 0\.3"):
+            session.refuse("run-v000001", "canary gap 0.3", gap=0.3)
+        assert session.served_identity == "run-v000001"  # what the fleet still serves
+    else:
+        outcome = session.refuse("run-v000001", "canary gap 0.3", gap=0.3)
+        assert outcome.reactivated and outcome.served_version == 0 and session.served_identity == "run-v000000"
+        again = [spec for spec in (h["spec"] for h in fake.hot_loads.values()) if spec["identity"] == "run-v000000"]
+        assert len(again) == 2  # the re-activation
+        assert read_served_identity(tmp_path / "state") == "run-v000000"
+    refused = outcomes[-1]
+    assert (refused.version, refused.failed, refused.canary_checked, refused.canary_gap) == (1, True, True, 0.3)
+    assert burned == [1]
+    plan = session.begin()
+    assert plan.version == 2 and plan.full
 
 
 @pytest.mark.faults

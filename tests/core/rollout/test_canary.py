@@ -177,3 +177,25 @@ def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
     )
     with pytest.raises(UsageError, match="one log-prob for every token but the first"):
         short.check()
+
+
+# ------------------------------------------------------------------ the sample canary
+
+
+def test_the_sample_canary_judges_the_published_identitys_samples_by_their_worst_gap() -> None:
+    from cwtrain.integrations.rollout.canary import judge_samples
+
+    good = ("run-v000002", [-1.0, -2.0, -0.5], [-1.0, -2.01, -0.5])
+    bad = ("run-v000002", [-1.0, -2.0], [-1.5, -2.5])  # one replica serving other weights: 0.5 nats
+    older = ("run-v000001", [-9.0], [-1.0])  # served one step before: not judged
+    passed = judge_samples([good, older], identity="run-v000002")
+    assert passed is not None and passed.passed and len(passed.answers) == 1
+    assert math.isclose(passed.gap, 0.01 / 3)
+    failed = judge_samples([good, bad, older], identity="run-v000002", bound=0.05)
+    assert failed is not None and not failed.passed and math.isclose(failed.gap, 0.5)
+    assert failed.metrics()["hotload/canary_gap"] == failed.gap and failed.answers[1].source == "samples"
+    assert judge_samples([older, ("run-v000002", [], [])], identity="run-v000002") is None  # nothing to judge
+    with pytest.raises(UsageError, match="sample 0"):
+        judge_samples([("run-v000002", [-1.0], [])], identity="run-v000002")
+    with pytest.raises(UsageError, match="bound"):
+        judge_samples([good], identity="run-v000002", bound=math.nan)

@@ -365,6 +365,21 @@ def test_note_burned_is_kept_for_the_run_and_a_new_run_starts_over() -> None:
             sampler.note_burned(True)
 
 
+def test_a_version_burned_after_it_was_announced_stops_being_the_newest() -> None:
+    # a framework's canary refused v5 after its publish; the fleet is back on v4
+    serving = Serving(lambda body: "run-v000004")
+    with make(serving, max_staleness=0) as sampler:
+        sampler.note_published(4)
+        sampler.note_published(5)
+        sampler.note_burned(5)
+        assert sampler.published_version == 4
+        sampler.note_published(4)  # the session's followers announce the version brought back
+        batch = sampler.sample_groups_sync([[1, 2]], 2, PARAMS)
+        sampler.note_published(5)  # a burned version is never the newest again
+        assert sampler.published_version == 4
+    assert batch.versions == {4: 2} and batch.metrics["coreweave/stale_rerequested"] == 0.0
+
+
 def test_note_published_keeps_the_newest_and_a_new_run_starts_over() -> None:
     with make(Serving(lambda body: "x"), run_id=None) as sampler:
         with pytest.raises(UsageError, match="run id"):

@@ -362,6 +362,47 @@ class VersionCycle:
         elif not isinstance(error, KeyboardInterrupt | SystemExit):
             outcome.served_identity = self.target.serving()
 
+    def refuse(self, plan: VersionPlan, problem: str, *, gap: float | None = None) -> PublishOutcome:
+        """A late verdict: ``plan``'s version, whose cycle completed, is refused by a check made after it.
+
+        A framework's own canary (:func:`cwtrain.integrations.rollout.canary.judge_samples`)
+        judges a version from the log-probs of the next training step, after the version's
+        cycle ended. The refusal is answered as a failed hot-load is, from stage 7 on: the
+        policy's ``on_failure`` (re-activate the newest other identity whose chain can be
+        replayed, or raise), then the records (the ledger hears of a failed version; its
+        samples are burned, the next version is FULL). ``plan.budget`` bounds the
+        re-activation.
+
+        Args:
+            plan: the version refused (:meth:`VersionPlan.of_identity`, with its run id).
+            problem: what the check found.
+            gap: the canary gap that refused it (``hotload/canary_gap``).
+
+        Returns:
+            the outcome (``failed``, ``reactivated``, ``served_identity``).
+
+        Raises:
+            UsageError: ``plan``'s identity never completed on this deployment.
+            HotLoadVerificationError: with ``on_failure="stop"`` (after the ledger heard of it).
+            CWTrainError: the re-activation failed.
+        """
+        hot_load = self.target.completed(plan.identity)
+        if hot_load is None:
+            raise UsageError(
+                f"{plan.identity} never completed on deployment {self.target.deployment_id}: there is nothing to refuse"
+            )
+        attempt = Attempt(plan, manifest=False)
+        outcome = attempt.outcome
+        outcome.published = outcome.completed = True
+        outcome.hot_load = hot_load
+        if gap is not None:
+            outcome.canary_checked, outcome.canary_gap = True, float(gap)
+        error = self._converge(attempt, HotLoadVerificationError(hot_load, [], [problem]))
+        self._record(attempt, error)
+        if error is not None:
+            raise error
+        return outcome
+
     def reactivate(self, failed_identity: str, *, budget: Budget | None = None) -> HotLoad:
         """Bring every replica back to one identity after a failed hot-load of ``failed_identity``.
 

@@ -34,7 +34,10 @@ either way :attr:`PublishSession.served_identity` names what the fleet serves af
 
 **The canary** (``canary=``): after each hot-load the deployment scores a fixed probe and
 the integration's trainer scores it too (:class:`cwtrain.integrations.rollout.Canary`); a gap
-above the bound fails the publish, as above (``hotload/canary_gap``).
+above the bound fails the publish, as above (``hotload/canary_gap``). A check made after the
+publish, from the log-probs the trainer computes anyway
+(:func:`cwtrain.integrations.rollout.canary.judge_samples`), is answered the same way by
+:meth:`PublishSession.refuse`.
 
 **Followers** (``followers=``) are told ``(run_id, version)`` whenever the fleet serves a
 version of the run: a rollout sampler in the same process learns the newest version it may
@@ -70,6 +73,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -527,6 +531,38 @@ class PublishSession(Closing):
         self.last_version = max(self.last_version, plan.version)
         self._tell(outcome, None)
         return outcome
+
+    def refuse(self, identity: str, problem: str, *, gap: float | None = None) -> PublishOutcome:
+        """The fleet serves ``identity`` and a check made after its publish refused it (a late verdict).
+
+        A framework's canary judges a version from the log-probs its next training step
+        computes (:func:`cwtrain.integrations.rollout.canary.judge_samples`), after the
+        version's cycle ended; the composer answers the refusal as it answers a failed
+        hot-load (:meth:`VersionCycle.refuse <cwtrain.hotload.lifecycle.cycle.VersionCycle.refuse>`):
+        with ``on_failure="reactivate"`` every replica is brought back to the newest other
+        identity whose chain can be replayed, and the outcome (``failed``, ``reactivated``,
+        ``canary_gap``) reaches the sink; ``on_burned`` hears of the version, whose samples the
+        caller leaves out of its batch; the next version is FULL. With ``stop`` the error is
+        raised after the sink heard of it.
+
+        Args:
+            identity: the identity the check refused: the one the fleet serves.
+            problem: what the check found (one line).
+            gap: the canary gap that refused it.
+
+        Raises:
+            UsageError: ``identity`` is not what this session knows the fleet serves.
+        """
+        if identity != self.served_identity:
+            raise UsageError(
+                f"{identity!r} is not what the fleet serves ({self.served_identity!r}): only the served identity can "
+                "be refused"
+            )
+        plan = VersionPlan.of_identity(identity, None, Budget(self.settings.timeout))
+        if identity_version(identity, self.run_id) is not None:
+            plan = replace(plan, run_id=self.run_id)
+        log.warning("%s refused after its publish (%s); answering it as a failed hot-load", identity, problem)
+        return self._cycle().refuse(plan, problem, gap=gap)
 
     def skip(self, plan: VersionPlan) -> PublishOutcome:
         """Record ``plan``'s version as an empty delta (nothing changed): nothing is published."""

@@ -71,6 +71,8 @@ __all__ = [
     "CanaryResult",
     "IdentityGap",
     "TrainerLogprobs",
+    "judge",
+    "judge_samples",
 ]
 
 #: The default bound on an answer's mean absolute log-prob gap, in nats. BF16 rounding of the
@@ -387,38 +389,85 @@ class Canary:
         raise RolloutError(f"canary request failed after {self.config.max_attempts} attempts: {last}")
 
     def _result(self, answers: list[CanaryAnswer], identity: str | None, seconds: float) -> CanaryResult:
-        diffs = [abs(s - t) if math.isfinite(s) else math.inf for a in answers for s, t in zip(a.served, a.trainer)]
-        groups: dict[str | None, list[CanaryAnswer]] = {}
-        for answer in answers:
-            groups.setdefault(answer.identity, []).append(answer)
-        by_identity = {}
-        for who, group in groups.items():
-            group_diffs = [
-                abs(s - t) if math.isfinite(s) else math.inf for a in group for s, t in zip(a.served, a.trainer)
-            ]
-            by_identity[who] = IdentityGap(
-                identity=who,
-                answers=len(group),
-                tokens=len(group_diffs),
-                gap=max(a.gap for a in group),
-                mean_gap=sum(group_diffs) / len(group_diffs),
-                max_token_gap=max(group_diffs),
-            )
-        gap = max(a.gap for a in answers)
-        within = gap <= self.bound
-        foreign = identity is not None and any(a.identity != identity for a in answers)
-        return CanaryResult(
-            passed=within and not foreign,
-            bound=self.bound,
-            gap=gap,
-            mean_gap=sum(diffs) / len(diffs),
-            max_token_gap=max(diffs),
-            tokens=len(diffs),
-            expected_identity=identity,
-            answers=tuple(answers),
-            by_identity=by_identity,
-            seconds=seconds,
+        return judge(answers, bound=self.bound, identity=identity, seconds=seconds)
+
+
+def judge(
+    answers: Sequence[CanaryAnswer], *, bound: float, identity: str | None = None, seconds: float = 0.0
+) -> CanaryResult:
+    """The verdict on ``answers``: the largest answer gap against ``bound``, and every answer from ``identity`` when given.
+
+    Raises:
+        UsageError: no answer.
+    """
+    if not answers:
+        raise UsageError("a canary verdict needs at least one answer")
+    diffs = [abs(s - t) if math.isfinite(s) else math.inf for a in answers for s, t in zip(a.served, a.trainer)]
+    groups: dict[str | None, list[CanaryAnswer]] = {}
+    for answer in answers:
+        groups.setdefault(answer.identity, []).append(answer)
+    by_identity = {}
+    for who, group in groups.items():
+        group_diffs = [abs(s - t) if math.isfinite(s) else math.inf for a in group for s, t in zip(a.served, a.trainer)]
+        by_identity[who] = IdentityGap(
+            identity=who,
+            answers=len(group),
+            tokens=len(group_diffs),
+            gap=max(a.gap for a in group),
+            mean_gap=sum(group_diffs) / len(group_diffs),
+            max_token_gap=max(group_diffs),
         )
+    gap = max(a.gap for a in answers)
+    within = gap <= bound
+    foreign = identity is not None and any(a.identity != identity for a in answers)
+    return CanaryResult(
+        passed=within and not foreign,
+        bound=bound,
+        gap=gap,
+        mean_gap=sum(diffs) / len(diffs),
+        max_token_gap=max(diffs),
+        tokens=len(diffs),
+        expected_identity=identity,
+        answers=tuple(answers),
+        by_identity=by_identity,
+        seconds=seconds,
+    )
+
+
+def judge_samples(
+    samples: Iterable[tuple[str | None, Sequence[float], Sequence[float]]],
+    *,
+    identity: str,
+    bound: float = DEFAULT_CANARY_BOUND,
+) -> CanaryResult | None:
+    """The canary from log-probs a framework computes anyway: its trainer's and the deployment's, of sampled tokens.
+
+    Each sample is ``(served identity, served log-probs, trainer log-probs)`` of the same
+    tokens (one GRPO group, or one completion: one request, so one replica), the trainer's
+    from the weights published as ``identity``. Only samples served by ``identity`` are
+    judged (older ones carry the steps since; they are left out, as are samples of no
+    token); the verdict is :func:`judge`'s on them: the largest sample gap against
+    ``bound``. No forward pass of cwtrain's own: a framework hands over what it computed for
+    its loss (``hotload/canary_gap``).
+
+    Returns:
+        the verdict (``answers`` in sample order, ``source`` ``"samples"``), or ``None`` when
+        no sample of ``identity`` had a token.
+
+    Raises:
+        UsageError: a sample's two sequences differ in length, or ``bound`` is not a finite number >= 0.
+    """
+    if not math.isfinite(bound) or bound < 0:
+        raise UsageError(f"canary bound={bound!r} must be a finite number of nats >= 0")
+    answers: list[CanaryAnswer] = []
+    for index, (served_by, served, trainer) in enumerate(samples):
+        if len(served) != len(trainer):
+            raise UsageError(f"sample {index}: {len(served)} served log-probs but {len(trainer)} trainer log-probs")
+        if served_by == identity and len(served):
+            answers.append(
+                _answer(index, served_by, "samples", [float(x) for x in served], [float(x) for x in trainer])
+            )
+    return judge(answers, bound=bound, identity=identity) if answers else None
 
 
 def _answer(

@@ -411,6 +411,7 @@ class CompletionSampler(Closing):
         self._fence_lock = threading.Lock()
         self._run_id = run_id
         self._latest: int | None = None
+        self._noted: set[int] = set()  # every version announced as served
         self._burned: set[int] = set()
         self._lookup: Callable[[], int | None] | None = None
         self._lookup_task: asyncio.Future[int | None] | None = None
@@ -441,7 +442,8 @@ class CompletionSampler(Closing):
         """
         with self._fence_lock:
             self._noted_run("note_published", version, run_id)
-            if self._latest is None or version > self._latest:
+            self._noted.add(version)
+            if version not in self._burned and (self._latest is None or version > self._latest):
                 self._latest = version
 
     def note_burned(self, version: int, *, run_id: str | None = None) -> None:
@@ -451,7 +453,10 @@ class CompletionSampler(Closing):
         re-activated away from it: the publish path never announces it as served. With a
         limit (``max_staleness``) a completion it served is re-requested like one newer than
         the newest published (``coreweave/unpublished_rerequested``), whatever the newest
-        version is; the version stays burned for the run. Another run id replaces the run
+        version is; the version stays burned for the run. A version refused after it was
+        announced as served (a framework's canary judges it from the next step) stops being
+        the newest: the newest is then the highest announced one not burned (the one the fleet
+        was brought back to, which the publish path announces next). Another run id replaces the run
         (as :meth:`note_published` does). Thread-safe; batches in flight use it from their next
         check on, and at their end.
 
@@ -461,6 +466,8 @@ class CompletionSampler(Closing):
         with self._fence_lock:
             self._noted_run("note_burned", version, run_id)
             self._burned.add(version)
+            if version == self._latest:  # refused after it was announced (a late verdict): back to the one before
+                self._latest = max(self._noted - self._burned, default=None)
 
     def look_up_published(self, lookup: Callable[[], int | None] | None) -> None:
         """Ask ``lookup`` for the newest version published before refusing a completion as newer than it.
@@ -509,7 +516,7 @@ class CompletionSampler(Closing):
         with self._fence_lock:
             if run_id != self._run_id:
                 self._run_id, self._latest = run_id, None
-                self._burned = set()
+                self._noted, self._burned = set(), set()
 
     def _noted_run(self, what: str, version: int, run_id: str | None) -> None:
         """Check a note's ``version`` and switch to the run it names when that is new (the fence lock held)."""
@@ -520,7 +527,7 @@ class CompletionSampler(Closing):
             raise UsageError(f"{what} needs the run id (run_id=...): the sampler knows no run yet")
         if run != self._run_id:
             self._run_id, self._latest = run, None
-            self._burned = set()
+            self._noted, self._burned = set(), set()
 
     def _fence(self) -> _Fence:
         with self._fence_lock:
