@@ -410,8 +410,7 @@ class CompletionSampler(Closing):
         self._logged: set[str] = set()
         self._fence_lock = threading.Lock()
         self._run_id = run_id
-        self._latest: int | None = None
-        self._noted: set[int] = set()  # every version announced as served
+        self._noted: set[int] = set()  # every version announced as served: the newest not burned is the newest
         self._burned: set[int] = set()
         self._lookup: Callable[[], int | None] | None = None
         self._lookup_task: asyncio.Future[int | None] | None = None
@@ -426,8 +425,9 @@ class CompletionSampler(Closing):
 
     @property
     def published_version(self) -> int | None:
-        """The newest version of the run the trainer published, as last told."""
-        return self._latest
+        """The newest version of the run the trainer published, as last told (burned ones left out)."""
+        with self._fence_lock:
+            return self._newest()
 
     def note_published(self, version: int, *, run_id: str | None = None) -> None:
         """The trainer published ``version`` of ``run_id`` (default: the sampler's run).
@@ -443,8 +443,6 @@ class CompletionSampler(Closing):
         with self._fence_lock:
             self._noted_run("note_published", version, run_id)
             self._noted.add(version)
-            if version not in self._burned and (self._latest is None or version > self._latest):
-                self._latest = version
 
     def note_burned(self, version: int, *, run_id: str | None = None) -> None:
         """Version ``version`` of ``run_id`` (default: the sampler's run) is burned.
@@ -466,8 +464,6 @@ class CompletionSampler(Closing):
         with self._fence_lock:
             self._noted_run("note_burned", version, run_id)
             self._burned.add(version)
-            if version == self._latest:  # refused after it was announced (a late verdict): back to the one before
-                self._latest = max(self._noted - self._burned, default=None)
 
     def look_up_published(self, lookup: Callable[[], int | None] | None) -> None:
         """Ask ``lookup`` for the newest version published before refusing a completion as newer than it.
@@ -515,7 +511,7 @@ class CompletionSampler(Closing):
         """Sample for ``run_id`` (a new run forgets the newest version known and the burned ones)."""
         with self._fence_lock:
             if run_id != self._run_id:
-                self._run_id, self._latest = run_id, None
+                self._run_id = run_id
                 self._noted, self._burned = set(), set()
 
     def _noted_run(self, what: str, version: int, run_id: str | None) -> None:
@@ -526,12 +522,16 @@ class CompletionSampler(Closing):
         if run is None:
             raise UsageError(f"{what} needs the run id (run_id=...): the sampler knows no run yet")
         if run != self._run_id:
-            self._run_id, self._latest = run, None
+            self._run_id = run
             self._noted, self._burned = set(), set()
 
     def _fence(self) -> _Fence:
         with self._fence_lock:
-            return _Fence(self._run_id, self._latest, self.config.max_staleness, frozenset(self._burned))
+            return _Fence(self._run_id, self._newest(), self.config.max_staleness, frozenset(self._burned))
+
+    def _newest(self) -> int | None:
+        """The newest version announced that is not burned (the fence lock held)."""
+        return max(self._noted - self._burned, default=None)
 
     @property
     def text_prompts(self) -> bool:
