@@ -288,7 +288,10 @@ class NemoRL(Publisher):
         return self._sync()
 
     def close(self) -> None:
+        from cwtrain.integrations.nemo_rl.refit import grpo_hooks
+
         self.sync.shutdown()
+        grpo_hooks().uninstall()  # NeMo-RL's functions back, where a test armed the sample canary
 
 
 class Demo(Publisher):
@@ -606,5 +609,119 @@ def test_every_publisher_goes_back_only_to_a_chain_that_can_be_replayed(
         after = publisher.step(_trained(publisher.base, 3))[-1]
         assert after["hotload/chain_cut"] == 1.0 and after["hotload/completed"] == 1.0, after
         assert _serving(local, target.deployment_id) == {f"{run_id}-v{int(after['hotload/version']):06d}"}
+    finally:
+        publisher.close()
+
+
+# ---------------------------------------------------------------------------- the sample canary, per framework
+
+CANARY_PROMPTS = ("the quick brown fox", "hello there", "one two three", "so it goes")
+
+
+def _stepped(weights: dict[str, Any], step: int) -> dict[str, Any]:
+    """A training step that moves every tensor (seeded): log-probs move well past the canary's bound between steps."""
+    gen = torch.Generator().manual_seed(step)
+    return {
+        name: (t.float() + 0.02 * step * torch.randn(t.shape, generator=gen)).to(t.dtype) for name, t in weights.items()
+    }
+
+
+def _trainer_logprobs(weights: dict[str, Any], ids: Any) -> Any:
+    """NeMo-RL's convention: ``out[:, t]`` is the log-prob the trainer's weights give token ``t`` (0 at position 0)."""
+    from cwtrain.local.engine.model import forward
+
+    params = {name: tensor.float() for name, tensor in weights.items()}
+    with torch.no_grad():
+        logits = forward(params, ids)
+        token = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:, None])[..., 0]
+    return torch.cat([torch.zeros((ids.shape[0], 1)), token], dim=1)
+
+
+def _nemo_judged(publisher: Any, weights: dict[str, Any]) -> tuple[list[float], list[dict[str, float]]]:
+    """A batch as ``grpo_train`` builds it, judged by its masking step: (sample mask after, records)."""
+    import nemo_rl.algorithms.grpo as grpo  # the stand-in module, its masking function rebound by arm_canary()
+
+    from cwtrain.local.engine.model import Tokenizer
+
+    generation = publisher.sync.generation
+    prompts = [Tokenizer().encode(text) for text in CANARY_PROMPTS for _ in range(2)]  # two rows per prompt
+    lengths = [len(p) for p in prompts]
+    ids = torch.zeros((len(prompts), max(lengths)), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = torch.tensor(prompt)
+    out = generation.generate({"input_ids": ids, "input_lengths": torch.tensor(lengths)})
+    ends = out["unpadded_sequence_lengths"]
+    token_mask = torch.zeros(out["output_ids"].shape)
+    for row, (start, end) in enumerate(zip(lengths, ends.tolist(), strict=True)):
+        token_mask[row, start:end] = 1
+    train_data = {
+        "input_ids": out["output_ids"],
+        "input_lengths": ends,
+        "token_mask": token_mask,
+        "sample_mask": torch.ones(len(prompts)),
+        "generation_logprobs": out["logprobs"],
+        "prev_logprobs": _trainer_logprobs(weights, out["output_ids"]),
+    }
+    seen = len(publisher.records)
+    result = grpo.compute_and_apply_seq_logprob_error_masking(train_data, torch.zeros(len(prompts)), None)
+    assert result["seen_sample_mask"] == train_data["sample_mask"].tolist()  # NeMo-RL's own masking ran after ours
+    return train_data["sample_mask"].tolist(), publisher.records[seen:]
+
+
+def _arm_nemo(publisher: Any) -> None:
+    from cwtrain.integrations.nemo_rl.refit import grpo_hooks
+
+    generation = publisher.sync.generation
+    generation.cfg.update(max_new_tokens=8, temperature=1.0)
+    assert grpo_hooks().arm_canary(generation, {"loss_fn": {}, "grpo": {}}, generation.cfg) is not None
+
+
+CANARY_FRAMEWORKS = {"nemo-rl": (_arm_nemo, _nemo_judged)}
+
+
+@pytest.mark.faults
+@pytest.mark.fault_row("framework-canary")
+@pytest.mark.parametrize("kind", sorted(CANARY_FRAMEWORKS))
+def test_every_framework_refuses_wrong_served_weights_from_its_own_logprobs(
+    kind: str, publish_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Correct weights pass; a replica serving corrupted, then previous, weights under the new identity is refused
+    from the log-probs the framework computes for its loss, the fleet goes back, and those samples leave the batch."""
+    local, target = publish_env
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_MIRROR", "1")  # a FULL after the refusal, with FULL_EVERY=0
+    monkeypatch.setenv("CWTRAIN_HOTLOAD_TIMEOUT", "60")
+    arm, judged = CANARY_FRAMEWORKS[kind]
+    publisher = _publisher(kind, tmp_path / "canary", publish_env, monkeypatch)
+    run_id = _run_id()
+    gaps: dict[str, float] = {}
+    try:
+        last = max(int(r["hotload/version"]) for r in publisher.baseline())
+        arm(publisher)
+        for step, wrong in ((1, None), (2, "corrupt"), (3, "previous")):
+            identity = f"{run_id}-v{last + 1:06d}"
+            if wrong is not None:  # the next version's hot-load completes on every replica; replica 0 serves wrongly
+                local.faults.replicas.serve_wrong_weights(0, weights=wrong, identity=identity)
+            weights = _stepped(publisher.base, step)
+            stepped = publisher.step(weights)
+            published = stepped[-1]
+            assert published["hotload/completed"] == 1.0 and published["hotload/failed"] == 0.0, published
+            assert published["hotload/chain_cut"] == (1.0 if wrong == "previous" else 0.0), published  # FULL after
+            kept, records = judged(publisher, weights)
+            verdict = next(r for r in records if "hotload/canary_gap" in r)
+            gaps[wrong or "correct"] = verdict["hotload/canary_gap"]
+            last = max(int(r["hotload/version"]) for r in [*stepped, *records] if "hotload/version" in r)
+            if wrong is None:
+                assert all(kept) and verdict["hotload/canary_passed"] == 1.0, (kept, verdict)
+                assert _serving(local, target.deployment_id) == {identity}
+                continue
+            refusal = next(r for r in records if r.get("hotload/failed") == 1.0)
+            assert (
+                refusal["hotload/reactivated"] == 1.0 and refusal["hotload/canary_gap"] == verdict["hotload/canary_gap"]
+            )
+            assert not any(kept), kept  # every sample of the refused identity left the batch
+            assert _serving(local, target.deployment_id) == {f"{run_id}-v{int(refusal['hotload/served_version']):06d}"}
+            assert int(refusal["hotload/served_version"]) < last  # back to a version the trainer published before
+        print(f"\n{kind} sample canary gaps: " + ", ".join(f"{k} {v:.4f}" for k, v in gaps.items()))
+        assert gaps["correct"] <= 0.05 < min(gaps["corrupt"], gaps["previous"]), gaps
     finally:
         publisher.close()

@@ -190,6 +190,15 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "correct weights pass and both wrong ones exceed the bound; the late refusal brings every replica back to "
         "the version before, reports failed, reactivated and the gap, burns the version, and the next one is FULL",
     ),
+    "framework-canary": (
+        "a replica serves corrupted or previous weights under the new identity, in a framework's own run",
+        "the local stack's replica fault `serve_wrong_weights` (corrupt, then previous) under each framework's "
+        "entry points with their defaults; the batch judged where the framework compares its trainer's log-probs "
+        "with the served ones (NeMo-RL: grpo's log-prob masking step)",
+        "correct weights pass and both wrong ones exceed the bound (hotload/canary_gap); the refused version is "
+        "answered as a failed hot-load: every replica back on a version the trainer published, its samples out "
+        "of the batch, the next version FULL",
+    ),
     "session-ownership": (
         "a trainer that shares its API client with the publish session",
         "PublishSession given a Target built on the trainer's client, closed after a publish; one built from "

@@ -63,6 +63,12 @@ _DECLARED: tuple[EnvVar, ...] = (
         "version of the run; false = the fleet keeps it and the restart's first version is FULL",
     ),
     EnvVar(
+        "CWTRAIN_HOTLOAD_CANARY_BOUND",
+        "0.05",
+        "nats > 0, or off: slime, miles and NeMo-RL refuse a served version whose samples' log-probs differ from "
+        "the trainer's by more than this (mean over a sample's tokens, largest sample) as a failed hot-load",
+    ),
+    EnvVar(
         "CWTRAIN_HOTLOAD_FULL_EVERY",
         "auto",
         "auto (FULL when a delta costs nearly a FULL, when a cold start would replay too much, or after 19 "

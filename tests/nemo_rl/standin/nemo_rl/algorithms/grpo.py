@@ -83,3 +83,11 @@ def setup(
         generation = CoreWeaveGeneration(generation_config, tokenizer)
     state = {"total_steps": 0}
     return (policy, generation, None, (None, None), None, None, None, Logger(), None, state, master_config, None, None)
+
+
+def compute_and_apply_seq_logprob_error_masking(
+    train_data: Any, rewards: Any, seq_logprob_error_threshold: Any
+) -> dict[str, Any]:
+    """As the real one's signature and return; records the sample mask it was handed."""
+    CALLS.append("nemo-rl masking")
+    return {"max_seq_mult_prob_error": 1.0, "seen_sample_mask": train_data["sample_mask"].tolist()}

@@ -86,6 +86,7 @@ FIELD_VARIABLES: Mapping[str, str] = {
     "full_share": "CWTRAIN_HOTLOAD_FULL_SHARE",
     "replay_budget": "CWTRAIN_HOTLOAD_REPLAY_BUDGET",
     "rollback_on_resume": "CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME",
+    "canary_bound": "CWTRAIN_HOTLOAD_CANARY_BOUND",
 }
 
 
@@ -184,6 +185,11 @@ class HotLoadSettings:
             ``<run>-v000000`` even when it serves a later version of the run (the chain then
             goes on from the baseline); by default the fleet keeps what it serves and the
             restart's first version is FULL.
+        canary_bound: the frameworks' sample canary (slime, miles, NeMo-RL): a served
+            version whose samples' log-probs differ from the trainer's by more than this
+            many nats (mean over a sample's tokens, largest sample) is refused as a failed
+            hot-load; ``None`` turns it off
+            (:mod:`~cwtrain.integrations.rollout.sample_canary`).
     """
 
     deployment_id: str
@@ -204,6 +210,7 @@ class HotLoadSettings:
     full_share: float = DEFAULT_FULL_SHARE
     replay_budget: float = DEFAULT_REPLAY_BUDGET
     rollback_on_resume: bool = False
+    canary_bound: float | None = 0.05
 
     def __post_init__(self) -> None:
         validate_run_id(self.run_id, "run_id")
@@ -224,6 +231,11 @@ class HotLoadSettings:
         if isinstance(self.upload_workers, bool) or self.upload_workers < 1:
             raise ConfigError(f"upload_workers={self.upload_workers!r} must be >= 1")
         object.__setattr__(self, "prompt_cache_policy", PromptCachePolicy.parse(self.prompt_cache_policy))
+        bound = self.canary_bound
+        if bound is not None and (
+            isinstance(bound, bool) or not isinstance(bound, int | float) or not math.isfinite(bound) or bound <= 0
+        ):
+            raise ConfigError(f"canary_bound={bound!r} must be a finite number of nats > 0, or None (off)")
 
     def client(self) -> InferenceClient:
         """An API client for these settings' API (the token from the environment)."""
@@ -313,6 +325,11 @@ def _read(
     )
     values["replay_budget"] = env_float("CWTRAIN_HOTLOAD_REPLAY_BUDGET", default_of("replay_budget"), env)
     values["rollback_on_resume"] = env_bool("CWTRAIN_HOTLOAD_ROLLBACK_ON_RESUME", default_of("rollback_on_resume"), env)
+    bound = env_str("CWTRAIN_HOTLOAD_CANARY_BOUND", env)
+    if bound is not None and bound.strip().lower() == "off":
+        values["canary_bound"] = None
+    elif bound is not None:
+        values["canary_bound"] = env_float("CWTRAIN_HOTLOAD_CANARY_BOUND", default_of("canary_bound"), env)
     mirror = env_str("CWTRAIN_HOTLOAD_MIRROR", env)
     values["mirror"] = None if mirror is None else env_bool("CWTRAIN_HOTLOAD_MIRROR", False, env)
     values["verify"] = env_bool("CWTRAIN_HOTLOAD_VERIFY", default_of("verify"), env)

@@ -59,7 +59,10 @@ others none; each batch reports the versions it held
 
 **Canary.** :class:`Canary` scores a fixed probe on the deployment (prompt log-probs through
 ``echo``/``prompt_logprobs``) and compares it with the trainer's own log-probs after a
-hot-load (:mod:`cwtrain.integrations.rollout.canary`).
+hot-load (:mod:`cwtrain.integrations.rollout.canary`). :class:`SampleCanary` judges each served
+version from the log-probs a framework computes anyway, of the tokens it sampled, and refuses a
+wrong one as a failed hot-load; every sampler's :class:`ServedLedger` (``sampler.ledger``) says
+which identity served a sample, by its tokens (:mod:`cwtrain.integrations.rollout.sample_canary`).
 
 **Variables** (explicit argument > framework config key > variable > default):
 ``CWTRAIN_ROLLOUT_BASE_URL`` (required), ``_MODEL`` (required), ``_API_KEY`` / ``_API_KEY_FILE``,
@@ -86,8 +89,10 @@ from cwtrain.integrations.rollout.canary import (
     TrainerLogprobs,
 )
 from cwtrain.integrations.rollout.config import FIELD_VARIABLES, RolloutConfig
+from cwtrain.integrations.rollout.ledger import ServedLedger
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams
 from cwtrain.integrations.rollout.responses import Completion, decode_routed_experts
+from cwtrain.integrations.rollout.sample_canary import SampleCanary, SampleVerdict
 from cwtrain.integrations.rollout.sampler import (
     IDENTITY_HEADER,
     CompletionSampler,
@@ -112,7 +117,10 @@ __all__ = [
     "RolloutBatch",
     "RolloutConfig",
     "RolloutError",
+    "SampleCanary",
+    "SampleVerdict",
     "SamplingParams",
+    "ServedLedger",
     "TrainerLogprobs",
     "decode_routed_experts",
     "fill_group",

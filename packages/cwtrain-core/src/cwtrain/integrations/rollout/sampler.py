@@ -58,6 +58,7 @@ from cwtrain.hotload.format.identity import identity_version, version_identity
 from cwtrain.integrations.nvext import as_cache_salt
 from cwtrain.integrations.rollout._runtime import LoopThread, SequenceLimiter
 from cwtrain.integrations.rollout.config import RolloutConfig
+from cwtrain.integrations.rollout.ledger import ServedLedger
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams, as_prompt
 from cwtrain.integrations.rollout.responses import Completion, read_completions, unfinished
 from cwtrain.jsondoc import load_json
@@ -415,6 +416,8 @@ class CompletionSampler(Closing):
         self._lookup: Callable[[], int | None] | None = None
         self._lookup_task: asyncio.Future[int | None] | None = None
         self._looked_up = -math.inf
+        #: who served each completion returned lately, by its token ids (the frameworks' sample canary asks it)
+        self.ledger = ServedLedger()
 
     # ------------------------------------------------------------------ public
 
@@ -984,6 +987,7 @@ class CompletionSampler(Closing):
         if fence.run_id is not None:  # versions of the run as it is now (a run id learned mid-batch included)
             groups = [[replace(c, version=fence.version(c.identity)) for c in g] for g in groups]
             flat = [c for g in groups for c in g]
+        self.ledger.record(flat)
         versions = dict(sorted(Counter(c.version for c in flat if c.version is not None).items()))
         lengths = [len(c.response_ids) for c in flat]
         latencies = sorted(stats.latencies)

@@ -58,7 +58,7 @@ from cwtrain.integrations.frameworks import require
 from cwtrain.integrations.nemo_rl.config import CoreWeaveConfig
 from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.protocols import Tokenizer, WeightSync
-from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams, merge_batches
+from cwtrain.integrations.rollout import Completion, CompletionSampler, SamplingParams, ServedLedger, merge_batches
 
 if TYPE_CHECKING:
     from cwtrain.integrations.gym import GymModelServer
@@ -141,6 +141,7 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
 
                 # its own sampler without a tokenizer: a refused token-id prompt must fail, not go as text
                 sampler = CompletionSampler(self.settings.rollout, run_id=self.sampler.run_id)
+                sampler.ledger = self.sampler.ledger  # one record of who served what, for the sample canary
                 if self.sampler.published_version is not None:
                     sampler.note_published(self.sampler.published_version)
                 for version in sorted(self.sampler.burned_versions):
@@ -168,6 +169,10 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
                 "the prompt cache with it and samples nothing before)"
             )
         return salt
+
+    def ledgers(self) -> tuple[ServedLedger, ...]:
+        """Who served each recent completion, by its tokens (the samplers share one)."""
+        return (self.sampler.ledger,)
 
     def note_published(self, version: int) -> None:
         """The synchronizer published ``version`` of the run: the samplers fence by it from now on."""

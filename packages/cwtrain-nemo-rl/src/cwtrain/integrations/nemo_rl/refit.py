@@ -1,4 +1,4 @@
-"""Rebind two names of ``nemo_rl.algorithms.grpo`` for the coreweave backend.
+"""Rebind three names of ``nemo_rl.algorithms.grpo`` for the coreweave backend.
 
 ::
 
@@ -27,7 +27,14 @@
   ``vllm_cfg.enable_vllm_metrics_logger`` off (an inherited vLLM setting that makes
   ``grpo_train`` parse the generation's metrics as vLLM's) and, with ``env.should_use_nemo_gym``,
   checks that ``coreweave_cfg.max_model_len`` is set (NeMo-RL's Gym rollouts read the engine's
-  context length). Other backends are untouched.
+  context length). It then arms the sample canary
+  (:func:`cwtrain.integrations.nemo_rl.canary.arm`). Other backends are untouched.
+- :meth:`GrpoHooks.install_masking` — ``grpo_train`` calls
+  ``compute_and_apply_seq_logprob_error_masking(train_data, rewards, threshold)`` by its
+  module-global name once ``prev_logprobs`` are computed, before the advantages; the wrapper
+  first judges the batch's served version from them (:mod:`~cwtrain.integrations.nemo_rl.canary`:
+  a refused version's rows get ``sample_mask`` 0), then calls NeMo-RL's function, unchanged.
+  Armed by the setup wrapper for a coreweave generation.
 
 :class:`GrpoHooks` is the plug-in's only process state: the wrappers it put into
 ``nemo_rl.algorithms.grpo`` and NeMo-RL's functions they replaced. It lives on the
@@ -56,6 +63,7 @@ __all__ = ["GrpoHooks", "grpo_hooks", "install", "install_setup", "uninstall"]
 _HOOKS = "__cwtrain_hooks__"
 _REFIT = "refit_policy_generation"
 _SETUP = "setup"
+_MASKING = "compute_and_apply_seq_logprob_error_masking"
 # Positions in the tuple grpo.setup returns (NeMo-RL v0.7.0).
 _LOGGER_INDEX = 7
 
@@ -71,6 +79,8 @@ class GrpoHooks:
 
     grpo: ModuleType
     originals: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    #: the coreweave generation the last wrapped ``setup`` built (the masking wrapper judges its samples)
+    generation: Any = None
 
     def _installed(self, name: str) -> Callable[..., Any] | None:
         current: Callable[..., Any] = getattr(self.grpo, name)
@@ -140,9 +150,41 @@ class GrpoHooks:
             )
             if coreweave:
                 result = _attach(result, generation, policy_config["model_name"])
+                if isinstance(result, tuple) and len(result) > 1:
+                    self.arm_canary(result[1], master_config, generation)
             return result
 
         return self._bind(_SETUP, setup)
+
+    def arm_canary(self, generation: Any, master_config: Any, generation_config: Mapping[str, Any]) -> Any:
+        """Arm ``generation``'s sample canary (:func:`cwtrain.integrations.nemo_rl.canary.arm`) and rebind the
+        masking step that runs it; returns the canary (``None``: this configuration is not judged)."""
+        from cwtrain.integrations.nemo_rl.canary import arm
+
+        canary = arm(generation, master_config, generation_config)
+        if canary is not None:
+            self.generation = generation
+            self.install_masking()
+        return canary
+
+    def install_masking(self) -> Callable[..., Any] | None:
+        """Rebind ``grpo.compute_and_apply_seq_logprob_error_masking`` (the sample canary runs first); returns the
+        wrapper, or ``None`` where NeMo-RL has no such function."""
+        installed = self._installed(_MASKING)
+        if installed is not None:
+            return installed
+        original = getattr(self.grpo, _MASKING, None)
+        if original is None:
+            return None
+
+        @functools.wraps(original)
+        def compute_and_apply_seq_logprob_error_masking(
+            train_data: Any, rewards: Any, seq_logprob_error_threshold: float | None
+        ) -> Any:
+            _judge(self.generation, train_data)  # the refused version's rows leave the batch before NeMo-RL's masking
+            return original(train_data, rewards, seq_logprob_error_threshold)
+
+        return self._bind(_MASKING, compute_and_apply_seq_logprob_error_masking)
 
     def uninstall(self) -> None:
         """Put back NeMo-RL's functions where cwtrain's wrappers still stand."""
@@ -150,6 +192,7 @@ class GrpoHooks:
             if self._installed(name) is not None:
                 setattr(self.grpo, name, original)
             del self.originals[name]
+        self.generation = None
 
 
 def _section(master_config: Any, name: str) -> Any:
@@ -203,10 +246,27 @@ def _attach(result: Any, generation: Mapping[str, Any], model_name: str) -> Any:
     return (*result[:_LOGGER_INDEX], run_logger, *result[_LOGGER_INDEX + 1 :])
 
 
+def _judge(policy_generation: Any, train_data: Any) -> None:
+    """The sample canary on one batch (see :mod:`~cwtrain.integrations.nemo_rl.canary`); its metrics to the run logger."""
+    from cwtrain.integrations.nemo_rl.canary import judge_train_data
+
+    sync = getattr(policy_generation, "weight_synchronizer", None)
+    canary = getattr(sync, "sample_canary", None)
+    if canary is None:
+        return None
+    before = float(train_data["sample_mask"].sum())
+    verdict = judge_train_data(canary, policy_generation.ledgers(), train_data)
+    metrics = verdict.metrics()
+    if metrics:
+        metrics["hotload/canary_dropped_rows"] = before - float(train_data["sample_mask"].sum())
+        if sync.metrics_sink is not None:
+            sync.metrics_sink(metrics)
+
+
 def grpo_hooks() -> GrpoHooks:
     """The process's :class:`GrpoHooks`: the installed one, else a new one (nothing installed yet)."""
     grpo = require(NEMO_RL, "nemo_rl.algorithms.grpo")
-    for name in (_REFIT, _SETUP):
+    for name in (_REFIT, _SETUP, _MASKING):
         hooks = getattr(getattr(grpo, name, None), _HOOKS, None)
         if isinstance(hooks, GrpoHooks):
             return hooks

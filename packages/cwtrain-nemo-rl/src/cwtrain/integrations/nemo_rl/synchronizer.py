@@ -66,6 +66,7 @@ from cwtrain.integrations.frameworks import require
 from cwtrain.integrations.nemo_rl.framework import NEMO_RL
 from cwtrain.integrations.nemo_rl.generation import CoreWeaveGeneration
 from cwtrain.integrations.nemo_rl.protocols import WorkerGroup
+from cwtrain.integrations.rollout import SampleCanary
 
 # NeMo-RL's base class, loaded at import (NeMo-RL is not importable where cwtrain is type-checked).
 WeightSynchronizer: Any = require(NEMO_RL, "nemo_rl.weight_sync.interfaces").WeightSynchronizer
@@ -104,6 +105,7 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
 
     Attributes:
         session: the ``PublishSession`` that publishes every version.
+        sample_canary: judges each served version from ``grpo_train``'s log-probs (``None``: not armed).
         last_metrics: the ``hotload/*`` metrics of the last sync (empty before any).
     """
 
@@ -137,6 +139,9 @@ class HotLoadWeightSynchronizer(WeightSynchronizer):  # type: ignore[misc]
             followers=[lambda _run, version: generation.note_published(version)],
             on_burned=[lambda _run, version: generation.note_burned(version)],
         )
+        #: judges each served version from ``grpo_train``'s own log-probs (the setup wrapper arms it;
+        #: :mod:`~cwtrain.integrations.nemo_rl.canary`)
+        self.sample_canary: SampleCanary | None = None
         self._stale = True
         generation.weight_synchronizer = self
 
