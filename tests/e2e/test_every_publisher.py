@@ -49,6 +49,7 @@ version 1 (``way-back-checked``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import shutil
@@ -676,7 +677,86 @@ def _arm_nemo(publisher: Any) -> None:
     assert grpo_hooks().arm_canary(generation, {"loss_fn": {}, "grpo": {}}, generation.cfg) is not None
 
 
-CANARY_FRAMEWORKS = {"nemo-rl": (_arm_nemo, _nemo_judged)}
+SLIME_STUBS = TESTS / "slime" / "stubs"
+
+
+def _family(publisher: Any) -> str:
+    return "miles" if isinstance(publisher, Miles) else "slime"
+
+
+def _arm_slime_family(publisher: Any) -> None:
+    """What the actor has imported when it calls ``init_hook`` on every train rank; then the hook itself."""
+    from cwtrain.integrations.slime import init_hook
+    from cwtrain.integrations.slime.rollout import set_tokenizer
+    from cwtrain.local.engine.model import Tokenizer
+
+    family = _family(publisher)
+    if family == "slime":
+        _drop("slime")
+        sys.path.insert(0, str(SLIME_STUBS))
+        publisher.stubs = SLIME_STUBS
+    importlib.import_module(SLIME_LOG_MODULE[family])
+    set_tokenizer(Tokenizer())  # the trainer's tokenizer: prompts go as its ids
+    publisher.args = argparse.Namespace(
+        **{**vars(publisher.args), "rollout_batch_size": 4, "n_samples_per_prompt": 2, "rollout_max_response_len": 8}
+    )
+    init_hook(publisher.args)
+
+
+#: Where each framework's actor looks ``log_rollout_data`` up (the stand-ins' layout: slime's newer one).
+SLIME_LOG_MODULE = {"slime": "slime.observability.train_metric_utils", "miles": "miles.backends.megatron_utils.actor"}
+
+
+def _slime_family_judged(publisher: Any, weights: dict[str, Any]) -> tuple[list[bool], list[dict[str, float]]]:
+    """A rollout through the rollout glue, then the batch as the actor hands it to ``log_rollout_data``."""
+    from cwtrain.integrations.slime.rollout import run_sync, sample_groups_into
+    from cwtrain.local.engine.model import token_logprobs
+
+    family = _family(publisher)
+    args = publisher.args
+    source = importlib.import_module(f"{family}.rollout.data_source").DataSource(
+        args, [(p, None) for p in CANARY_PROMPTS]
+    )
+    groups = source.get_samples(args.rollout_batch_size)
+    run_sync(sample_groups_into(args, groups, rm=importlib.import_module(f"{family}.rollout.rm_hub"), version=None))
+    samples = [sample for group in groups for sample in group]
+    params = {name: tensor.float() for name, tensor in weights.items()}
+    trainer = [
+        token_logprobs(params, s.tokens[: -s.response_length], s.tokens[-s.response_length :]) for s in samples
+    ]  # what slime's forward-only pass computes before the loss (rollout_data["log_probs"])
+    rollout_data = {
+        "tokens": [torch.tensor(s.tokens) for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "loss_masks": [torch.tensor(s.loss_mask or [1] * s.response_length, dtype=torch.int) for s in samples],
+        "rollout_log_probs": [torch.tensor(s.rollout_log_probs) for s in samples],
+        "log_probs": [torch.tensor(t) for t in trainer],
+        "sample_indices": [s.index * 10 + i for i, s in enumerate(samples)],
+    }
+    logged = _logged(family)
+    seen = len(logged)
+    log_module = importlib.import_module(SLIME_LOG_MODULE[family])
+    log_module.log_rollout_data(publisher.version, args, rollout_data)
+    assert log_module.CALLS[-1][1] is rollout_data  # the framework's own function ran after the canary
+    records = [dict(r[0]) for r in logged[seen:]]
+    return [bool(int(m.sum())) for m in rollout_data["loss_masks"]], records
+
+
+def _logged(family: str) -> list[Any]:
+    if family == "miles":
+        from miles.utils.tracking_utils import tracking
+
+        return tracking.RECORDS
+    from slime.observability.logging_utils import RECORDS
+
+    return RECORDS
+
+
+CANARY_FRAMEWORKS = {
+    "nemo-rl": (_arm_nemo, _nemo_judged),
+    "slime-disk": (_arm_slime_family, _slime_family_judged),
+    "slime-live": (_arm_slime_family, _slime_family_judged),
+    "miles": (_arm_slime_family, _slime_family_judged),
+}
 
 
 @pytest.mark.faults
@@ -690,12 +770,14 @@ def test_every_framework_refuses_wrong_served_weights_from_its_own_logprobs(
     local, target = publish_env
     monkeypatch.setenv("CWTRAIN_HOTLOAD_MIRROR", "1")  # a FULL after the refusal, with FULL_EVERY=0
     monkeypatch.setenv("CWTRAIN_HOTLOAD_TIMEOUT", "60")
+    for name, value in (("BASE_URL", target.base_url), ("MODEL", target.model), ("API_KEY", local.token)):
+        monkeypatch.setenv(f"CWTRAIN_ROLLOUT_{name}", value)  # the rollout side's endpoint (slime, miles)
     arm, judged = CANARY_FRAMEWORKS[kind]
     publisher = _publisher(kind, tmp_path / "canary", publish_env, monkeypatch)
     run_id = _run_id()
     gaps: dict[str, float] = {}
     try:
-        last = max(int(r["hotload/version"]) for r in publisher.baseline())
+        last = max((int(r["hotload/version"]) for r in publisher.baseline()), default=-1)  # miles: none yet
         arm(publisher)
         for step, wrong in ((1, None), (2, "corrupt"), (3, "previous")):
             identity = f"{run_id}-v{last + 1:06d}"
@@ -712,7 +794,7 @@ def test_every_framework_refuses_wrong_served_weights_from_its_own_logprobs(
             last = max(int(r["hotload/version"]) for r in [*stepped, *records] if "hotload/version" in r)
             if wrong is None:
                 assert all(kept) and verdict["hotload/canary_passed"] == 1.0, (kept, verdict)
-                assert _serving(local, target.deployment_id) == {identity}
+                assert _serving(local, target.deployment_id) == {f"{run_id}-v{int(published['hotload/version']):06d}"}
                 continue
             refusal = next(r for r in records if r.get("hotload/failed") == 1.0)
             assert (
@@ -725,3 +807,6 @@ def test_every_framework_refuses_wrong_served_weights_from_its_own_logprobs(
         assert gaps["correct"] <= 0.05 < min(gaps["corrupt"], gaps["previous"]), gaps
     finally:
         publisher.close()
+        if getattr(publisher, "stubs", None) is not None:
+            sys.path.remove(str(publisher.stubs))
+            _drop("slime")

@@ -194,7 +194,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "a replica serves corrupted or previous weights under the new identity, in a framework's own run",
         "the local stack's replica fault `serve_wrong_weights` (corrupt, then previous) under each framework's "
         "entry points with their defaults; the batch judged where the framework compares its trainer's log-probs "
-        "with the served ones (NeMo-RL: grpo's log-prob masking step)",
+        "with the served ones (NeMo-RL: grpo's log-prob masking step; slime hook, slime live tensors and miles: "
+        "log_rollout_data, wrapped by init_hook)",
         "correct weights pass and both wrong ones exceed the bound (hotload/canary_gap); the refused version is "
         "answered as a failed hot-load: every replica back on a version the trainer published, its samples out "
         "of the batch, the next version FULL",

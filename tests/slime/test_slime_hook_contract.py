@@ -267,9 +267,15 @@ def test_hook_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert HookConfig.from_env(env, default_run_id="run", wait=True).wait is True
     fields = [f for f in HookConfig.__dataclass_fields__]
     # interface.md's positional order; issue 24's failure policy, issue 25's two settings
-    # of the cost rule and issue 31's resume setting come after it
+    # of the cost rule and issue 31's resume setting and sample canary bound come after it
     assert fields[:4] == ["deployment_id", "run_id", "wait", "timeout"] and fields[13] == "api_insecure"
-    assert fields[14:] == ["on_failure", "full_share", "replay_budget", "rollback_on_resume"]
+    assert fields[14:] == ["on_failure", "full_share", "replay_budget", "rollback_on_resume", "canary_bound"]
+    assert config.canary_bound == 0.05
+    assert (
+        HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_CANARY_BOUND": "off"}, default_run_id="run").canary_bound is None
+    )
+    with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_CANARY_BOUND"):
+        HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_CANARY_BOUND": "-1"}, default_run_id="run")
     with pytest.raises(ConfigError, match="CWTRAIN_HOTLOAD_FULL_EVERY"):
         HookConfig.from_env({**env, "CWTRAIN_HOTLOAD_FULL_EVERY": "65"}, default_run_id="run")
     with pytest.raises(ConfigError, match="MIRROR"):

@@ -199,3 +199,86 @@ def test_the_sample_canary_judges_the_published_identitys_samples_by_their_worst
         judge_samples([("run-v000002", [-1.0], [])], identity="run-v000002")
     with pytest.raises(UsageError, match="bound"):
         judge_samples([good], identity="run-v000002", bound=math.nan)
+
+
+class _Session:
+    """What SampleCanary reads of a PublishSession, and its refusals."""
+
+    def __init__(self, served: str | None, last_attempted: int) -> None:
+        self.served_identity, self.run_id, self.last_attempted = served, "run", last_attempted
+        self.refused: list[tuple[str, float | None]] = []
+
+    def refuse(self, identity: str, problem: str, *, gap: float | None = None) -> Any:
+        self.refused.append((identity, gap))
+        self.served_identity = "run-v000001"
+        return "outcome"
+
+
+class _Ranks:
+    """Rank ``rank`` of a world whose other ranks contributed ``others`` and whose rank 0 broadcasts ``answer``."""
+
+    def __init__(self, rank: int, others: list[Any], answer: Any = None) -> None:
+        self.rank, self.world_size, self.others, self.answer = rank, 1 + len(others), others, answer
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj, *self.others]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return obj if self.rank == 0 else self.answer
+
+
+def test_the_sample_canary_refuses_the_served_version_only_when_the_trainer_holds_it() -> None:
+    from cwtrain.integrations.rollout import SampleCanary
+
+    samples = [("run-v000002", [-1.0, -2.0], [-1.5, -2.5]), ("run-v000002", [-1.0], [-1.0]), (None, [-9.0], [0.0])]
+    behind = _Session("run-v000002", last_attempted=3)  # version 3 failed: the trainer holds weights never served
+    assert SampleCanary(behind).check(samples).skipped and not behind.refused
+    session = _Session("run-v000002", last_attempted=2)
+    verdict = SampleCanary(session).check(samples)
+    assert session.refused == [("run-v000002", 0.5)] and verdict.refused == "outcome"
+    assert not verdict.keep("run-v000002") and verdict.keep("run-v000001") and verdict.keep(None)
+    assert verdict.metrics()["hotload/canary_refused"] == 1.0 and verdict.metrics()["hotload/canary_gap"] == 0.5
+    fine = _Session("run-v000002", last_attempted=2)
+    assert SampleCanary(fine).check(samples[1:]).keep("run-v000002") and not fine.refused
+
+
+def test_one_verdict_over_ranks_counts_a_tensor_parallel_copy_once_and_tells_every_rank() -> None:
+    from cwtrain.errors import CWTrainError
+    from cwtrain.integrations.rollout import SampleCanary, SampleGap, judge_on_every_rank, sample_gap
+
+    mine = [sample_gap(1, "run-v000002", [-1.0, -1.0], [-1.0, -1.02])]
+    gap = mine[0]
+    assert gap is not None
+    copy = [(gap.key, gap.identity, gap.total, gap.largest, gap.tokens)]  # a tensor-parallel peer: the same numbers
+    wrong = [(7, "run-v000002", 1.2, 0.9, 3)]  # another data-parallel rank's sample: 0.4 nats
+    session = _Session("run-v000002", last_attempted=2)
+    refused, verdict = judge_on_every_rank(_Ranks(0, [copy, wrong]), [gap], SampleCanary(session))
+    assert refused == "run-v000002" and verdict is not None and verdict.result is not None
+    assert len(verdict.result.answers) == 2 and math.isclose(verdict.result.gap, 0.4)  # the copy counted once
+    assert judge_on_every_rank(_Ranks(1, [[]], ("refused", "run-v000002")), [], None) == ("run-v000002", None)
+    with pytest.raises(CWTrainError, match="rank 0: HotLoadVerificationError: stop"):
+        judge_on_every_rank(_Ranks(1, [[]], ("error", "HotLoadVerificationError: stop")), [], None)
+    assert SampleGap(1, None, 0.3, 0.2, 3).gap == pytest.approx(0.1)
+
+
+def test_the_ledger_names_who_served_tokens_forgets_the_oldest_and_travels_as_a_file(tmp_path: Any) -> None:
+    from cwtrain.integrations.rollout import Completion, ServedLedger
+
+    def completion(ids: tuple[int, ...], identity: str | None) -> Completion:
+        return Completion((1,), ids, "", None, "stop", identity, 0.0)
+
+    ledger = ServedLedger(capacity=3)
+    ledger.record([completion((5, 6), "run-v000001"), completion((7,), None), completion((8,), "run-v000001")])
+    assert ledger.identity_of([5, 6]) == "run-v000001" and ledger.identity_of([7]) is None  # named none: skipped
+    ledger.note((8,), "run-v000002")  # equal tokens from two identities: ambiguous, never judged
+    assert ledger.identity_of((8,)) is None
+    ledger.note((9,), "run-v000002")
+    ledger.note((10,), "run-v000002")
+    assert ledger.identity_of((5, 6)) is None and len(ledger) == 3  # the oldest forgotten
+    ledger.save(tmp_path / "state" / "served_ledger.json")
+    again = ServedLedger.load(tmp_path / "state" / "served_ledger.json")
+    assert again.identity_of((10,)) == "run-v000002" and again.capacity == 3
+    assert len(ServedLedger.load(tmp_path / "absent.json")) == 0
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="not a served-samples ledger"):
+        ServedLedger.load(tmp_path / "bad.json")

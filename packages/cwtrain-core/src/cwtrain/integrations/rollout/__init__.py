@@ -92,7 +92,14 @@ from cwtrain.integrations.rollout.config import FIELD_VARIABLES, RolloutConfig
 from cwtrain.integrations.rollout.ledger import ServedLedger
 from cwtrain.integrations.rollout.requests import Prompt, PromptLike, SamplingParams
 from cwtrain.integrations.rollout.responses import Completion, decode_routed_experts
-from cwtrain.integrations.rollout.sample_canary import SampleCanary, SampleVerdict
+from cwtrain.integrations.rollout.sample_canary import (
+    SampleCanary,
+    SampleGap,
+    SampleVerdict,
+    judge_gaps,
+    judge_on_every_rank,
+    sample_gap,
+)
 from cwtrain.integrations.rollout.sampler import (
     IDENTITY_HEADER,
     CompletionSampler,
@@ -118,16 +125,20 @@ __all__ = [
     "RolloutConfig",
     "RolloutError",
     "SampleCanary",
+    "SampleGap",
     "SampleVerdict",
     "SamplingParams",
     "ServedLedger",
     "TrainerLogprobs",
     "decode_routed_experts",
     "fill_group",
+    "judge_gaps",
+    "judge_on_every_rank",
     "merge_batches",
     "note_burned",
     "note_published",
     "sample_groups",
+    "sample_gap",
     "sample_prompt",
     "run_sync",
     "served_version_metrics",

@@ -43,18 +43,93 @@ that sample at temperature 1 and say once at start when they cannot judge.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from cwtrain.integrations.rollout.canary import DEFAULT_CANARY_BOUND, CanaryResult, judge_samples
+from cwtrain.errors import CWTrainError, UsageError
+from cwtrain.integrations.rollout.canary import DEFAULT_CANARY_BOUND, CanaryAnswer, CanaryResult, IdentityGap
 
 if TYPE_CHECKING:
-    from cwtrain.hotload import PublishOutcome, PublishSession
+    from cwtrain.hotload import Collective, PublishOutcome, PublishSession
 
-__all__ = ["SampleCanary", "SampleVerdict"]
+__all__ = ["SampleCanary", "SampleGap", "SampleVerdict", "judge_gaps", "judge_on_every_rank", "sample_gap"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SampleGap:
+    """One completion's log-prob gap, in the few numbers that cross between processes.
+
+    Attributes:
+        key: what tells completions apart (a framework's sample index; the part of it a rank
+            holds): equal gaps from ranks holding the same part are counted once.
+        identity: the identity that served it (``None``: not known).
+        total: the sum of ``|served - trainer|`` over its tokens (nats).
+        largest: the largest difference of one token.
+        tokens: how many tokens.
+    """
+
+    key: Hashable
+    identity: str | None
+    total: float
+    largest: float
+    tokens: int
+
+    @property
+    def gap(self) -> float:
+        """The mean absolute difference over its tokens."""
+        return self.total / self.tokens
+
+
+def sample_gap(
+    key: Hashable, identity: str | None, served: Sequence[float], trainer: Sequence[float]
+) -> SampleGap | None:
+    """The gap of one completion's served and trainer log-probs of the same tokens (``None``: no token).
+
+    Raises:
+        UsageError: the two sequences differ in length.
+    """
+    if len(served) != len(trainer):
+        raise UsageError(f"sample {key!r}: {len(served)} served log-probs but {len(trainer)} trainer log-probs")
+    if not len(served):
+        return None
+    diffs = [abs(float(s) - float(t)) if math.isfinite(float(s)) else math.inf for s, t in zip(served, trainer)]
+    return SampleGap(key, identity, sum(diffs), max(diffs), len(diffs))
+
+
+def judge_gaps(gaps: Iterable[SampleGap], *, identity: str, bound: float = DEFAULT_CANARY_BOUND) -> CanaryResult | None:
+    """The verdict on the completions ``identity`` served: the largest gap against ``bound`` (``None``: none).
+
+    :func:`~cwtrain.integrations.rollout.canary.judge_samples` from gaps already reduced
+    (``answers`` hold no log-probs).
+
+    Raises:
+        UsageError: ``bound`` is not a finite number >= 0.
+    """
+    if not math.isfinite(bound) or bound < 0:
+        raise UsageError(f"canary bound={bound!r} must be a finite number of nats >= 0")
+    mine = [g for g in gaps if g.identity == identity and g.tokens]
+    if not mine:
+        return None
+    answers = tuple(CanaryAnswer(i, g.identity, "samples", (), (), g.gap, g.largest) for i, g in enumerate(mine))
+    tokens = sum(g.tokens for g in mine)
+    gap = max(g.gap for g in mine)
+    mean = sum(g.total for g in mine) / tokens
+    largest = max(g.largest for g in mine)
+    return CanaryResult(
+        passed=gap <= bound,
+        bound=bound,
+        gap=gap,
+        mean_gap=mean,
+        max_token_gap=largest,
+        tokens=tokens,
+        expected_identity=identity,
+        answers=answers,
+        by_identity={identity: IdentityGap(identity, len(mine), tokens, gap, mean, largest)},
+    )
 
 
 @dataclass(frozen=True)
@@ -118,10 +193,15 @@ class SampleCanary:
             HotLoadVerificationError: refused, with ``on_failure="stop"``.
             CWTrainError: the re-activation after a refusal failed.
         """
+        gaps = (sample_gap(index, *sample) for index, sample in enumerate(samples))
+        return self.check_gaps([g for g in gaps if g is not None])
+
+    def check_gaps(self, gaps: Iterable[SampleGap]) -> SampleVerdict:
+        """:meth:`check` on gaps already reduced (:func:`sample_gap`)."""
         identity = self.judged_identity()
         if identity is None:
             return SampleVerdict(skipped="the trainer's weights are not what the fleet serves")
-        result = judge_samples(samples, identity=identity, bound=self.bound)
+        result = judge_gaps(gaps, identity=identity, bound=self.bound)
         if result is None:
             return SampleVerdict(identity=identity, skipped=f"no sample of {identity} had a token")
         if result.passed:
@@ -129,3 +209,47 @@ class SampleCanary:
         log.error("%s serves weights that are not the trainer's: %s", identity, result.summary())
         refused = self.session.refuse(identity, result.summary(), gap=result.gap)
         return SampleVerdict(identity=identity, result=result, refused=refused)
+
+
+def judge_on_every_rank(
+    collective: Collective, gaps: Sequence[SampleGap], canary: SampleCanary | None
+) -> tuple[str | None, SampleVerdict | None]:
+    """One verdict for a batch spread over ranks: every rank's gaps judged by the rank that holds the session.
+
+    Every rank calls it with the gaps of the completions it holds (none where it computed
+    no log-probs); the gaps are gathered (a rank holding the same part of a completion as
+    another, a tensor-parallel peer, is counted once), rank 0 judges them with ``canary``
+    (the one built on its publish session; ``None`` elsewhere, and on rank 0 when nothing
+    is judged), and every rank learns the identity refused.
+
+    Returns:
+        the identity refused (``None``: none), and rank 0's verdict (``None`` on other ranks).
+
+    Raises:
+        CWTrainError: on the other ranks, when rank 0's judging failed (rank 0 raises its own error).
+    """
+    gathered = collective.all_gather_object([tuple(_plain(g)) for g in gaps])
+    merged = sorted({SampleGap(*g) for part in gathered for g in part}, key=_order)
+    verdict: SampleVerdict | None = None
+    answer: tuple[str, Any] = ("refused", None)
+    error: BaseException | None = None
+    if collective.rank == 0 and canary is not None:
+        try:
+            verdict = canary.check_gaps(merged)
+            answer = ("refused", verdict.identity if verdict.refused is not None else None)
+        except Exception as exc:  # the other ranks wait in the broadcast: tell them
+            error, answer = exc, ("error", f"{type(exc).__name__}: {exc}")
+    kind, value = collective.broadcast_object(answer)
+    if error is not None:
+        raise error
+    if kind == "error":
+        raise CWTrainError(f"the sample canary failed on rank 0: {value}")
+    return value, verdict
+
+
+def _plain(gap: SampleGap) -> tuple[Any, ...]:
+    return (gap.key, gap.identity, gap.total, gap.largest, gap.tokens)
+
+
+def _order(gap: SampleGap) -> tuple[str, str, float]:
+    return (repr(gap.key), gap.identity or "", gap.total)

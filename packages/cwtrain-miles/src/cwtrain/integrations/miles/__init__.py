@@ -41,7 +41,8 @@ Entry points (miles loads ``module.attr``; a class is built with
 * ``cwtrain.integrations.miles.init_hook`` - for ``--custom-megatron-init-path``: gives the
   gloo group the other ranks wait in while rank 0 publishes max(``--distributed-timeout-minutes``,
   2 × ``CWTRAIN_HOTLOAD_TIMEOUT``) instead of torch's 30-minute default
-  (:mod:`cwtrain.integrations.slime.barrier`).
+  (:mod:`cwtrain.integrations.slime.barrier`), and installs the sample canary on every train
+  rank (:mod:`cwtrain.integrations.slime.canary`).
 * ``cwtrain.integrations.miles.CoreWeaveRolloutFn`` - an ``InferenceRolloutFn`` subclass: one
   ``/v1/completions`` request per group; it replaces miles' engine semaphore (sized from local
   rollout GPUs, zero here) with ``CWTRAIN_ROLLOUT_CONCURRENCY`` slots.

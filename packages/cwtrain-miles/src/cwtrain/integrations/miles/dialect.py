@@ -66,5 +66,6 @@ MILES_DIALECT = Dialect(
     log=log_to_tracking,
     delta_mode=_disk_delta,  # --update-weight-transfer-mode disk-delta
     hook_paths=("cwtrain.integrations.miles.hook", "cwtrain.integrations.miles.actor_hook"),
+    rollout_log_modules=("miles.backends.megatron_utils.actor",),
 )
 """miles' dialect of slime's namespace (see the module docstring)."""

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from cwtrain.errors import ConfigError
 from cwtrain.hotload import HotLoader, HotLoadSettings, PublishOutcome, PublishSession
-from cwtrain.integrations.slime import default_run_id, is_rank_zero, log_metrics, state_dir_for
+from cwtrain.integrations.slime import SlimeRuntime, default_run_id, is_rank_zero, log_metrics, state_dir_for
 
 from .dialect import MILES_DIALECT
 from .runtime import MilesRuntime
@@ -73,6 +73,7 @@ class PostSavePublisher:
 
     def __init__(self, settings: HotLoadSettings, loader: HotLoader | None = None) -> None:
         self.session = PublishSession(settings, target=loader.target if loader is not None else None)
+        SlimeRuntime.current().note_session(self.session)  # the sample canary refuses through it
         self._previous: Path | None = None
         self.exports_published = 0
         self.last_asked = 0

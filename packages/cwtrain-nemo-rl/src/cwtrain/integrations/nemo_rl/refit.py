@@ -252,15 +252,16 @@ def _judge(policy_generation: Any, train_data: Any) -> None:
 
     sync = getattr(policy_generation, "weight_synchronizer", None)
     canary = getattr(sync, "sample_canary", None)
-    if canary is None:
-        return None
+    if sync is None or canary is None:
+        return
     before = float(train_data["sample_mask"].sum())
     verdict = judge_train_data(canary, policy_generation.ledgers(), train_data)
     metrics = verdict.metrics()
     if metrics:
         metrics["hotload/canary_dropped_rows"] = before - float(train_data["sample_mask"].sum())
-        if sync.metrics_sink is not None:
-            sync.metrics_sink(metrics)
+        sink = getattr(sync, "metrics_sink", None)
+        if sink is not None:
+            sink(metrics)
 
 
 def grpo_hooks() -> GrpoHooks:

@@ -48,7 +48,9 @@ Entry points, all loadable the way slime loads them (``module.attr``):
   ranks wait in slime's gloo barrier while rank 0 publishes, and slime creates that group
   with torch's 30-minute default, not ``--distributed-timeout-minutes``; this gives it
   max(``--distributed-timeout-minutes``, 2 × ``CWTRAIN_HOTLOAD_TIMEOUT``) on every rank.
-  See :mod:`~cwtrain.integrations.slime.barrier`.
+  See :mod:`~cwtrain.integrations.slime.barrier`. It also installs the sample canary, which
+  judges each served version from the log-probs slime computes before the loss and refuses a
+  wrong one (:mod:`~cwtrain.integrations.slime.canary`).
 * ``cwtrain.integrations.slime.rollout.generate_rollout`` - slime's rollout function, one
   ``/v1/completions`` request per GRPO group. See :mod:`~cwtrain.integrations.slime.rollout`.
 * ``python -m cwtrain.integrations.slime.launch train.py ARGS`` - runs slime's ``train.py``

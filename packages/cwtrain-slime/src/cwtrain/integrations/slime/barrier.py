@@ -26,7 +26,8 @@ A run that already uses ``--custom-megatron-init-path`` for its own function cal
 
 The init hook also stops a slime run at start that could never publish: without local
 engines slime skips every weight update unless the recipe's patch adds
-``--update-weight-standalone-publish`` (see :func:`check_standalone_publish`).
+``--update-weight-standalone-publish`` (see :func:`check_standalone_publish`), and installs
+the sample canary (:func:`cwtrain.integrations.slime.canary.install`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from cwtrain.config import env_float
 from cwtrain.errors import ConfigError
 from cwtrain.hotload import DEFAULT_TIMEOUT
 
-from .dialect import Dialect, dialect_of, hook_paths
+from .dialect import Dialect, dialect_of, gloo_group, hook_paths
 
 __all__ = [
     "barrier_timeout",
@@ -76,21 +77,6 @@ def barrier_timeout(args: argparse.Namespace | None, environ: Mapping[str, str] 
     minutes = getattr(args, "distributed_timeout_minutes", None)
     configured = timedelta(minutes=float(minutes)) if isinstance(minutes, int | float) else timedelta(0)
     return max(configured, timedelta(seconds=2 * publish), TORCH_DEFAULT_TIMEOUT)
-
-
-def gloo_group(args: argparse.Namespace | None = None, *, dialect: Dialect | None = None) -> Any:
-    """The framework's gloo group in this process, or ``None`` (no framework, or not created yet).
-
-    The framework is ``dialect``, by default :func:`~cwtrain.integrations.slime.dialect.dialect_of` ``args``.
-    """
-    module = sys.modules.get((dialect or dialect_of(args)).gloo_modules[0])
-    getter = getattr(module, "get_gloo_group", None)
-    if getter is None:
-        return None
-    try:
-        return getter()
-    except RuntimeError:  # "Gloo group has not been initialized"
-        return None
 
 
 def _current_timeout(group: Any) -> timedelta | None:
@@ -203,3 +189,6 @@ def init_hook(args: argparse.Namespace) -> None:
             if callable(function):
                 setattr(module, attr, _keep_timeout(function, args, dialect))
     log.info("ranks waiting for rank 0's publish wait up to %s (the gloo group's timeout)", timeout)
+    from .canary import install
+
+    install(args, dialect=dialect)  # the sample canary, before the framework logs each batch

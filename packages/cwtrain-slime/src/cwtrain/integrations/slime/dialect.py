@@ -40,7 +40,15 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ENTRY_POINT_GROUP", "SLIME_DIALECT", "Dialect", "dialect_of", "hook_paths", "registered_dialects"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "SLIME_DIALECT",
+    "Dialect",
+    "dialect_of",
+    "gloo_group",
+    "hook_paths",
+    "registered_dialects",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +73,9 @@ class Dialect:
         delta_mode: whether the arguments select the disk-delta updater (then the delta flags
             are checked at the baseline, and every version directory is a delta).
         hook_paths: the plug-in's ``--custom-update-weight-post-write-path`` values.
+        rollout_log_modules: the modules whose ``log_rollout_data(rollout_id, args, rollout_data)``
+            the actor calls by name once a batch's log-probs and advantages are computed (each
+            one that has it is wrapped: :mod:`~cwtrain.integrations.slime.canary`).
     """
 
     name: str
@@ -74,6 +85,7 @@ class Dialect:
     log: Callable[[ModuleType, argparse.Namespace, dict[str, float], str], Any]
     delta_mode: Callable[[argparse.Namespace], bool]
     hook_paths: tuple[str, ...] = ()
+    rollout_log_modules: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------- slime's own
@@ -123,8 +135,25 @@ SLIME_DIALECT = Dialect(
     log=_log_slime,
     delta_mode=_slime_delta_mode,  # --update-weight-mode delta
     hook_paths=("cwtrain.integrations.slime.hook", "cwtrain.integrations.slime.actor_hook"),
+    # train_metric_utils.log_rollout_data since 2026; the actor module's own import up to v0.3.1
+    rollout_log_modules=("slime.observability.train_metric_utils", "slime.backends.megatron_utils.actor"),
 )
 """slime's dialect: what :func:`dialect_of` gives every namespace no registered fork claims."""
+
+
+def gloo_group(args: argparse.Namespace | None = None, *, dialect: Dialect | None = None) -> Any:
+    """The framework's gloo group in this process, or ``None`` (no framework, or not created yet).
+
+    The framework is ``dialect``, by default :func:`~cwtrain.integrations.slime.dialect.dialect_of` ``args``.
+    """
+    module = sys.modules.get((dialect or dialect_of(args)).gloo_modules[0])
+    getter = getattr(module, "get_gloo_group", None)
+    if getter is None:
+        return None
+    try:
+        return getter()
+    except RuntimeError:  # "Gloo group has not been initialized"
+        return None
 
 
 # ---------------------------------------------------------------------- the registry

@@ -65,6 +65,7 @@ from cwtrain.integrations.rollout import run_sync
 from cwtrain.integrations.slime.framework import SLIME
 
 from .barrier import check_standalone_publish
+from .canary import save_ledger
 from .config import HookConfig, shared_run_id, state_dir_for
 from .runtime import PromptTokenizer, SlimeRuntime
 
@@ -262,6 +263,7 @@ async def sample_groups_into(
     params = sampling_params(args)
     started = time.perf_counter()
     batch = await sampler.sample_groups(prompts, [len(group) for group in groups], params)
+    save_ledger(args, sampler)  # who served each sample, for the train ranks' sample canary
     for group, completions in zip(groups, batch.groups, strict=True):
         fill_group(group, completions)  # tokens, response, status, log-probs, routes, served version
         for sample, completion in zip(group, completions, strict=True):

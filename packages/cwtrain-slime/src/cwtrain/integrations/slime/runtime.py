@@ -35,6 +35,7 @@ from .config import HookConfig, run_id_from
 from .publisher import SlimePublisher
 
 if TYPE_CHECKING:
+    from cwtrain.hotload import PublishSession
     from cwtrain.integrations.rollout import CompletionSampler, RolloutConfig
 
 __all__ = ["PromptTokenizer", "SlimeRuntime", "default_run_id", "reset"]
@@ -74,6 +75,7 @@ class SlimeRuntime:
         self._tokenizer: PromptTokenizer | None = None
         self._tokenizer_loaded = False
         self._samplers: dict[tuple[RolloutConfig, int, int], CompletionSampler] = {}
+        self._session: PublishSession | None = None
 
     # ------------------------------------------------------------------ run identity
 
@@ -106,6 +108,18 @@ class SlimeRuntime:
         """Make the hook use ``publisher`` (a custom loader, tests); ``None`` forgets the current one."""
         with self._lock:
             self._publisher = publisher
+
+    def note_session(self, session: PublishSession | None) -> None:
+        """The publish session of a publisher the runtime did not build (the live-tensor path's rank 0)."""
+        with self._lock:
+            self._session = session
+
+    def publishing_session(self) -> PublishSession | None:
+        """The publish session this process holds (rank 0's), if it built one: the sample canary refuses through it."""
+        with self._lock:
+            if self._publisher is not None:
+                return self._publisher.session
+            return self._session
 
     def actor_client(self, args: argparse.Namespace) -> ActorPublishClient:
         """This process's handle on the publishing actor, created (with the actor) on first use."""
@@ -159,6 +173,7 @@ class SlimeRuntime:
             samplers = list(self._samplers.values())
             self._samplers.clear()
             self._actor_client = None
+            self._session = None
             self._run_stamp = None
             self._tokenizer, self._tokenizer_loaded = None, False
         if publisher is not None:

@@ -116,7 +116,10 @@ class TensorPublisher:
     def publisher(self) -> SlimePublisher:
         """Rank 0's :class:`SlimePublisher` (its session: the served identity, the cadence, the target)."""
         if self._publisher is None:
+            from .runtime import SlimeRuntime
+
             self._publisher = SlimePublisher(self.config, loader=self._loader)
+            SlimeRuntime.current().note_session(self._publisher.session)  # the sample canary refuses through it
         return self._publisher
 
     @property
