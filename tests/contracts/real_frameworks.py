@@ -200,3 +200,58 @@ def parse(
 def namespace(values: dict[str, Any], **overrides: Any) -> argparse.Namespace:
     """A namespace of parsed values (as the probe returned them), with ``overrides``."""
     return argparse.Namespace(**{**values, **overrides})
+
+
+def rollout_log_call_site(tree: Path, framework: str) -> tuple[str, list[str]]:
+    """Where the framework's actor looks ``log_rollout_data`` up, and the keys its batch carries there.
+
+    Read from ``<framework>/backends/megatron_utils/actor.py`` (not imported: the actor needs
+    engines' packages): the ``log_rollout_data(rollout_id, self.args, rollout_data)`` call in
+    ``train_actor`` must come after the advantages and before the training step, and the name
+    must be a module global of the actor (imported by name) or an attribute of a module the
+    actor imported. Returns the module whose ``log_rollout_data`` the actor calls, and the
+    ``rollout_data`` keys the actor and its data module name.
+    """
+    import ast
+
+    actor_path = tree / framework / "backends" / "megatron_utils" / "actor.py"
+    module = ast.parse(actor_path.read_text(encoding="utf-8"))
+    train = next(node for node in ast.walk(module) if isinstance(node, ast.FunctionDef) and node.name == "train_actor")
+    calls = [node for node in ast.walk(train) if isinstance(node, ast.Call)]
+
+    def named(call: ast.Call) -> str | None:
+        function = call.func
+        return (
+            function.id
+            if isinstance(function, ast.Name)
+            else function.attr
+            if isinstance(function, ast.Attribute)
+            else None
+        )
+
+    log_call = next(call for call in calls if named(call) == "log_rollout_data")
+    assert [ast.unparse(a) for a in log_call.args] == ["rollout_id", "self.args", "rollout_data"], ast.unparse(log_call)
+    advantages = min(c.lineno for c in calls if named(c) == "compute_advantages_and_returns")
+    step = min(c.lineno for c in calls if named(c) == "train")
+    assert advantages < log_call.lineno < step, (advantages, log_call.lineno, step)
+    package = f"{framework}.backends.megatron_utils"
+    if isinstance(log_call.func, ast.Name):
+        imported = [
+            n
+            for n in module.body
+            if isinstance(n, ast.ImportFrom) and any(a.name == "log_rollout_data" for a in n.names)
+        ]
+        assert imported, "log_rollout_data is not imported by name into the actor"
+        where = f"{framework}.backends.megatron_utils.actor"
+    else:
+        owner = ast.unparse(log_call.func.value)  # e.g. train_metric_utils
+        source = next(
+            n
+            for n in module.body
+            if isinstance(n, ast.ImportFrom) and any((a.asname or a.name) == owner for a in n.names)
+        )
+        where = f"{source.module}.{owner}" if source.level == 0 else f"{package}.{owner}"
+    text = actor_path.read_text(encoding="utf-8")
+    keys = [key for key in ("log_probs", "rollout_log_probs", "loss_masks", "tokens", "response_lengths",
+                            "sample_indices") if f'"{key}"' in text or f"'{key}'" in text]  # fmt: skip
+    return where, keys

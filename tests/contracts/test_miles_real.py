@@ -348,3 +348,19 @@ def test_the_post_save_hook_publishes_complete_exports_and_nothing_for_the_criti
     assert loader.current_identity() == f"{run}-v000020"
     scalars = _scalars(tmp_path / "tb")  # miles' tracking, joined as a secondary writer
     assert scalars["hotload/served_version"] == {0: 0.0, 10: 0.0, 20: 20.0}
+
+
+def test_the_sample_canary_wraps_the_log_rollout_data_miles_actor_calls(miles_src: Path) -> None:
+    """The name miles' actor calls once log-probs and advantages are computed is in the dialect init_hook wraps."""
+    from cwtrain.integrations.miles.dialect import MILES_DIALECT
+
+    where, keys = rf.rollout_log_call_site(miles_src, "miles")
+    assert where in MILES_DIALECT.rollout_log_modules, where
+    assert "log_probs" in keys, keys
+    conversion = (miles_src / "miles" / "ray" / "rollout" / "train_data_conversion.py").read_text(encoding="utf-8")
+    for key in ("tokens", "response_lengths", "loss_masks", "sample_indices", "rollout_log_probs"):
+        assert f'"{key}"' in conversion, key  # each rank's share of the batch carries it
+    log_utils = (miles_src / "miles" / "backends" / "training_utils" / "log_utils.py").read_text(encoding="utf-8")
+    assert "def log_rollout_data(rollout_id, args, rollout_data" in log_utils.replace(": int", "").replace(
+        ": Namespace", ""
+    ).replace(": RolloutBatch", "")

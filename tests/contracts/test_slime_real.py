@@ -328,3 +328,25 @@ def test_slime_calls_the_init_hook_once_the_process_groups_exist(slime_src: Path
 
     assert "custom_megatron_init_path" in inspect.getsource(initialize)
     assert "init_gloo_group" in inspect.getsource(importlib.import_module("slime.ray.train_actor"))
+
+
+def test_the_sample_canary_wraps_the_log_rollout_data_slimes_actor_calls(slime_src: Path) -> None:
+    """The name the actor calls once log-probs and advantages are computed is the one init_hook wraps."""
+    from cwtrain.integrations.slime.canary import install
+    from cwtrain.integrations.slime.dialect import SLIME_DIALECT
+
+    where, keys = rf.rollout_log_call_site(slime_src, "slime")
+    assert where in SLIME_DIALECT.rollout_log_modules, where
+    assert {"rollout_log_probs", "loss_masks", "tokens"} <= set(keys), keys
+    rollout = (slime_src / "slime" / "ray" / "rollout.py").read_text(encoding="utf-8")
+    for key in ("tokens", "response_lengths", "loss_masks", "sample_indices", "rollout_log_probs"):
+        assert f'"{key}"' in rollout, key  # each rank's share of the batch carries it
+    module = importlib.import_module(where)  # what the actor has imported when it calls the init hook
+    original = module.log_rollout_data
+    try:
+        assert install(dialect=SLIME_DIALECT) == [where]
+        assert module.log_rollout_data.__wrapped__ is original
+        assert install(dialect=SLIME_DIALECT) == [where] and module.log_rollout_data.__wrapped__ is original  # once
+        assert list(inspect.signature(original).parameters)[:3] == ["rollout_id", "args", "rollout_data"]
+    finally:
+        module.log_rollout_data = original

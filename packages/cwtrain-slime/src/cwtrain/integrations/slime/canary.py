@@ -193,8 +193,10 @@ def _drop(rollout_data: Any, identities: Sequence[str | None], refused: str) -> 
     for i, identity in enumerate(identities):
         if identity == refused and i < len(masks):
             mask = masks[i]
-            if hasattr(mask, "zero_"):
+            if hasattr(mask, "zero_"):  # a tensor (slime and miles move the masks to the device)
                 mask.zero_()
+            elif hasattr(mask, "fill"):  # an array
+                mask.fill(0)
             else:
                 masks[i] = [0] * len(mask)
             dropped += 1
