@@ -116,8 +116,17 @@ def test_plugins_implement_the_real_interfaces(tree: Path) -> None:
         setup = hooks.install_setup("cwtrain.integrations.nemo_rl.worker.CoreWeaveDTensorPolicyWorker")
         assert inspect.signature(refit) == inspect.signature(original_refit)
         assert list(inspect.signature(setup).parameters) == list(inspect.signature(original_setup).parameters)
+        original_masking = grpo.compute_and_apply_seq_logprob_error_masking
+        masking = hooks.install_masking()
+        assert masking is grpo.compute_and_apply_seq_logprob_error_masking
+        assert inspect.signature(masking) == inspect.signature(original_masking)
     finally:
         hooks.uninstall()
+    assert grpo.compute_and_apply_seq_logprob_error_masking is original_masking
+    # grpo_train calls it by its module-global name, with prev_logprobs computed and before the advantages
+    train = inspect.getsource(grpo.grpo_train)
+    call = train.index("compute_and_apply_seq_logprob_error_masking(")
+    assert train.index('train_data["prev_logprobs"] = policy.get_logprobs(') < call < train.index("compute_advantage(")
 
     # the patch: the coreweave branch gives Gym the deployment's model name
     source = inspect.getsource(grpo.setup)
@@ -424,3 +433,9 @@ def test_grpo_with_a_nemo_gym_environment_trains_against_the_local_stack(
     assert [value for _, value in scalars["train/coreweave/served_version"]] == [float(v) for v in range(steps)]
     assert len(scalars["train/reward"]) == steps
     assert state == f"gym-e2e-v{steps - 1:06d}"
+    # the sample canary judged every step's version from grpo_train's prev_logprobs: the right weights
+    gaps = [value for _, value in scalars["hotload/canary_gap"]]
+    print(f"NeMo-RL sample canary gaps (correct weights, real grpo_train with NeMo Gym): {gaps}")
+    assert len(gaps) == steps and all(gap <= 0.05 for gap in gaps), gaps
+    assert all(value == 1.0 for _, value in scalars["hotload/canary_passed"])
+    assert all(value == 0.0 for _, value in scalars["hotload/canary_dropped_rows"])
