@@ -269,15 +269,17 @@ def test_the_ledger_names_who_served_tokens_forgets_the_oldest_and_travels_as_a_
 
     ledger = ServedLedger(capacity=3)
     ledger.record([completion((5, 6), "run-v000001"), completion((7,), None), completion((8,), "run-v000001")])
-    assert ledger.identity_of([5, 6]) == "run-v000001" and ledger.identity_of([7]) is None  # named none: skipped
-    ledger.note((8,), "run-v000002")  # equal tokens from two identities: ambiguous, never judged
-    assert ledger.identity_of((8,)) is None
-    ledger.note((9,), "run-v000002")
-    ledger.note((10,), "run-v000002")
-    assert ledger.identity_of((5, 6)) is None and len(ledger) == 3  # the oldest forgotten
+    assert ledger.identity_of([1, 5, 6]) == "run-v000001" and ledger.identity_of([1, 7]) is None  # named none
+    assert ledger.identity_of([5, 6]) is None  # keyed by the prompt, then the completion
+    ledger.record([completion((8,), "run-v000002")])  # served again, a batch later: the newer identity
+    assert ledger.identity_of((1, 8)) == "run-v000002"
+    ledger.record([completion((9,), "run-v000002"), completion((9,), "run-v000003")])  # two in one batch
+    assert ledger.identity_of((1, 9)) is None  # ambiguous: never judged
+    ledger.note((1, 10), "run-v000002")
+    assert ledger.identity_of((1, 5, 6)) is None and len(ledger) == 3  # the oldest forgotten
     ledger.save(tmp_path / "state" / "served_ledger.json")
     again = ServedLedger.load(tmp_path / "state" / "served_ledger.json")
-    assert again.identity_of((10,)) == "run-v000002" and again.capacity == 3
+    assert again.identity_of((1, 10)) == "run-v000002" and again.capacity == 3
     assert len(ServedLedger.load(tmp_path / "absent.json")) == 0
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(UsageError, match="not a served-samples ledger"):

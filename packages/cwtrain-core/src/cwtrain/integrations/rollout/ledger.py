@@ -2,9 +2,10 @@
 
 A framework's batch keeps a sample's tokens and served log-probs but not always the identity
 that served it; the sampler records every completion it returns here (``sampler.ledger``),
-keyed by its token ids, and the framework asks with the tokens it trains on
-(:mod:`cwtrain.integrations.rollout.sample_canary`). Equal tokens served by two identities are
-ambiguous: :meth:`ServedLedger.identity_of` gives ``None`` for them. A ledger can be written
+keyed by its prompt's and its own token ids, and the framework asks with the sequence it trains
+on (:mod:`cwtrain.integrations.rollout.sample_canary`). Equal sequences served by two identities
+in one batch are ambiguous (:meth:`ServedLedger.identity_of` gives ``None``); in a later batch
+the newer identity replaces the older. A ledger can be written
 to a file and read in another process (a framework whose rollout and training run apart).
 """
 
@@ -30,7 +31,7 @@ __all__ = ["DEFAULT_LEDGER_CAPACITY", "ServedLedger", "token_key"]
 #: Completions a ledger remembers (the newest ones): a few batches of a large run.
 DEFAULT_LEDGER_CAPACITY = 1 << 16
 
-_AMBIGUOUS = ""  # two identities served equal tokens
+_AMBIGUOUS = ""  # two identities served equal tokens in one batch
 
 
 def token_key(tokens: Sequence[int]) -> str:
@@ -56,22 +57,36 @@ class ServedLedger:
         return len(self._entries)
 
     def record(self, completions: Iterable[Completion]) -> None:
-        """Remember who served each completion (``response_ids`` → ``identity``; one that named none is skipped)."""
+        """Remember who served each completion of one batch, by its prompt and completion tokens.
+
+        A completion that named no identity is skipped. Equal tokens served by two identities
+        within the batch are ambiguous (``identity_of`` gives ``None``); served again in a
+        later batch, the newest batch's identity replaces the older one.
+        """
+        batch: dict[str, str] = {}
         for completion in completions:
-            if completion.identity is not None and completion.response_ids:
-                self.note(completion.response_ids, completion.identity)
+            if completion.identity is None or not completion.response_ids:
+                continue
+            key = token_key((*completion.prompt_ids, *completion.response_ids))
+            known = batch.get(key)
+            batch[key] = completion.identity if known in (None, completion.identity) else _AMBIGUOUS
+        with self._lock:
+            for key, identity in batch.items():
+                self._put(key, identity)
 
     def note(self, tokens: Sequence[int], identity: str) -> None:
-        """``identity`` served ``tokens``."""
-        key = token_key(tokens)
+        """``identity`` served ``tokens`` (the prompt's, then the completion's), newer than what was known."""
         with self._lock:
-            known = self._entries.pop(key, None)
-            self._entries[key] = identity if known in (None, identity) else _AMBIGUOUS
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+            self._put(token_key(tokens), identity)
+
+    def _put(self, key: str, identity: str) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = identity
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
 
     def identity_of(self, tokens: Sequence[int]) -> str | None:
-        """The identity that served ``tokens``, or ``None``: not recorded, or served by two identities."""
+        """The identity that served ``tokens`` (prompt then completion), or ``None``: not recorded, or ambiguous."""
         with self._lock:
             identity = self._entries.get(token_key(tokens))
         return identity or None

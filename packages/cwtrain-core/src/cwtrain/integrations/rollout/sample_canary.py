@@ -32,8 +32,8 @@ with ``on_failure="stop"`` the error is raised.
 
 **Which identity served a sample.** The sampler's
 :class:`~cwtrain.integrations.rollout.ledger.ServedLedger` (``sampler.ledger``), asked with the
-tokens the framework trains on; completions of equal tokens served by two identities are
-not judged.
+sequence the framework trains on (prompt, then completion); equal sequences served by two
+identities in one batch are not judged.
 
 Temperature: served log-probs are of the distribution the engine sampled from; a trainer's
 are at temperature 1 unless the framework scales them. The integrations judge only runs

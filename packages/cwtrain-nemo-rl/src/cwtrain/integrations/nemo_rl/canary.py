@@ -9,7 +9,8 @@ from the weights the last refit published) and keeps the log-probs the deploymen
 on the batch: no forward pass of cwtrain's own.
 
 Each assistant message of a row (a run of ``token_mask``) is one completion; the identity
-that served it is the samplers' ledger's, by its token ids (the generation's sampler and,
+that served it is the samplers' ledger's, by the row's tokens up to the message's end (its
+request's prompt, then the completion) (the generation's sampler and,
 with NeMo Gym, the model_server endpoint's share one). The identity the last refit published
 is judged on its completions; a gap beyond ``CWTRAIN_HOTLOAD_CANARY_BOUND`` refuses it as a
 failed hot-load (the fleet is brought back, the next refit publishes FULL), and every row
@@ -89,7 +90,11 @@ def arm(generation: Any, master_config: Any, generation_config: Mapping[str, Any
 
 
 def segments(train_data: Mapping[str, Any]) -> Iterator[tuple[int, tuple[int, ...], list[float], list[float]]]:
-    """``(row, token ids, served log-probs, trainer log-probs)`` of each assistant message of each row in the batch."""
+    """``(row, tokens, served log-probs, trainer log-probs)`` of each assistant message of each row in the batch.
+
+    ``tokens`` are the row's up to the message's end: the prompt its request sent, then the
+    completion (what the samplers' ledger is keyed by).
+    """
     ids = train_data["input_ids"].detach().cpu()
     mask = train_data["token_mask"].detach().cpu() > 0
     served = train_data["generation_logprobs"].detach().cpu().float()
@@ -107,7 +112,7 @@ def segments(train_data: Mapping[str, Any]) -> Iterator[tuple[int, tuple[int, ..
             elif not on and start is not None:
                 yield (
                     row,
-                    tuple(ids[row, start:position].tolist()),
+                    tuple(ids[row, :position].tolist()),
                     served[row, start:position].tolist(),
                     trainer[row, start:position].tolist(),
                 )

@@ -13,7 +13,7 @@ with ``log_rollout_data(rollout_id, args, rollout_data)``, looked up by name at 
 1. gives each local sample its served identity: the rollout's
    :class:`~cwtrain.integrations.rollout.ledger.ServedLedger`, which the rollout function
    writes to ``<state dir>/served_ledger.json`` after each rollout, asked with the sample's
-   response tokens;
+   tokens (prompt, then response);
 2. reduces each sample to its gap (mean ``|served - trainer|`` over its loss-masked tokens);
 3. gathers the gaps on every rank (core's
    :func:`~cwtrain.integrations.rollout.sample_canary.judge_on_every_rank`): rank 0, which holds
@@ -116,7 +116,7 @@ def local_gaps(rollout_data: Mapping[str, Any], ledger: ServedLedger) -> tuple[l
     """This rank's samples: their gaps (where both log-probs are here) and their served identities."""
     tokens = rollout_data.get("tokens") or []
     lengths = rollout_data.get("response_lengths") or []
-    identities = [ledger.identity_of(_ints(t)[-int(n) :] if int(n) else []) for t, n in zip(tokens, lengths)]
+    identities = [ledger.identity_of(_ints(t)) if int(n) else None for t, n in zip(tokens, lengths)]
     trainer, served = rollout_data.get("log_probs"), rollout_data.get("rollout_log_probs")
     if not trainer or not served:
         return [], identities
