@@ -43,7 +43,8 @@ def not_judged(master_config: Any, generation: Mapping[str, Any], bound: float |
     """Why this configuration's versions cannot be judged from its own log-probs, or ``None`` when they can."""
     if bound is None:
         return "CWTRAIN_HOTLOAD_CANARY_BOUND is off"
-    temperature = float(generation.get("temperature", 1.0) if generation.get("temperature") is not None else 1.0)
+    configured = generation.get("temperature")
+    temperature = 1.0 if configured is None else float(configured)
     if temperature != 1.0:
         return f"policy.generation.temperature is {temperature:g}, not 1 (the served log-probs are of another distribution)"
     loss_fn = _section(master_config, "loss_fn") or {}
@@ -119,14 +120,12 @@ def segments(train_data: Mapping[str, Any]) -> Iterator[tuple[int, tuple[int, ..
                 start = None
 
 
-def judge_train_data(
-    canary: SampleCanary, ledgers: tuple[ServedLedger, ...], train_data: MutableMapping[str, Any]
-) -> SampleVerdict:
+def judge_train_data(canary: SampleCanary, ledger: ServedLedger, train_data: MutableMapping[str, Any]) -> SampleVerdict:
     """Judge the batch's newest version from its log-probs; a refused version's rows get ``sample_mask`` 0."""
     rows: list[tuple[int, str | None]] = []
     samples = []
     for row, tokens, served, trainer in segments(train_data):
-        identity = next((i for i in (ledger.identity_of(tokens) for ledger in ledgers) if i is not None), None)
+        identity = ledger.identity_of(tokens)
         rows.append((row, identity))
         samples.append((identity, served, trainer))
     verdict = canary.check(samples)

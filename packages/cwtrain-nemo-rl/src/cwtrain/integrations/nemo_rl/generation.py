@@ -170,9 +170,10 @@ class CoreWeaveGeneration(GenerationInterface):  # type: ignore[misc]
             )
         return salt
 
-    def ledgers(self) -> tuple[ServedLedger, ...]:
-        """Who served each recent completion, by its tokens (the samplers share one)."""
-        return (self.sampler.ledger,)
+    @property
+    def ledger(self) -> ServedLedger:
+        """Who served each recent completion, by its tokens (the model_server endpoint's sampler shares it)."""
+        return self.sampler.ledger
 
     def note_published(self, version: int) -> None:
         """The synchronizer published ``version`` of the run: the samplers fence by it from now on."""

@@ -255,7 +255,7 @@ def _judge(policy_generation: Any, train_data: Any) -> None:
     if sync is None or canary is None:
         return
     before = float(train_data["sample_mask"].sum())
-    verdict = judge_train_data(canary, policy_generation.ledgers(), train_data)
+    verdict = judge_train_data(canary, policy_generation.ledger, train_data)
     metrics = verdict.metrics()
     if metrics:
         metrics["hotload/canary_dropped_rows"] = before - float(train_data["sample_mask"].sum())

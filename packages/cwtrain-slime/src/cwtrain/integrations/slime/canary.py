@@ -40,11 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cwtrain.config import env_str
 from cwtrain.hotload import SingleProcess, identity_version
-from cwtrain.integrations.rollout import SampleCanary, SampleGap, ServedLedger, judge_on_every_rank
+from cwtrain.integrations.rollout import SampleCanary, SampleGap, ServedLedger, judge_on_every_rank, sample_gap
 
-from .config import state_dir_for
+from .config import state_dir_of
 from .dialect import Dialect, dialect_of, gloo_group
 
 if TYPE_CHECKING:
@@ -64,9 +63,7 @@ _said: set[str] = set()
 
 def ledger_path(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Path | None:
     """``<state dir>/served_ledger.json`` (``CWTRAIN_HOTLOAD_STATE_DIR``, else ``<--update-weight-disk-dir>-hotload``)."""
-    env = os.environ if environ is None else environ
-    disk_dir = str(getattr(args, "update_weight_disk_dir", "") or "")
-    state = env_str("CWTRAIN_HOTLOAD_STATE_DIR", env) or (state_dir_for(disk_dir) if disk_dir else None)
+    state = state_dir_of(args, environ)
     return Path(state) / LEDGER_FILE if state else None
 
 
@@ -131,9 +128,9 @@ def local_gaps(rollout_data: Mapping[str, Any], ledger: ServedLedger) -> tuple[l
         if len(keep) == len(mine):  # a slice of the response (context parallel) is compared whole
             mine = [x for x, k in zip(mine, keep) if k]
             theirs = [x for x, k in zip(theirs, keep) if k]
-        diffs = [abs(s - t) for s, t in zip(theirs, mine)]
-        if diffs:
-            gaps.append(SampleGap(int(index), identity, sum(diffs), max(diffs), len(diffs)))
+        gap = sample_gap(int(index), identity, theirs, mine)
+        if gap is not None:
+            gaps.append(gap)
     return gaps, identities
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "run_id_from",
     "shared_run_id",
     "state_dir_for",
+    "state_dir_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,13 @@ def shared_run_id(args: argparse.Namespace | None, environ: Mapping[str, str] | 
 def state_dir_for(disk_dir: str | os.PathLike[str]) -> str:
     """The default state directory of a run writing to ``disk_dir``: ``<disk_dir>-hotload``."""
     return os.fspath(disk_dir).rstrip("/\\") + "-hotload"
+
+
+def state_dir_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str | None:
+    """The hook's state directory as another process of the run finds it: ``CWTRAIN_HOTLOAD_STATE_DIR``, else
+    :func:`state_dir_for` ``--update-weight-disk-dir``; ``None`` when neither is set."""
+    disk_dir = str(getattr(args, "update_weight_disk_dir", "") or "")
+    return env_str("CWTRAIN_HOTLOAD_STATE_DIR", environ) or (state_dir_for(disk_dir) if disk_dir else None)
 
 
 def resolve_rank(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -66,7 +66,7 @@ from cwtrain.integrations.slime.framework import SLIME
 
 from .barrier import check_standalone_publish
 from .canary import save_ledger
-from .config import HookConfig, shared_run_id, state_dir_for
+from .config import HookConfig, shared_run_id, state_dir_for, state_dir_of
 from .runtime import PromptTokenizer, SlimeRuntime
 
 if TYPE_CHECKING:
@@ -133,9 +133,7 @@ def set_tokenizer(tokenizer: PromptTokenizer | None) -> None:
 
 
 def _state_dir(args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    return env_str("CWTRAIN_HOTLOAD_STATE_DIR", env) or state_dir_for(
-        str(getattr(args, "update_weight_disk_dir", "") or "")
-    )
+    return state_dir_of(args, env) or state_dir_for("")
 
 
 def rollout_run_id(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str | None:
