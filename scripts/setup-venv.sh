@@ -12,6 +12,10 @@
 # the environment. pip cannot leave out one dependency, so the third-party requirements are
 # resolved once into exact pins (kept in the wheelhouse with the wheels), triton is dropped
 # from them, and everything is installed with --no-deps.
+#
+# pip's own warnings about this machine's configured index locations that hold nothing for a
+# package ("WARNING: Location '...' is ignored", one per package and location) are counted, not
+# printed: a line at the end gives their number. Every other line of pip's reaches the terminal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:?usage: scripts/setup-venv.sh PYTHON_VERSION [--demo]}"
@@ -25,6 +29,19 @@ venv=".venv-$version"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 #: Dependencies of torch that are not installed (see above).
 skip_packages="triton"
+started=$(date +%s)
+say() { echo "setup-venv: $*" >&2; }
+ignored_locations=0
+pip_() {  # pip in the environment, with the "Location ... is ignored" warnings counted (see above)
+  local err status=0 count
+  err=$(mktemp)
+  "$venv/bin/python" -m pip "$@" 2>"$err" || status=$?
+  count=$(grep -c "^WARNING: Location '.*' is ignored" "$err" || true)
+  ignored_locations=$((ignored_locations + count))
+  grep -v "^WARNING: Location '.*' is ignored" "$err" >&2 || true
+  rm -f "$err"
+  return $status
+}
 
 find_python() {
   local v="$1" candidate
@@ -46,9 +63,9 @@ if [ -x "$venv/bin/python" ] && { [ "$have" = "full $stamp_src" ] || [ "$have" =
   exit 0
 fi
 python=$(find_python "$version")
-echo "setting up $venv ($profile) with $($python --version)" >&2
+say "setting up $venv ($profile set: $([ "$profile" = demo ] && echo "what the demo imports" || echo "every package and the test tools")) with $($python --version)"
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
+pip_ install -q --upgrade pip
 if [ "$profile" = demo ]; then
   ours=("packages/cwtrain-core" packages/cwtrain-local)
 else
@@ -79,9 +96,9 @@ wheelhouse="${CWTRAIN_WHEELHOUSE:-$HOME/.cache/cwtrain-wheels}"
 mkdir -p "$wheelhouse"
 pins="$wheelhouse/pins-$version-$profile-$stamp_src.txt"
 if [ ! -s "$pins" ]; then
-  echo "resolving and downloading dependencies into $wheelhouse" >&2
+  say "resolving and downloading the dependencies into $wheelhouse (once per Python version and dependency set; about 2.7 GB the first time)"
   report="$venv/.cwtrain-resolve.json"
-  "$venv/bin/python" -m pip install -q --dry-run --ignore-installed --report "$report" -r "$requirements"
+  pip_ install -q --dry-run --ignore-installed --report "$report" -r "$requirements"
   "$venv/bin/python" - "$report" "$skip_packages" > "$pins.tmp" <<'PY'
 import json, sys
 skip = set(sys.argv[2].split())
@@ -90,13 +107,14 @@ for item in json.load(open(sys.argv[1]))["install"]:
     if name.lower() not in skip:
         print(f"{name}=={version}")
 PY
-  "$venv/bin/python" -m pip download -q --no-deps -d "$wheelhouse" -r "$pins.tmp"
-  "$venv/bin/python" -m pip download -q -d "$wheelhouse" hatchling editables
+  pip_ download -q --no-deps -d "$wheelhouse" -r "$pins.tmp"
+  pip_ download -q -d "$wheelhouse" hatchling editables
   mv "$pins.tmp" "$pins"
 fi
 editables=()
 for package in "${ours[@]}"; do editables+=(-e "$package"); done
-"$venv/bin/python" -m pip install -q --no-deps --no-index --find-links "$wheelhouse" -r "$pins" "${editables[@]}"
+say "installing from the wheelhouse"
+pip_ install -q --no-deps --no-index --find-links "$wheelhouse" -r "$pins" "${editables[@]}"
 # Refuse an environment where any cwtrain distribution came from somewhere else.
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md, json, sys
@@ -112,3 +130,8 @@ if bad:
     sys.exit(f"error: not installed from this repository: {', '.join(bad)}")
 PY
 echo "$profile $stamp_src" > "$venv/.cwtrain-stamp"
+packages=$("$venv/bin/python" -m pip list --format=freeze 2>/dev/null | wc -l)
+if [ "$ignored_locations" -gt 0 ]; then
+  say "($ignored_locations pip warnings about configured index locations with nothing for a package were left out)"
+fi
+say "$venv ready ($profile set, $packages packages) in $(( $(date +%s) - started )) s"
