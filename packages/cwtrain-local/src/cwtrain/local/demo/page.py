@@ -124,7 +124,11 @@ def full_reasons(summary: Mapping[str, Any]) -> dict[str, str]:
     share = summary.get("full_share", 0.9)
     budget = summary.get("replay_budget", 2.0)
     if isinstance(every, int) and not isinstance(every, bool) and every > 0:
-        count = f"--full-every {every}: the version's number is a multiple of {every}"
+        count = (
+            "--full-every 1: every version is FULL"
+            if every == 1
+            else f"--full-every {every}: the version's number is a multiple of {every}"
+        )
     else:
         count = "the chain already held 19 deltas after its FULL, the most auto lets it hold (as --full-every 20)"
     return {
@@ -531,8 +535,9 @@ specs.push(["bytes", {
       const width = textWidth(s.reason, "reason");
       const cx = Math.min(Math.max(x(s.step), M.left + width / 2 + 2), W - M.right - width / 2);
       if (cx - width / 2 < lastRight + 4) continue;
-      el(svg, "text", {x: cx, y: y(s.bytes) - 4, "text-anchor": "middle", class: "reason", "data-reason": s.reason},
-         s.reason);
+      const under = published.filter(o => Math.abs(x(o.step) - cx) <= width / 2 + bar / 2);  // the bars it spans
+      el(svg, "text", {x: cx, y: y(Math.max(s.bytes, ...under.map(o => o.bytes))) - 4, "text-anchor": "middle",
+                       class: "reason", "data-reason": s.reason}, s.reason);
       lastRight = cx + width / 2;
     }
   },
