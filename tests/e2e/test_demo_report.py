@@ -1,12 +1,17 @@
-"""``cwtrain demo --report``: the page opens in headless Chromium and shows five plots of the run.
+"""``cwtrain demo --report``: the page opens in headless Chromium and shows six plots of the run.
 
-The run is :mod:`test_demo`'s ``cli_run`` (3 steps, FULL every 2, two replicas). Chromium
-(Debian's ``chromium`` package; CI installs it) loads the file with no network, once to
-dump the DOM after the page's script ran and once for a screenshot. The DOM must hold the
-configuration table (task, pass rule, settings) and the five plots with the run's own
-figures as text (each FULL bar labelled with its reason, the replay bytes per version); the screenshot must show ink, and each series' colour, inside every
-plot's rectangle. In a narrow window the grid is one column and every plot fits it.
-``CWTRAIN_REPORT_SCREENSHOT=path`` keeps a copy of the screenshot.
+The run is the e2e conftest's ``cli_run`` (3 steps, FULL every 2, two replicas). Chromium
+(Debian's ``chromium`` package; CI installs it) loads the file with no network, to dump the
+DOM after the page's script ran and for a screenshot. The DOM must hold the configuration
+table (task, pass rule, settings) and the six plots with the run's own figures as text
+(each FULL bar labelled with its reason, the replay bytes per version); every legend names
+what its plot drew and nothing else; each FULL reason of the run is explained in one line;
+a collapsed table holds one row per step. The screenshot must show ink, and each series'
+colour, inside every plot's rectangle. At 1280 and 1920 px nothing is clipped: a script the
+test adds to a copy of the page measures every element against the window and every SVG
+text against its plot (and against the other texts). In a narrow window the grid is one
+column and every plot fits it. ``CWTRAIN_REPORT_SCREENSHOT=path`` keeps a copy of the
+screenshot.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 import pytest
 from _png import read_png
 
-from cwtrain.local.demo.page import identity_lag
+from cwtrain.local.demo.page import full_reasons, identity_lag
 
 pytestmark = pytest.mark.e2e
 
@@ -75,16 +80,23 @@ def _chromium(
 
 
 class _Page(HTMLParser):
-    """The drawn page: each plot's data-rect, its text and its marks."""
+    """The drawn page: each plot's data-rect, texts, caption, marks, series and legend; the reasons; the step table."""
 
     def __init__(self) -> None:
         super().__init__()
         self.plots: dict[str, dict[str, Any]] = {}
         self.body: dict[str, str | None] = {}
         self.config: list[str] = []
+        self.reasons: dict[str, str] = {}
+        self.details: dict[str, str | None] | None = None
+        self.columns: list[str] = []
+        self.rows: list[list[tuple[str, str | None]]] = []
         self._plot: str | None = None
-        self._text = False
+        self._text: str | None = None  # the class of the SVG text being read ("" for none)
+        self._legend: str | None = None
         self._config = False
+        self._reason: str | None = None
+        self._cell: list[str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
@@ -92,25 +104,72 @@ class _Page(HTMLParser):
             self.body = a
         if tag == "table" and a.get("id") == "config":
             self._config = True
+        if tag == "details" and a.get("id") == "steps":
+            self.details = a
+        if tag == "li" and a.get("data-reason"):
+            self._reason = str(a["data-reason"])
+            self.reasons[self._reason] = ""
+        if tag == "th" and a.get("data-column"):
+            self.columns.append(str(a["data-column"]))
+        if tag == "tr" and a.get("data-step") is not None and self._plot is None:
+            self.rows.append([])
+        if tag == "td" and self.rows:
+            self.rows[-1].append(("", a.get("title")))
+            self._cell = []
         if tag == "svg" and a.get("data-plot"):
             self._plot = str(a["data-plot"])
-            self.plots[self._plot] = {"rect": a.get("data-rect"), "texts": [], "marks": []}
-        elif self._plot is not None and a.get("data-step") is not None:
-            self.plots[self._plot]["marks"].append((tag, a.get("data-series"), int(str(a["data-step"]))))
-        self._text = tag == "text"
+            self.plots[self._plot] = {
+                "rect": a.get("data-rect"), "texts": [], "caption": [], "marks": [], "series": set(), "legend": {}
+            }  # fmt: skip
+        elif self._plot is not None:
+            plot = self.plots[self._plot]
+            if a.get("data-step") is not None:
+                plot["marks"].append((tag, a.get("data-series"), int(str(a["data-step"]))))
+            if a.get("data-series") is not None:
+                plot["series"].add(a["data-series"])
+            if tag == "g" and a.get("data-legend"):
+                self._legend = str(a["data-legend"])
+                plot["legend"][self._legend] = ""
+        self._text = (a.get("class") or "") if tag == "text" else None
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "svg":
             self._plot = None
         if tag == "table":
             self._config = False
-        self._text = False
+        if tag == "g":
+            self._legend = None
+        if tag == "li":
+            self._reason = None
+        if tag == "td" and self._cell is not None:
+            self.rows[-1][-1] = ("".join(self._cell), self.rows[-1][-1][1])
+            self._cell = None
+        self._text = None
 
     def handle_data(self, data: str) -> None:
-        if self._text and self._plot is not None:
-            self.plots[self._plot]["texts"].append(data)
+        if self._text is not None and self._plot is not None:
+            plot = self.plots[self._plot]
+            plot["texts"].append(data)
+            if self._text == "caption":
+                plot["caption"].append(data)
+            if self._legend is not None:
+                plot["legend"][self._legend] += data
         if self._config and data.strip():
             self.config.append(data.strip())
+        if self._reason is not None:
+            self.reasons[self._reason] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def drawn(cli_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> _Page:
+    """The report's DOM once its script ran (one Chromium run for the tests that only read it)."""
+    url = cli_run["report"].resolve().as_uri()
+    page = _Page()
+    page.feed(_chromium(tmp_path_factory.mktemp("profile-dom"), "--dump-dom", url=url).stdout)
+    assert page.body.get("data-drawn") == "6", "the page's script did not finish"
+    return page
 
 
 def _fixed(value: float, digits: int) -> str:
@@ -134,6 +193,7 @@ def _expected_captions(summary: dict[str, Any]) -> dict[str, str]:
     steps = summary["steps"]
     published = [s for s in steps if s["snapshot_type"] != "SKIPPED"]
     lags = [lag for lag in identity_lag(steps) if lag is not None]
+    behind = sum(1 for lag in lags if lag > 0)
     sampled = steps[1:]
     return {
         "reward": f"mean reward: first {_fixed(summary['first_reward'], 3)}, "
@@ -146,9 +206,9 @@ def _expected_captions(summary: dict[str, Any]) -> dict[str, str]:
         "time": f"median rollout {_ms(statistics.median(r['rollout_seconds'] for r in sampled))}, "
         f"train {_ms(statistics.median(r['train_seconds'] for r in sampled))}; "
         f"{lags.count(0)}/{len(lags)} steps on the newest weights",
-        "fleet": f"canary gap after each hot-load: max "
-        f"{_fixed(max(s['canary_gap'] for s in published), 4)} nats (bound 0.05); served-version spread: "
-        f"{sum(1 for lag in lags if lag > 0)} of {len(lags)} steps sampled older weights",
+        "fleet": f"canary gap after each hot-load: max {_fixed(max(s['canary_gap'] for s in published), 4)} nats "
+        "(bound 0.05); "
+        + (f"{behind} of {len(lags)} steps sampled older weights" if behind else "no step sampled older weights"),
         "replay": f"largest cold-start replay {_size(summary['max_replay_bytes'])} at step {summary['max_replay_step']}"
         + (f"; budget {_size(summary['replay_budget_bytes'])}" if summary.get("replay_budget_bytes") else ""),
     }
@@ -164,21 +224,20 @@ def test_report_is_one_self_contained_file(cli_run: dict[str, Any]) -> None:
     assert [s["bytes"] for s in data["steps"]] == [s["snapshot_bytes"] for s in summary["steps"]]
 
 
-def test_report_opens_in_headless_chromium_with_five_plots_of_the_run(cli_run: dict[str, Any], tmp_path: Path) -> None:
+def test_report_opens_in_headless_chromium_with_six_plots_of_the_run(
+    cli_run: dict[str, Any], drawn: _Page, tmp_path: Path
+) -> None:
     summary = json.loads(cli_run["out"])
     url = cli_run["report"].resolve().as_uri()
-    dom = _chromium(tmp_path / "profile-dom", "--dump-dom", url=url).stdout
-    page = _Page()
-    page.feed(dom)
-    assert page.body.get("data-drawn") == "6", "the page's script did not finish"
+    page = drawn
     assert list(page.plots) == ["reward", "latency", "bytes", "time", "fleet", "replay"]
     # the configuration rows: what was trained, when it passes, with which settings
     assert page.config[:2] == ["task", summary["task"]] and page.config[2:4] == ["pass rule", summary["pass_rule"]]
     assert page.config[4] == "configuration" and page.config[5].startswith("steps 3, seed 0, replicas 2, FULL every 2")
 
     # the run's own figures, as text in each plot
-    for plot, caption in _expected_captions(summary).items():
-        assert caption in page.plots[plot]["texts"], (plot, page.plots[plot]["texts"][:3])
+    for plot, caption in _expected_captions(summary).items():  # wrapped to the plot's width: lines joined by spaces
+        assert " ".join(page.plots[plot]["caption"]) == caption, (plot, page.plots[plot]["caption"])
     final = _fixed(summary["final_reward"], 3)
     assert page.plots["reward"]["texts"].count(final) == 1  # the last point's label
     # one mark per step and series
@@ -239,3 +298,114 @@ def test_report_grid_is_one_column_in_a_narrow_window(cli_run: dict[str, Any], t
         assert abs(h / w - 340 / 640) < 0.02, rects  # scaled, not cropped
     tops = [y for _, y, _, _ in rects]
     assert tops == sorted(tops) and len(set(tops)) == len(rects)  # one column: one plot under the other
+
+
+#: What each plot of this run draws (``data-series``), and so what its legend names: no more, no less.
+DRAWN = {
+    "reward": {"reward"},
+    "latency": {"publish", "hot_load"},
+    "bytes": {"FULL", "INCREMENTAL"},
+    "time": {"rollout", "train", "publish", "hot_load"},
+    "fleet": {"canary", "bound"},  # no step sampled older weights: no "lag" mark, so no "lag" in the legend
+    "replay": {"replay"},  # FULL every 2: no auto budget line
+}
+
+
+def test_report_legends_name_every_drawn_series_and_nothing_else(cli_run: dict[str, Any], drawn: _Page) -> None:
+    summary = json.loads(cli_run["out"])
+    assert all(lag in (None, 0) for lag in identity_lag(summary["steps"]))  # the run this table describes
+    for name, plot in drawn.plots.items():
+        assert plot["series"] == DRAWN[name], (name, plot["series"])
+        assert set(plot["legend"]) == plot["series"], (name, plot["legend"])
+        assert all(label.strip() for label in plot["legend"].values()), (name, plot["legend"])
+    assert drawn.plots["fleet"]["legend"]["bound"] == "bound 0.05 nats"  # the dashed line is named
+    # the series that carries nothing is said once in plain words, not announced in the legend
+    caption = " ".join(drawn.plots["fleet"]["caption"])
+    assert caption.endswith("; no step sampled older weights") and "older" not in "".join(
+        drawn.plots["fleet"]["legend"].values()
+    )
+
+
+def test_report_explains_each_full_reason_in_one_line(cli_run: dict[str, Any], drawn: _Page) -> None:
+    summary = json.loads(cli_run["out"])
+    lines = full_reasons(summary)
+    present = [s["cut_reason"] for s in summary["steps"] if s["snapshot_type"] == "FULL"]
+    assert present == ["first", "count"]
+    assert drawn.reasons == {r: f"{r}: {lines[r]}" for r in present}
+    assert lines["count"] == "--full-every 2: the version's number is a multiple of 2"
+    assert all("\n" not in text for text in drawn.reasons.values())
+    snapshot = drawn.columns.index("snapshot")  # the table's FULL cells carry the same line as their tooltip
+    fulls = [row[snapshot] for row in drawn.rows if row[snapshot][0].startswith("FULL")]
+    assert fulls == [(f"FULL ({r})", lines[r]) for r in present]
+
+
+def test_report_has_a_collapsed_table_with_one_row_per_step(cli_run: dict[str, Any], drawn: _Page) -> None:
+    summary = json.loads(cli_run["out"])
+    steps = summary["steps"]
+    assert drawn.details is not None and "open" not in drawn.details
+    assert drawn.columns[:6] == ["step", "reward", "identity", "snapshot", "bytes", "tensors"]
+    assert "canary" in drawn.columns and "retries" not in drawn.columns  # no retry in this run: said under the table
+    assert len(drawn.rows) == len(steps) and all(len(row) == len(drawn.columns) for row in drawn.rows)
+    cell = {key: i for i, key in enumerate(drawn.columns)}
+    for row, s in zip(drawn.rows, steps, strict=True):
+        text = [t for t, _ in row]
+        assert text[cell["step"]] == str(s["step"])
+        reward = s["mean_reward"]
+        assert text[cell["reward"]] == ("—" if reward is None else f"{reward:.3f}")
+        assert text[cell["identity"]] == s["identity"]
+        assert text[cell["bytes"]] == f"{s['snapshot_bytes']:,}" and text[cell["replay"]] == f"{s['replay_bytes']:,}"
+        assert text[cell["publish"]] == f"{s['publish_seconds'] * 1000:.1f}"
+        assert text[cell["hot_load"]] == f"{s['hot_load_seconds'] * 1000:.1f}"
+        assert text[cell["canary"]] == f"{s['canary_gap']:.4f}"
+        assert text[cell["replicas"]] == str(s["replicas_serving"]) == "2"
+        assert text[cell["sampled"]] == ("—" if s["step"] == 0 else "the newest")
+
+
+#: Added to a copy of the page after its own script: what is clipped, and whether the table was collapsed.
+_MEASURE = r"""
+(() => {
+  const problems = [], details = document.getElementById("steps");
+  const collapsed = details !== null && !details.open;
+  if (details) details.open = true;  // the table too must fit once opened
+  const view = document.documentElement.clientWidth;
+  const name = e => `${e.tagName.toLowerCase()}${e.id ? "#" + e.id : ""}: ${(e.textContent || "").trim().slice(0, 50)}`;
+  if (document.documentElement.scrollWidth > view) problems.push("the page scrolls sideways");
+  for (const e of document.body.querySelectorAll("*")) {
+    if (e.closest("svg") && e.tagName.toLowerCase() !== "svg") continue;
+    const r = e.getBoundingClientRect();
+    if (r.width && r.right > view + 0.5) problems.push("past the window: " + name(e));
+    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== "visible")
+      problems.push("scrolls inside: " + name(e));
+  }
+  for (const svg of document.querySelectorAll("svg[data-plot]")) {
+    const box = svg.getBoundingClientRect(), plot = svg.getAttribute("data-plot");
+    const texts = [...svg.querySelectorAll("text")].map(t => [t.textContent, t.getBoundingClientRect()]);
+    for (const [text, r] of texts)
+      if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5)
+        problems.push(`clipped in ${plot}: ${text}`);
+    for (let i = 0; i < texts.length; i++) for (let j = i + 1; j < texts.length; j++) {
+      const [a, ra] = texts[i], [b, rb] = texts[j];
+      const dx = Math.min(ra.right, rb.right) - Math.max(ra.left, rb.left);
+      const dy = Math.min(ra.bottom, rb.bottom) - Math.max(ra.top, rb.top);
+      if (dx > 1 && dy > 1) problems.push(`overlap in ${plot}: ${a} / ${b}`);
+    }
+  }
+  const rows = details ? details.querySelectorAll("tbody tr").length : -1;
+  document.body.setAttribute("data-measured", JSON.stringify({problems, collapsed, rows}));
+})();
+"""
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_report_clips_nothing_at_common_widths(cli_run: dict[str, Any], tmp_path: Path, width: int) -> None:
+    """Issue 33: the fleet plot's caption ran past its plot; now every text fits its plot, every box the window."""
+    copy = tmp_path / "measured.html"
+    page = cli_run["report"].read_text(encoding="utf-8")
+    copy.write_text(page.replace("</body>", f"<script>{_MEASURE}</script>\n</body>"), encoding="utf-8")
+    dom = _chromium(tmp_path / "profile", "--dump-dom", url=copy.resolve().as_uri(), window=(width, 1400)).stdout
+    body = _Page()
+    body.feed(dom)
+    assert body.body.get("data-drawn") == "6" and body.body.get("data-measured"), "a script did not finish"
+    measured = json.loads(str(body.body["data-measured"]))
+    assert measured["problems"] == [], measured["problems"][:10]
+    assert measured["collapsed"] is True and measured["rows"] == len(json.loads(cli_run["out"])["steps"])

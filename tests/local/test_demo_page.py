@@ -92,3 +92,33 @@ def test_the_page_carries_each_fulls_reason_and_the_replay_per_version() -> None
     old = render_report({"config": {"steps": 1}, "steps": [STEPS[0]]})  # a summary from before issue 25
     old_data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', old, re.S)[1])
     assert old_data["steps"][0]["reason"] == "none" and old_data["replay_budget"] is None
+
+
+def test_every_full_reason_the_cadence_gives_has_a_line_and_the_page_shows_the_runs_own() -> None:
+    """Issue 33: each FULL reason is explained on the page; the lines cover every reason core can give."""
+    from cwtrain.hotload import CutReason
+    from cwtrain.local.demo.page import STEP_COLUMNS, full_reasons
+
+    summary: dict[str, Any] = {"config": {"full_every": "auto"}, "full_share": 0.8, "replay_budget": 1.5}
+    lines = full_reasons(summary)
+    assert set(lines) == {r.label for r in CutReason} - {"none"}
+    assert "80%" in lines["share"] and "1.5 FULLs" in lines["replay"] and "19 deltas" in lines["count"]
+    steps = [
+        {**STEPS[0], "cut_reason": "first"},
+        {**STEPS[1], "snapshot_type": "FULL", "cut_reason": "replay", "rollout_retries": 2},
+        {**STEPS[3], "snapshot_type": "FULL", "cut_reason": "replay"},
+    ]
+    page = render_report({**summary, "steps": steps})
+    key = re.search(r'<ul class="reasons" id="full-reasons">(.*?)</ul>', page, re.S)
+    assert key is not None
+    assert re.findall(r'<li data-reason="(\w+)"><b>\w+</b>: (.*?)</li>', key[1]) == [
+        ("first", html.escape(lines["first"])), ("replay", html.escape(lines["replay"])),
+    ]  # fmt: skip
+    # the table: one row per step; canary gaps and log-probs absent, so those columns are left out and named once
+    table = re.search(r'<details id="steps">(.*?)</details>', page, re.S)
+    assert table is not None
+    columns = re.findall(r'<th data-column="(\w+)"', table[1])
+    assert columns == [k for k, _, _ in STEP_COLUMNS if k not in ("canary", "logprob")]
+    assert re.findall(r'<tr data-step="(\d+)">', table[1]) == ["0", "1", "3"]
+    assert "None in this run: canary gaps (canary off), rollout log-probs.</p>" in table[1]
+    assert render_report({"steps": [STEPS[1]]}).count("No FULL snapshot in this run.") == 1

@@ -37,7 +37,8 @@ Every figure as one JSON document goes to stdout only with ``--json``, and to a 
 the run as one self-contained HTML page with its configuration and six plots (reward,
 publish and hot-load latency, snapshot bytes FULL vs delta with each FULL's reason, time
 per step, the canary's gap after each hot-load, the bytes a cold replica would replay at each version;
-:mod:`cwtrain.local.demo.page`), which opens offline in any browser. The run is
+:mod:`cwtrain.local.demo.page`), a line explaining each FULL reason of the run, and a per-step table
+(collapsed), which opens offline in any browser. The run is
 reproducible: ``--seed`` fixes the base weights, the prompts and every sampling seed
 (groups are sent as ``n = 1`` requests with seeds drawn from it; ``--group-requests`` sends
 one unseeded ``n = group size`` request per group instead, faster but not reproducible).
@@ -151,7 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--report",
         metavar="PATH",
         default=None,
-        help="also write the run as a self-contained HTML page: its configuration and four plots (opens offline)",
+        help="also write the run as a self-contained HTML page: its configuration, six plots and a per-step table "
+        "(opens offline)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print every figure of the run as one JSON document on stdout"
@@ -362,6 +364,8 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     summary = summarize(asdict(config), records, time.monotonic() - started, teardown_seconds, deployment.id)
     if settings.full_every == "auto" and records:  # a cold start reads at most the FULL and this many FULLs of deltas
         summary["replay_budget_bytes"] = round((1 + settings.replay_budget) * records[0].snapshot_bytes)
+    # the cadence's thresholds, so the report can say in numbers why a FULL was cut (share, replay)
+    summary["full_share"], summary["replay_budget"] = settings.full_share, settings.replay_budget
     summary["rollout_base_url"] = base_url
     summary["task"], summary["pass_rule"] = TASK, PASS_RULE
     return summary
