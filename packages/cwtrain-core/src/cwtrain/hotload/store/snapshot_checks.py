@@ -3,8 +3,8 @@
 :func:`check_published_tensors` runs first in ``SnapshotStore.upload_tensors`` (so in
 ``HotLoader.publish`` of a mapping too): the dtypes against the served ones (an error for a
 delta, which cannot change a dtype; a :class:`DtypeWarning` for a FULL snapshot whose
-tensors differ from ``config.json``'s ``torch_dtype``), and a FULL snapshot's
-``config.json``. numpy has no bfloat16: BF16 weights go over as
+tensors differ from ``config.json``'s ``torch_dtype``: :func:`check_declared_dtype`, the
+rule a FULL directory is held to as well), and a FULL snapshot's ``config.json``. numpy has no bfloat16: BF16 weights go over as
 ``TensorData("BF16", shape, raw_bytes)`` (:class:`~cwtrain.hotload.format.tensors.TensorData`)
 or as ``torch.bfloat16`` tensors::
 
@@ -26,7 +26,7 @@ from cwtrain.errors import SnapshotError
 from cwtrain.hotload.format.safetensors import safetensors_dtype
 from cwtrain.hotload.format.tensors import TensorData
 
-__all__ = ["DtypeWarning", "check_published_tensors"]
+__all__ = ["DtypeWarning", "check_declared_dtype", "check_published_tensors"]
 
 
 class DtypeWarning(UserWarning):
@@ -130,19 +130,36 @@ def check_published_tensors(
                 f"a FULL snapshot must match the served weights (base=) in names, dtypes and shapes: "
                 f"{'; '.join(problems[:3])}" + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
             )
+    check_declared_dtype({name: _dtype_and_shape(value)[0] for name, value in tensors.items()}, config)
+
+
+def check_declared_dtype(dtypes: Mapping[str, str | None], config: Mapping[str, Any], *, source: str = "") -> None:
+    """The one dtype rule of a FULL snapshot: tensors in another dtype than ``config.json`` declares.
+
+    Its F16/BF16/F32/F64 tensors whose dtype is not ``config.json``'s ``torch_dtype`` (or
+    ``dtype``) give one :class:`DtypeWarning` naming the served dtype; not with a
+    ``quantization_config`` (mixed dtypes by design), nor without a declared dtype. The
+    in-memory path (:func:`check_published_tensors`) and a FULL directory
+    (:func:`~cwtrain.hotload.files.validate.inspect_snapshot`, so ``cwtrain hotload publish``
+    and ``inspect``) both apply it, before anything is uploaded.
+
+    Args:
+        dtypes: every tensor's safetensors dtype (``None`` when unknown).
+        config: the snapshot's ``config.json`` object.
+        source: where the tensors are (a directory), named first in the warning.
+    """
     declared = config.get("torch_dtype", config.get("dtype"))
     served = safetensors_dtype(declared) if isinstance(declared, str) else None
     if served is None or "quantization_config" in config:
         return
-    others = [
-        name for name, value in tensors.items() if (d := _dtype_and_shape(value)[0]) in _WIDE_FLOATS and d != served
-    ]
+    others = [name for name, dtype in dtypes.items() if dtype in _WIDE_FLOATS and dtype != served]
     if others:
-        found = sorted({str(_dtype_and_shape(tensors[n])[0]) for n in others})
+        found = sorted({str(dtypes[n]) for n in others})
         warnings.warn(
             DtypeWarning(
-                f"{len(others)} of {len(tensors)} tensors are {'/'.join(found)} ({_listed(others)}) but config.json "
-                f"declares torch_dtype {declared!r}: the model is served in {served}. Publish {served} tensors "
+                f"{source + ': ' if source else ''}{len(others)} of {len(dtypes)} tensors are {'/'.join(found)} "
+                f"({_listed(others)}) but config.json declares torch_dtype {declared!r}: the model is served in "
+                f"{served}. Publish {served} tensors "
                 f"(numpy has no bfloat16: TensorData('BF16', shape, raw_bytes) or torch.bfloat16)"
             ),
             skip_file_prefixes=(_HOTLOAD_DIR,),
