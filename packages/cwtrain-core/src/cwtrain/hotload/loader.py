@@ -418,7 +418,7 @@ class HotLoader:
                 checked first (:func:`~cwtrain.hotload.store.snapshot_checks.check_published_tensors`): a
                 delta must keep the served dtypes, a FULL snapshot needs ``config.json`` in
                 ``extra_files``, and tensors in another dtype than its ``torch_dtype`` give a
-                :class:`~cwtrain.hotload.store.snapshot_checks.DtypeWarning`.
+                :class:`~cwtrain.hotload.format.dtypes.DtypeWarning`.
             identity: the new snapshot identity.
             previous_identity: the predecessor (a delta directory's default comes from
                 its index; for tensors it makes the snapshot a delta against ``base``).

@@ -37,6 +37,7 @@ from cwtrain.errors import SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.codec.frames import frame_header
 from cwtrain.hotload.files.checkpoint import checked_file_name
 from cwtrain.hotload.format.checksum import is_checksum
+from cwtrain.hotload.format.dtypes import check_declared_dtype
 from cwtrain.hotload.format.identity import identity_for_base_version, validate_identity
 from cwtrain.hotload.format.index import (
     INDEX_NAME,
@@ -49,7 +50,6 @@ from cwtrain.hotload.format.index import (
     upload_index_bytes,
 )
 from cwtrain.hotload.format.safetensors import check_weight_map, read_header
-from cwtrain.hotload.store.snapshot_checks import check_declared_dtype
 from cwtrain.jsondoc import load_json
 
 __all__ = ["SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"]

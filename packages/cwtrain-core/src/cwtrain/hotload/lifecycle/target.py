@@ -258,8 +258,8 @@ class Target:
                 _wrong_predecessor(
                     previous_identity,
                     identity,
-                    "is a reserved name: 'initial' stands for the deployment's base weights, which are no snapshot "
-                    "a delta can apply on"
+                    "is a reserved name: 'initial' stands for the deployment's base weights, which are not a "
+                    "snapshot a delta can apply on"
                     if previous_identity == "initial"
                     else "is a reserved name, never a snapshot",
                     self._newest_completed_hint(None),
@@ -308,7 +308,7 @@ class Target:
         newest = next((h.identity for h in listed if h.state is HotLoadState.COMPLETED), None)
         if newest is None:
             return f"no hot-load completed on deployment {self.deployment_id} yet: publish a FULL snapshot first"
-        return f"the newest identity that completed on it is {newest!r}: name that one, or publish a FULL snapshot"
+        return f"the deployment's newest completed identity is {newest!r}: name that one, or publish a FULL snapshot"
 
     def missing_objects(self, hot_load: HotLoad) -> list[str]:
         """The identities of ``hot_load``'s chain (itself, for a FULL) whose index is no longer stored."""
