@@ -241,6 +241,16 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "hypothesis: request files, index JSON, safetensors headers, identities, variable values, timeouts",
         "a clear error naming the input, exit 1 or 2, nothing written or sent",
     ),
+    "wrong-predecessor": (
+        "a delta's predecessor the service would refuse after the upload",
+        "`hotload publish` of a delta with a mistyped --previous-identity, with `initial`, or on an identity whose "
+        "index was deleted from the bucket; `hotload trigger` on an unknown predecessor; a FULL directory of F32 "
+        "tensors whose config.json declares bfloat16",
+        "exit 1 with one error line naming --previous-identity (and the newest identity that completed); no object "
+        "or upload under the new identity, no hot-load; the same identity publishes once the predecessor is right; "
+        "the F32 directory gets the in-memory path's DtypeWarning as one warning line; a run's deltas ask the "
+        "bucket nothing",
+    ),
     "secrets": (
         "secrets in output",
         "CLI and library run with a token, S3 keys and an API key set, DEBUG logs captured",

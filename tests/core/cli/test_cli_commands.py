@@ -19,6 +19,7 @@ from fakeapi import FakeAPI, error_response
 
 from cwtrain.cli import main
 from cwtrain.errors import ConfigError, TransportError, UsageError
+from cwtrain.hotload.format.index import INDEX_NAME
 from cwtrain.infra import InferenceClient
 from cwtrain.infra.enums import PromptCachePolicy
 
@@ -583,6 +584,7 @@ def test_publish_with_base_is_diff_plus_publish_in_one_pass(
         fake.add_deployment(did)
         fake.deployments[did]["spec"]["hotLoad"].update(bucket=bucket, pathPrefix=prefix)
         fake.add_hot_load(f"h0-{did}", "run-v000000", deployment=did)
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/run-v000000/{INDEX_NAME}", Body=b"{}")  # the predecessor is stored
     identity = ["--identity", "run-v000001", "--previous-identity", "run-v000000", "--poll-interval", "0.01"]
     before = sorted(tmp_path.rglob("*"))
 
@@ -642,8 +644,16 @@ def test_publish_base_and_keep_usage(
 
 
 def test_publish_base_of_identical_checkpoints_publishes_nothing(
-    fake: FakeAPI, publishing: list[dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+    fake: FakeAPI,
+    publishing: list[dict[str, Any]],
+    s3_bucket: tuple[Any, str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
+    s3, bucket = s3_bucket
+    fake.deployments["dep-1"]["spec"]["hotLoad"].update(bucket=bucket, pathPrefix="hotload")
+    fake.add_hot_load("h0", "a")  # a predecessor the service takes: completed, and stored
+    s3.put_object(Bucket=bucket, Key=f"hotload/a/{INDEX_NAME}", Body=b"{}")
     ckpt = _checkpoint(tmp_path / "ckpt")
     argv = ["hotload", "publish", "--deployment", "dep-1", "--checkpoint", str(ckpt), "--base", str(ckpt)]
     code, out, err = run(capsys, *argv, "--identity", "b", "--previous-identity", "a", "--keep", str(tmp_path / "k"))

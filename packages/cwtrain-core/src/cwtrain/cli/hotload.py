@@ -22,6 +22,13 @@ terminal or with ``--progress``, else one final line) and hot-load state changes
 ``trigger`` first reads the snapshot's stored objects back and checks each against the
 SHA-256 it was uploaded with (and a FULL snapshot's tensors against their Adler-32s),
 refusing a snapshot that changed since (exit 1); ``--no-verify`` skips that read.
+``publish`` (and ``trigger`` of a delta) refuse before the first byte is stored what the
+service would refuse after the upload: a ``--previous-identity`` (or a delta index's
+``base_version``) that is ``initial``, that never completed on the deployment, or whose
+snapshot is not in the bucket; the ``error:`` line names ``--previous-identity`` and the
+newest identity that completed, and the identity stays free for the corrected command. A
+FULL directory whose tensors are in another dtype than its ``config.json`` declares gets
+one ``warning:`` line (the library's ``DtypeWarning``) and is published.
 Exit 0 on success (also ``--no-wait``), 1 on any cwtrain error or when the printed
 hot-load ended FAILED/CANCELED, 2 on a usage error. ``cancel`` works on the local stack;
 the service answers ``unimplemented`` (exit 1) until it implements cancel. See
@@ -31,9 +38,11 @@ the service answers ``unimplemented`` (exit 1) until it implements cancel. See
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.cli.options import (
@@ -238,10 +247,26 @@ def _print_outcome(run: Callable[[], HotLoad]) -> int:
 # --------------------------------------------------------------------- commands
 
 
+@contextlib.contextmanager
+def _warning_lines() -> Iterator[None]:
+    """The library's snapshot warnings (``DtypeWarning``) as one ``warning:`` line each on stderr, every time."""
+    from cwtrain.cli.errors import one_line
+    from cwtrain.hotload import DtypeWarning
+
+    def show(message: Warning | str, category: type[Warning], *rest: Any, **options: Any) -> None:
+        print(f"warning: {one_line(message) if isinstance(message, Warning) else message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DtypeWarning)
+        warnings.showwarning = show
+        yield
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from cwtrain.hotload.files.validate import inspect_snapshot
 
-    info = inspect_snapshot(args.dir, previous_identity=args.previous_identity)
+    with _warning_lines():
+        info = inspect_snapshot(args.dir, previous_identity=args.previous_identity)
     emit(info.to_json())
     return 0
 
@@ -253,7 +278,7 @@ def _publish(args: argparse.Namespace) -> int:
         return usage_error("--keep DIR needs --base DIR (it keeps the delta publish computes)")
     if args.base is not None and not args.previous_identity:
         return usage_error("--base needs --previous-identity ID (the identity whose weights --base holds)")
-    with client_from_args(args) as api:
+    with client_from_args(args) as api, _warning_lines():
         loader = _loader(args, api, args.deployment)
         progress = ByteProgress(f"uploading {args.identity}", live=True if args.progress else None)
         options: dict[str, Any] = {

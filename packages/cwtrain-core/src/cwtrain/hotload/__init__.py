@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     from cwtrain.hotload.files.write import checkpoint_checksums, write_delta, write_full_snapshot
     from cwtrain.hotload.follow import HotLoadStatus, ProgressEvent
     from cwtrain.hotload.format.chain import MAX_CHAIN_DELTAS
+    from cwtrain.hotload.format.dtypes import DtypeWarning
     from cwtrain.hotload.format.identity import (
         RESERVED_IDENTITIES,
         identity_version,
@@ -93,7 +94,6 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     from cwtrain.hotload.store.prefix import SnapshotStore, StoredSnapshot
     from cwtrain.hotload.store.prefix_access import check_snapshot_access
     from cwtrain.hotload.store.prefix_manifests import snapshot_manifest
-    from cwtrain.hotload.store.snapshot_checks import DtypeWarning
     from cwtrain.hotload.store.snapshot_upload import SnapshotUpload, upload_snapshot
 
 _MODULES = {
@@ -130,7 +130,7 @@ _MODULES = {
     "cwtrain.hotload.lifecycle.rank": ("DEFAULT_CHUNK_BYTES", "RankShare", "chunked", "host_copy"),
     "cwtrain.hotload.lifecycle.shares": ("SharePlan", "ShareResult", "layout_by_sizes"),
     "cwtrain.hotload.store.prefix": ("SnapshotStore", "StoredSnapshot"),
-    "cwtrain.hotload.store.snapshot_checks": ("DtypeWarning",),
+    "cwtrain.hotload.format.dtypes": ("DtypeWarning",),
     "cwtrain.hotload.store.snapshot_upload": ("SnapshotUpload", "upload_snapshot"),
     "cwtrain.hotload.store.prefix_access": ("check_snapshot_access",),
     "cwtrain.hotload.store.object_writer": ("SHA256_METADATA",),

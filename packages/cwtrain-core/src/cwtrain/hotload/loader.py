@@ -45,9 +45,12 @@ identity; FAILED or CANCELED raise :class:`~cwtrain.errors.HotLoadFailedError`;
 transient API errors and transport errors during the wait are logged and polling goes
 on (:mod:`cwtrain.hotload.follow`).
 
-Chain accounting: a delta whose resolved chain would exceed the cold-start limit (63
-deltas after the last FULL snapshot) is refused before anything is uploaded; publish a
-FULL snapshot instead.
+Refused before anything is uploaded, so the identity stays free for a corrected retry: a
+delta on ``initial`` (the deployment's base weights), on an identity that never completed on
+the deployment, or on one whose snapshot is not in the bucket (the error names
+``previous_identity`` and the newest identity that completed), and a delta whose resolved
+chain would exceed the cold-start limit (63 deltas after the last FULL snapshot; publish a
+FULL snapshot instead).
 """
 
 from __future__ import annotations
@@ -368,7 +371,8 @@ class HotLoader:
     ) -> SnapshotInfo:
         """Inspect a snapshot directory and upload it under ``identity`` (no hot-load).
 
-        A delta is checked against the chain limit before anything is written.
+        A delta is checked before anything is written: its predecessor completed on the
+        deployment and is in the bucket, and the chain stays within the limit.
 
         Args:
             checkpoint: the snapshot directory, or its ``SnapshotInfo`` from ``inspect_snapshot``.
@@ -384,7 +388,7 @@ class HotLoader:
         plan = VersionPlan.of_identity(identity, info.previous_identity if info.incremental else None,
                                        self._budget(None))  # fmt: skip
         if info.incremental and info.previous_identity:
-            self.target.check_chain(identity, info.previous_identity)
+            self.target.check_delta(identity, info.previous_identity)
         DirectorySource(info).store(Attempt(plan, on_progress=on_progress), self.target, workers)
         return info
 
@@ -414,7 +418,7 @@ class HotLoader:
                 checked first (:func:`~cwtrain.hotload.store.snapshot_checks.check_published_tensors`): a
                 delta must keep the served dtypes, a FULL snapshot needs ``config.json`` in
                 ``extra_files``, and tensors in another dtype than its ``torch_dtype`` give a
-                :class:`~cwtrain.hotload.store.snapshot_checks.DtypeWarning`.
+                :class:`~cwtrain.hotload.format.dtypes.DtypeWarning`.
             identity: the new snapshot identity.
             previous_identity: the predecessor (a delta directory's default comes from
                 its index; for tensors it makes the snapshot a delta against ``base``).

@@ -37,6 +37,7 @@ from cwtrain.errors import SnapshotError, SnapshotNotFoundError
 from cwtrain.hotload.codec.frames import frame_header
 from cwtrain.hotload.files.checkpoint import checked_file_name
 from cwtrain.hotload.format.checksum import is_checksum
+from cwtrain.hotload.format.dtypes import check_declared_dtype
 from cwtrain.hotload.format.identity import identity_for_base_version, validate_identity
 from cwtrain.hotload.format.index import (
     INDEX_NAME,
@@ -49,6 +50,7 @@ from cwtrain.hotload.format.index import (
     upload_index_bytes,
 )
 from cwtrain.hotload.format.safetensors import check_weight_map, read_header
+from cwtrain.jsondoc import load_json
 
 __all__ = ["SnapshotInfo", "delta_index_for_upload", "inspect_snapshot"]
 
@@ -142,6 +144,20 @@ class SnapshotInfo:
         }
 
 
+def _check_dtypes(root: Path, dtypes: Mapping[str, str]) -> None:
+    """A FULL directory's tensors against its ``config.json``: the in-memory path's one rule (a ``DtypeWarning``).
+
+    A ``config.json`` that is not a JSON object declares nothing to compare with (the engine
+    reads it; cwtrain only requires that it exists).
+    """
+    try:
+        config = load_json((root / "config.json").read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return
+    if isinstance(config, dict):
+        check_declared_dtype(dtypes, config, source=str(root))
+
+
 def _immediate_files(root: Path) -> list[Path]:
     files = []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
@@ -228,6 +244,7 @@ def inspect_snapshot(
             raise SnapshotError(f"{root}: a FULL snapshot needs config.json")
         if not weight_map:
             raise SnapshotError(f"{index_path}: weight_map is empty")
+        _check_dtypes(root, {tensor: headers[shard].tensors[tensor].dtype for tensor, shard in weight_map.items()})
         tensor_bytes = sum(headers[shard].tensors[tensor].nbytes for tensor, shard in weight_map.items())
     total = sum(f.stat().st_size for f in files) + (len(generated) if generated is not None else 0)
     return SnapshotInfo(

@@ -15,10 +15,15 @@ The stages of :meth:`VersionCycle.publish`, each visited once, in this order:
 1. **store** (and **cut**): the source stores the snapshot (:mod:`~cwtrain.hotload.lifecycle.sources`);
    under ``auto`` a delta is weighed once its size is known, before it is uploaded, and may be
    published FULL instead;
-2. **chain**: a delta is checked against the cold-start limit (63 deltas), once, after the
-   source's local checks and before its first byte is stored
-   (:meth:`Target.check_chain <cwtrain.hotload.lifecycle.target.Target.check_chain>`, run by
-   :meth:`Attempt.before_upload <cwtrain.hotload.lifecycle.version.Attempt.before_upload>`);
+2. **chain**: a delta is checked once, after the source's local checks and before its first
+   byte is stored, for what the service would refuse after the upload: a predecessor that is
+   reserved (``initial``), that never completed on the deployment, or whose snapshot is not in
+   the bucket, and a chain past the cold-start limit (63 deltas)
+   (:meth:`Target.check_delta <cwtrain.hotload.lifecycle.target.Target.check_delta>`, run by
+   :meth:`Attempt.before_upload <cwtrain.hotload.lifecycle.version.Attempt.before_upload>`;
+   it reuses the listing the chain count makes, and asks the bucket only about a predecessor
+   this process did not store or see complete), so a refused delta stores nothing and its
+   identity stays free;
 3. **create**: the hot-load, with single-flight and readiness handled
    (:meth:`Target.create <cwtrain.hotload.lifecycle.target.Target.create>`);
 4. **follow**: until it ends and every replica serves the identity
@@ -214,14 +219,16 @@ class VersionCycle:
         self, attempt: Attempt, source: VersionSource, hot_load_id: str | None, wait_for_active: bool, shares: _Shares
     ) -> None:
         """Stages 1 to 6: store (cut, chain), create, follow, verify, canary."""
-        attempt.chain_check = self.target.check_chain  # the source runs it before its first byte is stored
+        attempt.chain_check = self.target.check_delta  # the source runs it before its first byte is stored
         stored = source.store(attempt, self.target, self.policy.upload_workers)
         if stored is None:  # the fleet serves this version already
             return
         if stored.empty:
             attempt.skip_empty_delta()
             return
-        attempt.before_upload()  # a source that uploaded nothing (a restore) is checked all the same
+        if not stored.earlier:  # uploaded now: the next delta on it need not ask the bucket
+            self.target.known_stored(attempt.plan.identity)
+        attempt.before_upload(uploads=False)  # a source that uploaded nothing (a restore) is checked all the same
         plan = attempt.plan  # as stored: a cut made it FULL, a restore took its original's type
         started = time.perf_counter()
         hot_load = self.target.create(
@@ -252,6 +259,8 @@ class VersionCycle:
         outcome = attempt.outcome
         outcome.hot_load = hot_load
         outcome.completed = hot_load.state is HotLoadState.COMPLETED
+        if outcome.completed:  # the service found its index: it is in the bucket
+            self.target.known_stored(hot_load.identity)
         outcome.hot_load_seconds = time.perf_counter() - started
         if self.canary is not None and outcome.completed:
             shares.release_canary()

@@ -286,7 +286,7 @@ class StoredSource:
         """Check what is stored (with ``verify``); nothing is uploaded."""
         del workers
         identity = attempt.plan.identity
-        attempt.before_upload()
+        attempt.before_upload(uploads=False)
         if self.verify:
             from cwtrain.hotload.store.snapshot_verify import verify_stored_snapshot
 

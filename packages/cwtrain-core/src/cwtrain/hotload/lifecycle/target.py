@@ -7,7 +7,7 @@ service, each inside the :class:`~cwtrain.polling.Budget` it is given; the compo
 here calls back into it::
 
     target = Target(client, deployment_id, poll_interval=5.0)   # the store: from its hotLoad block
-    target.check_chain("run1-v000008", "run1-v000007")     # a delta within the cold-start limit
+    target.check_delta("run1-v000008", "run1-v000007")     # a delta the service will take
     hot_load = target.create("run1-v000008", SnapshotType.INCREMENTAL, "run1-v000007", budget=budget)
 
 **Single-flight.** When the service says another hot-load is in progress, :meth:`Target.create`
@@ -44,7 +44,7 @@ from cwtrain.errors import (
 )
 from cwtrain.hotload.follow import wait_until_terminal
 from cwtrain.hotload.format import chain
-from cwtrain.hotload.format.identity import identity_version
+from cwtrain.hotload.format.identity import RESERVED_IDENTITIES, identity_version
 from cwtrain.hotload.lifecycle.settings import HotLoadSettings
 from cwtrain.hotload.store.prefix import SnapshotStore
 from cwtrain.hotload.store.snapshot_verify import verify_stored_snapshot
@@ -122,6 +122,7 @@ class Target:
         self.poll_interval = poll_interval
         self._store = store
         self._s3 = s3
+        self._known: set[str] = set()  # identities known to be in the bucket (check_delta asks no more)
 
     def __repr__(self) -> str:
         return f"Target(deployment_id={self.deployment_id!r})"
@@ -129,6 +130,7 @@ class Target:
     def polling(self, poll_interval: float) -> Target:
         """This target (the same store, built once) polled every ``poll_interval`` seconds at most."""
         other = Target(self.client, self.deployment_id, self._store, poll_interval, s3=self._s3)
+        other._known = self._known  # one memory of what is stored
         if "store" in self.__dict__:  # built already: shared, not built twice
             other.store = self.store
         if "objects" in self.__dict__:
@@ -228,13 +230,85 @@ class Target:
         """How many deltas a new delta on ``previous_identity`` would make the chain hold (``None``: unknown)."""
         return chain.deltas_after(self.hot_loads(), previous_identity)
 
-    def check_chain(self, identity: str, previous_identity: str) -> None:
-        """Refuse a delta on ``previous_identity`` whose chain would pass the cold-start limit.
+    def check_delta(self, identity: str, previous_identity: str, *, bucket: bool = True) -> None:
+        """Refuse, before any byte of it is stored, a delta on ``previous_identity`` the service would refuse.
+
+        The service takes a delta only on an identity a hot-load of this deployment completed
+        (service-api.md section 8: ``failed_precondition``, unknown predecessor), and a replica
+        starting cold replays the chain from the bucket. So, from one listing of the
+        hot-loads (the one the chain count needs anyway):
+
+        * ``initial`` (the deployment's base weights, no snapshot) or another reserved name is refused;
+        * a predecessor with no hot-load on this deployment that completed or is still running
+          (one publishing ahead: the service decides once it ends) is refused, naming the
+          newest identity that completed;
+        * a chain past the cold-start limit (63 deltas) is refused;
+        * with ``bucket`` (a source about to upload), a predecessor whose index is not in the
+          bucket is refused; one this target stored or saw complete itself (:meth:`known_stored`)
+          is not asked about again.
+
+        Each refusal names the predecessor (``--previous-identity``, ``previous_identity=``) as
+        the input to fix; nothing was stored, so the same identity can be published once it is.
 
         Raises:
-            SnapshotError: the chain would hold more than 63 deltas; publish FULL.
+            SnapshotError: as above.
         """
-        chain.check_delta_allowed(identity, previous_identity, self.chain_deltas(previous_identity))
+        if previous_identity in RESERVED_IDENTITIES:
+            raise SnapshotError(
+                _wrong_predecessor(
+                    previous_identity,
+                    identity,
+                    "is a reserved name: 'initial' stands for the deployment's base weights, which are not a "
+                    "snapshot a delta can apply on"
+                    if previous_identity == "initial"
+                    else "is a reserved name, never a snapshot",
+                    self._newest_completed_hint(None),
+                )
+            )
+        hot_loads = self.hot_loads()
+        mine = [h for h in hot_loads if h.identity == previous_identity]
+        if not any(h.state is HotLoadState.COMPLETED or not h.terminal for h in mine):
+            ended = f" (its hot-loads ended {', '.join(sorted({h.state.name for h in mine}))})" if mine else ""
+            raise SnapshotError(
+                _wrong_predecessor(
+                    previous_identity,
+                    identity,
+                    f"never completed on deployment {self.deployment_id}{ended}, so the service would refuse the delta",
+                    self._newest_completed_hint(hot_loads),
+                )
+            )
+        chain.check_delta_allowed(identity, previous_identity, chain.deltas_after(hot_loads, previous_identity))
+        if not bucket or previous_identity in self._known:
+            return
+        if not self.store.index_exists(previous_identity):
+            raise SnapshotError(
+                _wrong_predecessor(
+                    previous_identity,
+                    identity,
+                    f"has no snapshot in the bucket ({self.store.uri(previous_identity)} holds no index), so a "
+                    "replica starting cold could not replay the chain",
+                    "publish a FULL snapshot instead",
+                )
+            )
+        self._known.add(previous_identity)
+
+    def known_stored(self, identity: str) -> None:
+        """``identity``'s snapshot is in the bucket: this target stored it, or saw its hot-load complete.
+
+        :meth:`check_delta` does not ask the bucket about it again (a run's next delta is on it).
+        """
+        self._known.add(identity)
+
+    def _newest_completed_hint(self, hot_loads: list[HotLoad] | None) -> str:
+        """What to publish instead: a delta on the newest identity that completed, or a FULL snapshot."""
+        try:
+            listed = self.hot_loads() if hot_loads is None else hot_loads
+        except (APIError, TransportError):
+            listed = []
+        newest = next((h.identity for h in listed if h.state is HotLoadState.COMPLETED), None)
+        if newest is None:
+            return f"no hot-load completed on deployment {self.deployment_id} yet: publish a FULL snapshot first"
+        return f"the deployment's newest completed identity is {newest!r}: name that one, or publish a FULL snapshot"
 
     def missing_objects(self, hot_load: HotLoad) -> list[str]:
         """The identities of ``hot_load``'s chain (itself, for a FULL) whose index is no longer stored."""
@@ -449,3 +523,11 @@ def upload_deadline(identity: str, budget: Budget | None) -> Iterator[None]:
         if budget is None:
             raise
         raise PublishTimeoutError(identity, budget.total, "upload", str(exc)) from exc
+
+
+def _wrong_predecessor(previous_identity: str, identity: str, why: str, instead: str) -> str:
+    """A refusal of a delta's predecessor: the input to fix, why, what to do; nothing was stored."""
+    return (
+        f"previous identity {previous_identity!r} (--previous-identity, previous_identity=) {why}: {instead}; "
+        f"nothing was stored under {identity!r}, so it can be published once the predecessor is right"
+    )

@@ -38,6 +38,7 @@ __all__ = [
     "METRIC_PREFIX",
     "Attempt",
     "CheckResult",
+    "DeltaCheck",
     "PublishOutcome",
     "ServedCheck",
     "VersionPlan",
@@ -222,6 +223,15 @@ _NOT_METRICS = frozenset({"identity", "hot_load", "served_identity", "error"})
 #: What a publisher may measure itself (the rest is the cycle's).
 _MEASURABLE = frozenset({"mirror_seconds", "stage_seconds", "tensors_changed", "tensors_verified", "bytes_changed"})
 
+
+class DeltaCheck(Protocol):
+    """The cycle's check of a delta before its first byte is stored (``Target.check_delta``)."""
+
+    def __call__(self, identity: str, previous_identity: str, *, bucket: bool = True) -> None:
+        """Refuse a delta ``identity`` on ``previous_identity`` the service would refuse (``bucket``: look there too)."""
+        ...
+
+
 Weigh = Callable[[VersionPlan, int], VersionPlan]
 """The cost rule: a delta plan and its size as stored → the plan, or its FULL cut (``PublishSession.weigh``)."""
 
@@ -268,8 +278,9 @@ class Attempt:
         self.full_bytes: int | None = None
         self.prompt_cache_policy: PromptCachePolicy | str | None = None
         self.restoring = False
-        #: What a delta must pass before its first byte is stored (the cycle's chain check), run once.
-        self.chain_check: Callable[[str, str], None] | None = None
+        #: What a delta must pass before its first byte is stored (the cycle's delta check,
+        #: :meth:`Target.check_delta <cwtrain.hotload.lifecycle.target.Target.check_delta>`), run once.
+        self.chain_check: DeltaCheck | None = None
         self.outcome = PublishOutcome(
             version=plan.version,
             identity=plan.identity,
@@ -280,16 +291,17 @@ class Attempt:
         for name, value in plan.measured.items():
             setattr(self.outcome, name, type(getattr(self.outcome, name))(value))
 
-    def before_upload(self) -> None:
-        """A source is about to store its first byte: a delta plan passes the chain check now (once).
+    def before_upload(self, *, uploads: bool = True) -> None:
+        """A source is about to store its first byte: a delta plan passes the cycle's delta check now (once).
 
         Sources call it once their local checks passed, so a refusal they can make without the
-        network comes first.
+        network comes first. ``uploads=False``: the source stores nothing (a trigger of objects
+        stored before, a restore), so the predecessor's objects are not looked for in the bucket.
         """
         check, self.chain_check = self.chain_check, None
         plan = self.plan
         if check is not None and not plan.full and plan.previous_identity:
-            check(plan.identity, plan.previous_identity)
+            check(plan.identity, plan.previous_identity, bucket=uploads)
 
     @property
     def cadence_bytes(self) -> int:

@@ -3,8 +3,9 @@
 :func:`check_published_tensors` runs first in ``SnapshotStore.upload_tensors`` (so in
 ``HotLoader.publish`` of a mapping too): the dtypes against the served ones (an error for a
 delta, which cannot change a dtype; a :class:`DtypeWarning` for a FULL snapshot whose
-tensors differ from ``config.json``'s ``torch_dtype``), and a FULL snapshot's
-``config.json``. numpy has no bfloat16: BF16 weights go over as
+tensors differ from ``config.json``'s ``torch_dtype``:
+:func:`~cwtrain.hotload.format.dtypes.check_declared_dtype`, the rule a FULL directory is held
+to as well), and a FULL snapshot's ``config.json``. numpy has no bfloat16: BF16 weights go over as
 ``TensorData("BF16", shape, raw_bytes)`` (:class:`~cwtrain.hotload.format.tensors.TensorData`)
 or as ``torch.bfloat16`` tensors::
 
@@ -15,33 +16,17 @@ or as ``torch.bfloat16`` tensors::
 from __future__ import annotations
 
 import json
-import os
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from cwtrain.errors import SnapshotError
+from cwtrain.hotload.format.dtypes import DtypeWarning, check_declared_dtype
 from cwtrain.hotload.format.safetensors import safetensors_dtype
 from cwtrain.hotload.format.tensors import TensorData
 
 __all__ = ["DtypeWarning", "check_published_tensors"]
-
-
-class DtypeWarning(UserWarning):
-    """Tensors of a FULL snapshot in another dtype than the one ``config.json`` says the model is served in.
-
-    A warning, not an error: some checkpoints keep a few tensors wider on purpose.
-    ``warnings.simplefilter("error", DtypeWarning)`` makes it one.
-    """
-
-
-#: The floating-point dtypes compared with ``config.json``'s ``torch_dtype`` (8-bit and
-#: narrower ones are quantized weights, which keep their own dtype by design).
-_WIDE_FLOATS = frozenset({"F16", "BF16", "F32", "F64"})
-#: Warnings point at the first caller outside ``cwtrain.hotload``.
-_HOTLOAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _dtype_and_shape(value: Any) -> tuple[str | None, tuple[int, ...]]:
@@ -51,11 +36,6 @@ def _dtype_and_shape(value: Any) -> tuple[str | None, tuple[int, ...]]:
     dtype = getattr(value, "dtype", None)
     name = getattr(dtype, "name", None) if isinstance(value, np.ndarray) else str(dtype)
     return safetensors_dtype(str(name)), tuple(int(d) for d in getattr(value, "shape", ()))
-
-
-def _listed(names: list[str], limit: int = 3) -> str:
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def check_published_tensors(
@@ -130,20 +110,4 @@ def check_published_tensors(
                 f"a FULL snapshot must match the served weights (base=) in names, dtypes and shapes: "
                 f"{'; '.join(problems[:3])}" + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
             )
-    declared = config.get("torch_dtype", config.get("dtype"))
-    served = safetensors_dtype(declared) if isinstance(declared, str) else None
-    if served is None or "quantization_config" in config:
-        return
-    others = [
-        name for name, value in tensors.items() if (d := _dtype_and_shape(value)[0]) in _WIDE_FLOATS and d != served
-    ]
-    if others:
-        found = sorted({str(_dtype_and_shape(tensors[n])[0]) for n in others})
-        warnings.warn(
-            DtypeWarning(
-                f"{len(others)} of {len(tensors)} tensors are {'/'.join(found)} ({_listed(others)}) but config.json "
-                f"declares torch_dtype {declared!r}: the model is served in {served}. Publish {served} tensors "
-                f"(numpy has no bfloat16: TensorData('BF16', shape, raw_bytes) or torch.bfloat16)"
-            ),
-            skip_file_prefixes=(_HOTLOAD_DIR,),
-        )
+    check_declared_dtype({name: _dtype_and_shape(value)[0] for name, value in tensors.items()}, config)
