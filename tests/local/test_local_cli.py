@@ -42,6 +42,15 @@ def _start_up(state_file: Path, *, sigint_ignored: bool = False) -> tuple[subpro
     return proc, json.loads("".join(lines))
 
 
+def _ready_line(proc: subprocess.Popen[str]) -> str:
+    """The ``local stack running; ...`` line ``local up`` printed on stderr before its JSON."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("local stack running"):
+            return line.strip()
+    raise AssertionError("no 'local stack running' line")
+
+
 def _answers(url: str) -> bool:
     try:
         httpx.get(url, timeout=2)
@@ -85,6 +94,19 @@ def test_local_up_then_down(tmp_path: Path) -> None:
             [*CWTRAIN, "local", "env", "--json", "--state-file", str(state_file)], capture_output=True, text=True
         )
         assert json.loads(as_json.stdout) == env
+        # the hints of the ready line work exactly as printed (they carry the same --state-file)
+        ready = _ready_line(proc)
+        eval_hint = f'eval "$(cwtrain local env --state-file {state_file})"'
+        down_hint = f"cwtrain local down --state-file {state_file}"
+        assert (
+            ready == f"local stack running; another shell joins it with: {eval_hint}; Ctrl-C or '{down_hint}' stops it"
+        )
+        bin_dir = str(Path(sys.executable).parent)  # where the cwtrain script is
+        joined = subprocess.run(
+            ["bash", "-c", f'{eval_hint} && printf %s "$COREWEAVE_API_URL"'],
+            capture_output=True, text=True, timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        )  # fmt: skip
+        assert (joined.returncode, joined.stdout) == (0, env["COREWEAVE_API_URL"]), joined.stderr
         # --no-deploy: no deployment, so no base checkpoint to fetch
         base = subprocess.run(
             [
@@ -104,7 +126,11 @@ def test_local_up_then_down(tmp_path: Path) -> None:
         assert not (state_file.parent / "base").exists()
 
         down = subprocess.run(
-            [*CWTRAIN, "local", "down", "--state-file", str(state_file)], capture_output=True, text=True, timeout=60
+            ["bash", "-c", down_hint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
         )
         assert down.returncode == 0, down.stderr
         assert json.loads(down.stdout)["result"] == "stopped"
@@ -275,8 +301,8 @@ def test_local_env_refuses_without_a_running_stack(tmp_path: Path) -> None:
     code, out, err = _cli("local", "env", "--state-file", str(state_file))
     assert (code, out) == (1, "")
     assert err.strip().splitlines() == [
-        f"error: no local stack is running (no state file {state_file}); start one with 'cwtrain local up' "
-        "in another shell and wait for its line 'local stack running'"
+        f"error: no local stack is running (no state file {state_file}); start one with 'cwtrain local up "
+        f"--state-file {state_file}' in another shell and wait for its line 'local stack running'"
     ]
     # a state file left by a stack that died (a pid no process has)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -134,10 +134,15 @@ def test_a_lost_multipart_upload_is_upload_not_found(proxy: S3Proxy, s3_bucket: 
 
 
 def test_no_answer_is_a_transport_error_even_for_head(s3_env: dict[str, str]) -> None:
-    store = object_store(f"http://127.0.0.1:{free_port()}", config=Config(retries={"total_max_attempts": 1}))
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    store = object_store(endpoint, config=Config(retries={"total_max_attempts": 1}))
     with pytest.raises(ObjectStoreTransportError) as unreachable:
         store.head("bucket-name", "key")  # not "missing": nothing answered
-    assert "Could not connect to the endpoint URL" in str(unreachable.value)
+    assert str(unreachable.value) == (
+        f"cannot reach the object store at {endpoint} (the endpoint_url given to s3_client) (HeadObject: could not "
+        f"connect to {endpoint}/bucket-name/key: Failed to establish a new connection: [Errno 111] Connection "
+        "refused); check that endpoint_url names a running S3-compatible endpoint"
+    )
     assert unreachable.value.operation == "HeadObject"
     assert not isinstance(unreachable.value, ObjectStoreStatusError)
 

@@ -112,7 +112,12 @@ def test_cli_one_line_errors(
     assert len(err) == 1 and err[0].startswith("error: ") and "AWS_REGION" in err[0]
     # unreachable endpoint
     monkeypatch.setenv("AWS_REGION", "US-EAST-04A")
-    monkeypatch.setenv("CW_S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("CW_S3_ENDPOINT", endpoint)
     assert main(["hotload", "check", "--bucket", bucket]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Could not connect to the endpoint URL" in err[0]
+    assert err == [
+        f"error: cannot reach the object store at CW_S3_ENDPOINT={endpoint} (ListObjectsV2: could not connect to "
+        f"{endpoint}/{bucket}: Failed to establish a new connection: [Errno 111] Connection refused); check that "
+        "CW_S3_ENDPOINT names a running S3-compatible endpoint"
+    ]

@@ -25,7 +25,9 @@ error found by argparse. Tracebacks only with ``-v`` or ``CWTRAIN_DEBUG=1``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -86,11 +88,63 @@ OPTIONAL_GROUPS = {"local": "cwtrain-local", "demo": "cwtrain-local", "gym": "cw
 
 
 class CLIParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line plus the usage, exit code 2."""
+    """An argparse parser whose errors are one line plus the usage, exit code 2.
+
+    An option the command does not have is named before anything else argparse would
+    report (a required option missing, a bad value), with the closest option it has::
+
+        cwtrain hotload publish: error: unrecognized argument --checkpiont (did you mean --checkpoint?)
+    """
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(  # type: ignore[override]  # typeshed's overloads; same behaviour
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        unknown = self._unknown_options(sys.argv[1:] if args is None else list(args))
+        if unknown:
+            self.error(_unrecognized(unknown, self._long_options()))
+        return super().parse_known_args(args, namespace)
+
+    def _long_options(self) -> list[str]:
+        return [option for action in self._actions for option in action.option_strings if option.startswith("--")]
+
+    def _unknown_options(self, args: Sequence[str]) -> list[str]:
+        """The option-like arguments this parser would not recognise, up to its subcommand (if any)."""
+        if "-" not in self.prefix_chars:  # a stand-in that takes everything (_add_missing_group)
+            return []
+        known = {option for action in self._actions for option in action.option_strings}
+        commands = {
+            name for action in self._actions if action.nargs == argparse.PARSER for name in action.choices or ()
+        }
+        unknown: list[str] = []
+        for arg in args:
+            if arg == "--" or arg in commands:
+                break  # the rest is positional, or the subcommand's to judge
+            if not _OPTION_LIKE.match(arg) or " " in arg:  # argparse takes these as values
+                continue
+            name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+            if name in known or (not arg.startswith("--") and arg[:2] in known):  # -fFILE
+                continue
+            if arg.startswith("--") and self.allow_abbrev and any(option.startswith(name) for option in known):
+                continue  # an abbreviation (or an ambiguous one, which argparse reports)
+            unknown.append(name)
+        return unknown
+
+
+#: What argparse would take for an option (``-x``, ``--name``); ``-1`` and ``-.5`` are values.
+_OPTION_LIKE = re.compile(r"^--?[A-Za-z]")
+
+
+def _unrecognized(unknown: Sequence[str], options: Sequence[str]) -> str:
+    """``unrecognized argument --checkpiont (did you mean --checkpoint?)``, for each unknown option."""
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return f"unrecognized argument{'s' if len(named) > 1 else ''} {', '.join(named)}"
 
 
 def build_parser() -> CLIParser:

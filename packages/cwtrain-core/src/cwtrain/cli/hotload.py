@@ -8,12 +8,17 @@
     cwtrain hotload publish [--deployment ID] --checkpoint NEW --base PREV --identity ID \
         --previous-identity PREV_ID [--keep DIR]                    # diff + publish in one pass
     cwtrain hotload trigger [--deployment ID] --identity ID [--previous-identity ID] [--no-verify]
-    cwtrain hotload wait HOTLOAD_ID / status HOTLOAD_ID / cancel HOTLOAD_ID
+    cwtrain hotload wait HOTLOAD / status HOTLOAD [--deployment ID]   # a hot-load id, or an identity
+    cwtrain hotload cancel HOTLOAD_ID
     cwtrain hotload list [--deployment ID] [--limit 20]
     cwtrain hotload rollback [--deployment ID] --identity ID
 
 ``--deployment`` defaults to ``CWTRAIN_HOTLOAD_DEPLOYMENT_ID`` (``cwtrain local up``
-exports it); with neither the command exits 2 with one ``error:`` line naming both.
+exports it); with neither the command exits 2 with one ``error:`` line naming both. An
+unknown deployment is ``error: not_found: deployment <id> not found`` (exit 1), ``list``
+included (it reads the deployment first: a listing by an unknown parent answers nothing).
+``wait`` and ``status`` take a hot-load id or an identity (then the newest hot-load of that
+identity on the deployment; with neither, the line says how to find the id).
 ``--timeout`` and ``--workers`` default to ``CWTRAIN_HOTLOAD_TIMEOUT`` (else 1800 s) and
 ``CWTRAIN_HOTLOAD_UPLOAD_WORKERS`` (else 8), as for the library.
 stdout: one JSON document (hot-load view, ``{"hot_load", "replicas"}``, snapshot info,
@@ -43,9 +48,11 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cwtrain.cli.options import (
+    DEPLOYMENT_ENV,
     add_deployment_option,
     client_from_args,
     needs_deployment,
@@ -57,7 +64,7 @@ from cwtrain.cli.options import (
 )
 from cwtrain.cli.output import emit
 from cwtrain.config import env_float, env_int
-from cwtrain.errors import ConfigError, HotLoadFailedError
+from cwtrain.errors import ConfigError, HotLoadFailedError, InvalidArgumentError, NotFoundError
 from cwtrain.hotload.lifecycle.settings import DEFAULT_TIMEOUT, FAILURE_POLICIES, FIELD_VARIABLES
 from cwtrain.infra.client import InferenceClient
 from cwtrain.infra.enums import HotLoadState, PromptCachePolicy
@@ -130,14 +137,22 @@ def register(subparsers: Any) -> None:
     )
     p.set_defaults(func=needs_deployment(_trigger))
 
-    p = commands.add_parser("wait", help="wait until a hot-load ends")
-    p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
+    p = commands.add_parser(
+        "wait",
+        help="wait until a hot-load ends (by hot-load id, or by identity)",
+        description="Wait until a hot-load ends. " + _HOT_LOAD_REF_HELP,
+    )
+    _hot_load_ref(p)
     _timeout_option(p)
     p.add_argument("--poll-interval", type=positive_float, default=5.0, help=_POLL_HELP)
     p.set_defaults(func=_wait)
 
-    p = commands.add_parser("status", help="a hot-load and all its replicas")
-    p.add_argument("hot_load_id", metavar="HOTLOAD_ID")
+    p = commands.add_parser(
+        "status",
+        help="a hot-load and all its replicas (by hot-load id, or by identity)",
+        description="A hot-load and all its replicas. " + _HOT_LOAD_REF_HELP,
+    )
+    _hot_load_ref(p)
     p.set_defaults(func=_status)
 
     p = commands.add_parser("list", help="a deployment's hot-loads, newest first")
@@ -170,6 +185,18 @@ def register(subparsers: Any) -> None:
 
 def _deployment(parser: argparse.ArgumentParser) -> None:
     add_deployment_option(parser)
+
+
+_HOT_LOAD_REF_HELP = (
+    "HOTLOAD is a hot-load id, or a snapshot identity (e.g. run1-v000003): then the newest hot-load of that "
+    "identity on --deployment (default: $" + DEPLOYMENT_ENV + "). 'cwtrain hotload list' shows both."
+)
+
+
+def _hot_load_ref(parser: argparse.ArgumentParser) -> None:
+    """The ``HOTLOAD`` positional (an id or an identity) and the ``--deployment`` an identity is looked up on."""
+    parser.add_argument("hot_load", metavar="HOTLOAD", help="hot-load id, or snapshot identity")
+    add_deployment_option(parser, "deployment whose hot-loads an identity is looked up in")
 
 
 def _identity_options(parser: argparse.ArgumentParser) -> None:
@@ -325,23 +352,63 @@ def _trigger(args: argparse.Namespace) -> int:
         return _print_outcome(trigger_and_wait)
 
 
+def _existing_deployment(api: InferenceClient, deployment_id: str) -> None:
+    """GET the deployment, so an unknown one is ``not_found`` naming it (listing by an unknown parent answers [])."""
+    api.get_deployment(deployment_id)
+
+
+def _find_hot_load(api: InferenceClient, args: argparse.Namespace) -> HotLoad:
+    """``HOTLOAD`` as a hot-load id, else as an identity: its newest hot-load on the deployment.
+
+    Raises:
+        NotFoundError: neither; the message says how to find the hot-load id.
+    """
+    ref: str = args.hot_load
+    try:
+        return api.get_hot_load(ref)
+    except (NotFoundError, InvalidArgumentError):  # the service may refuse a non-id outright
+        deployment = resolve_deployment(args)
+        if not deployment:
+            raise NotFoundError(
+                "not_found",
+                f"hot-load {ref} not found; if {ref} is an identity, pass --deployment ID (or set {DEPLOYMENT_ENV}) "
+                "to look it up; 'cwtrain hotload list --deployment ID' shows the hot-load ids",
+            ) from None
+    _existing_deployment(api, deployment)
+    matches = [hot_load for hot_load in api.list_hot_loads(deployment) if hot_load.identity == ref]
+    if not matches:
+        raise NotFoundError(
+            "not_found",
+            f"no hot-load {ref}: it is neither a hot-load id nor an identity hot-loaded on deployment {deployment}; "
+            f"'cwtrain hotload list --deployment {deployment}' shows the hot-load ids and their identities",
+        )
+    newest = sorted(matches, key=lambda hot_load: hot_load.created_at or _NEVER, reverse=True)[0]  # stable
+    more = f" (the newest of {len(matches)})" if len(matches) > 1 else ""
+    log.info("identity %s: hot-load %s%s on deployment %s", ref, newest.id, more, deployment)
+    return newest
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
 def _wait(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
-        hot_load = api.get_hot_load(args.hot_load_id)
+        hot_load = _find_hot_load(api, args)
         loader = _loader(args, api, hot_load.deployment_id or "unknown")
         return _print_outcome(lambda: loader.wait(hot_load.id, timeout=args.timeout))
 
 
 def _status(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
-        hot_load = api.get_hot_load(args.hot_load_id)
-        replicas = api.list_hot_load_replicas(args.hot_load_id)
+        hot_load = _find_hot_load(api, args)
+        replicas = api.list_hot_load_replicas(hot_load.id)
         emit({"hot_load": hot_load.to_json(), "replicas": [r.to_json() for r in replicas]})
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
+        _existing_deployment(api, args.deployment)
         emit(_loader(args, api, args.deployment).list(limit=args.limit))
     return 0
 

@@ -37,6 +37,11 @@ per poll of the hot-load::
     loader.publish("ckpt/step-7", "run1-v000007", on_progress=ByteProgress("uploading"))
     loader.publish("ckpt/step-8", "run1-v000008", on_progress=lambda e: print(e.summary()))
 
+Without ``on_progress``, ``publish`` and ``publish_diff`` show the upload as the CLI does
+(a :class:`~cwtrain.progress.ByteProgress`: redrawn on stderr while it is a terminal, else one
+INFO line at the end on ``cwtrain.progress`` with the bytes, rate and seconds). Every stage
+logs one INFO line on a ``cwtrain.*`` logger (see the core README, "What a publish logs").
+
 One hot-load at a time (single-flight): when the service says another is in progress,
 ``trigger`` adopts it if it is this request's earlier attempt (same ``hotLoadId``),
 otherwise waits for it to end and re-sends with the same id, all inside the budget.
@@ -79,6 +84,7 @@ from cwtrain.infra.models import Deployment, HotLoad, HotLoadReplica
 from cwtrain.infra.objectstore import ObjectStore
 from cwtrain.infra.s3 import ObjectStoreLike
 from cwtrain.polling import Budget
+from cwtrain.progress import ByteProgress
 
 if TYPE_CHECKING:
     from cwtrain.hotload.files.validate import SnapshotInfo
@@ -512,6 +518,8 @@ class HotLoader:
     ) -> HotLoad:
         """One version through the composer; a failed hot-load the fleet was brought back from is raised too."""
         policy["upload_workers"] = policy.pop("workers")
+        if on_progress is None:  # as the CLI shows it: redrawn on a terminal, else one INFO line at the end
+            on_progress = ByteProgress(f"uploading {plan.identity}")
         outcome = self._cycle(**policy).publish(plan, source, on_progress=on_progress, hot_load_id=hot_load_id)
         if outcome.error is not None:
             raise outcome.error

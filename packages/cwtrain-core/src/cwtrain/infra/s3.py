@@ -93,6 +93,7 @@ from cwtrain.infra.objectstore import (
     deadline_passed,
     status_error,
 )
+from cwtrain.infra.s3_endpoint import ENDPOINT_VARIABLE, EndpointOrigin, remember, unreachable_message
 from cwtrain.infra.s3_send import S3Client, call_deadline, install_deadlines, install_zero_copy, request_body
 
 __all__ = [
@@ -206,21 +207,35 @@ def resolve_endpoint(
     Returns:
         The endpoint URL, without a trailing ``/``.
     """
+    return _endpoint_origin(endpoint_url, environ, session=session).url
+
+
+def _endpoint_origin(
+    endpoint_url: str | None, environ: Mapping[str, str] | None = None, *, session: Any = None
+) -> EndpointOrigin:
+    """:func:`resolve_endpoint`, with what chose the endpoint (for the line when it cannot be reached)."""
     env = os.environ if environ is None else environ
-    chosen = endpoint_url or env_str("CW_S3_ENDPOINT", env)
+    source = "argument" if endpoint_url else ENDPOINT_VARIABLE
+    chosen = endpoint_url or env_str(ENDPOINT_VARIABLE, env)
     if not chosen:
         ignore = (env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") or "").strip()
         if not (ignore and parse_bool(ignore, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")):
-            chosen = (env.get("AWS_ENDPOINT_URL_S3") or "").strip() or (env.get("AWS_ENDPOINT_URL") or "").strip()
-            if not chosen:
+            for source in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+                chosen = (env.get(source) or "").strip()
+                if chosen:
+                    break
+            else:
+                source = "profile"
                 chosen = _profile_endpoint(session if session is not None else _botocore_session())
+    if not chosen:
+        source = "default"
     chosen = (chosen or DEFAULT_S3_ENDPOINT).strip().rstrip("/")
     parts = urlsplit(chosen)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
             f"S3 endpoint {chosen!r} is not an http(s) URL; set CW_S3_ENDPOINT to e.g. {DEFAULT_S3_ENDPOINT}"
         )
-    return chosen
+    return EndpointOrigin(chosen, source)
 
 
 def addressing_style(endpoint_url: str) -> str:
@@ -297,7 +312,8 @@ def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None
 
     profile = boto3_kwargs.pop("profile_name", None)
     session = _botocore_session(profile)
-    endpoint = resolve_endpoint(endpoint_url, session=session)
+    origin = _endpoint_origin(endpoint_url, session=session)
+    endpoint = origin.url
     region = resolve_region(region_name, session=session)
     config = Config(
         signature_version="s3v4",
@@ -319,6 +335,7 @@ def s3_client(endpoint_url: str | None = None, *, region_name: str | None = None
         "s3", endpoint_url=endpoint, region_name=region, config=config, **boto3_kwargs
     )
     _shared_loader()  # drop the data path boto3 just appended again
+    remember(client, origin)  # named in the error line when it cannot connect
     return client
 
 
@@ -362,8 +379,12 @@ def as_object_store(s3: ObjectStoreLike | None = None) -> ObjectStore:
 
 
 @contextmanager
-def _translated(operation: str, key: str = "") -> Iterator[None]:
-    """Raise the SDK's exceptions as cwtrain's object-store errors (the original as ``__cause__``)."""
+def _translated(operation: str, key: str = "", client: Any = None) -> Iterator[None]:
+    """Raise the SDK's exceptions as cwtrain's object-store errors (the original as ``__cause__``).
+
+    A request that could not connect names the endpoint and what chose it
+    (:func:`cwtrain.infra.s3_endpoint.unreachable_message`).
+    """
     from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
     from botocore.exceptions import ConnectionError as SDKConnectionError
 
@@ -381,7 +402,11 @@ def _translated(operation: str, key: str = "") -> Iterator[None]:
         raise status_error(
             str(exc), code=code, http_status=int(status) if status else None, operation=operation, key=key
         ) from exc
-    except (SDKConnectionError, HTTPClientError, IncompleteReadError) as exc:
+    except SDKConnectionError as exc:  # no connection: the endpoint and its origin say what to fix
+        raise ObjectStoreTransportError(
+            unreachable_message(exc, client, operation), operation=operation, key=key
+        ) from exc
+    except (HTTPClientError, IncompleteReadError) as exc:
         raise ObjectStoreTransportError(str(exc), operation=operation, key=key) from exc
     except BotoCoreError as exc:  # credentials, configuration: no request went out
         raise ObjectStoreError(str(exc), operation=operation, key=key) from exc
@@ -459,7 +484,7 @@ class Boto3ObjectStore:
     def _op(self, operation: str, key: str = "") -> Iterator[None]:
         if self.deadline is not None and self.deadline.remaining <= 0:
             raise deadline_passed(self.deadline, operation, key)
-        with call_deadline(self.deadline), _translated(operation, key):
+        with call_deadline(self.deadline), _translated(operation, key, self.client):
             yield
 
     def __repr__(self) -> str:

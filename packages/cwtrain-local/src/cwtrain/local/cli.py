@@ -85,6 +85,11 @@ def default_state_file() -> Path:
 _STATE_FILE_HELP = "pid/state file (~/.cache/cwtrain-local/stack.json)"
 
 
+def _with_state_file(command: str, state_file: Path | None) -> str:
+    """``command`` as a user can run it: with ``--state-file`` when one was given (every hint works as printed)."""
+    return f"{command} --state-file {shlex.quote(str(state_file))}" if state_file is not None else command
+
+
 def _port(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -223,7 +228,7 @@ def _hold_lock(state_file: Path) -> int:
         pid = f"pid {text}" if text.isdigit() else "a process still starting"
         raise CWTrainError(
             f"a local stack is already running: {pid} holds the state file {state_file}; stop it with "
-            f"'cwtrain local down --state-file {state_file}', or give this one another --state-file"
+            f"'{_with_state_file('cwtrain local down', state_file)}', or give this one another --state-file"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -262,20 +267,20 @@ def running_state(state_file: Path | None = None) -> dict[str, Any]:
     from cwtrain.errors import CWTrainError
 
     path = state_file or default_state_file()
+    up = _with_state_file("cwtrain local up", state_file)
     state = _read_state(path)
     if state is None:
         raise CWTrainError(
-            f"no local stack is running (no state file {path}); start one with 'cwtrain local up' in another "
+            f"no local stack is running (no state file {path}); start one with '{up}' in another "
             "shell and wait for its line 'local stack running'"
         )
     pid = int(state.get("pid", 0) or 0)
     if pid <= 0 or not _is_our_process(pid):
         raise CWTrainError(
-            f"no local stack is running: {path} was written by pid {pid}, which has exited; start one with "
-            "'cwtrain local up'"
+            f"no local stack is running: {path} was written by pid {pid}, which has exited; start one with '{up}'"
         )
     if not isinstance(state.get("env"), dict):
-        raise CWTrainError(f"{path} holds no environment; restart the stack with 'cwtrain local up'")
+        raise CWTrainError(f"{path} holds no environment; restart the stack with '{up}'")
     return state
 
 
@@ -359,9 +364,11 @@ def _up(args: argparse.Namespace) -> int:
             try:
                 for key, value in env.items():
                     print(f"export {key}={shlex.quote(value)}", file=sys.stderr)
+                env_command = _with_state_file("cwtrain local env", args.state_file)
+                down_command = _with_state_file("cwtrain local down", args.state_file)
                 print(
-                    'local stack running; another shell joins it with: eval "$(cwtrain local env)"; '
-                    "Ctrl-C or 'cwtrain local down' stops it",
+                    f'local stack running; another shell joins it with: eval "$({env_command})"; '
+                    f"Ctrl-C or '{down_command}' stops it",
                     file=sys.stderr,
                     flush=True,
                 )
