@@ -3,7 +3,8 @@
 # their paths in this repository.
 # Usage: scripts/setup-venv.sh 3.12           every package plus the test tools (scripts/test.sh)
 #        scripts/setup-venv.sh 3.12 --demo    only what `cwtrain demo` imports: cwtrain-core[torch]
-#                                             and cwtrain-local with their dependencies (scripts/demo.sh)
+#                                             and cwtrain-local with their dependencies, and the openai
+#                                             client the local quick start uses (scripts/demo.sh)
 # A full environment serves the demo as well (--demo then does nothing); the full set-up on a
 # demo environment adds the rest.
 #
@@ -27,8 +28,6 @@ case "${2:-}" in
 esac
 venv=".venv-$version"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-#: Dependencies of torch that are not installed (see above).
-skip_packages="triton"
 started=$(date +%s)
 say() { echo "setup-venv: $*" >&2; }
 ignored_locations=0
@@ -57,38 +56,23 @@ find_python() {
 
 # The install is redone only when a dependency list changed (or a demo environment is asked
 # for everything).
-stamp_src=$(cat pyproject.toml requirements-dev.txt packages/*/pyproject.toml scripts/setup-venv.sh | sha256sum | cut -c1-16)
+stamp_src=$(cat pyproject.toml requirements-dev.txt packages/*/pyproject.toml scripts/setup-venv.sh \
+    scripts/profile_requirements.py | sha256sum | cut -c1-16)
 have=$(cat "$venv/.cwtrain-stamp" 2>/dev/null || true)
 if [ -x "$venv/bin/python" ] && { [ "$have" = "full $stamp_src" ] || [ "$have" = "$profile $stamp_src" ]; }; then
   exit 0
 fi
 python=$(find_python "$version")
-say "setting up $venv ($profile set: $([ "$profile" = demo ] && echo "what the demo imports" || echo "every package and the test tools")) with $($python --version)"
+say "setting up $venv ($profile set: $([ "$profile" = demo ] && echo "what the demo and the local quick start import" || echo "every package and the test tools")) with $($python --version)"
 "$python" -m venv "$venv"
 pip_ install -q --upgrade pip
-if [ "$profile" = demo ]; then
-  ours=("packages/cwtrain-core" packages/cwtrain-local)
-else
-  ours=("packages/cwtrain-core" packages/cwtrain-local packages/cwtrain-slime packages/cwtrain-miles
-        packages/cwtrain-nemo-rl packages/cwtrain-gym)
-fi
-# The third-party requirements: those of our packages (cwtrain-core with its torch extra, which
-# cwtrain-local needs), and for the full set-up the test tools.
+# Our packages (installed from their paths) and the third-party requirements of the profile:
+# those of our packages (cwtrain-core with its torch extra, which cwtrain-local needs), what the
+# profile's guides import (the openai client for the local quick start), and for the full
+# set-up the test tools; scripts/profile_requirements.py says which.
+mapfile -t ours < <("$venv/bin/python" scripts/profile_requirements.py --packages "$profile")
 requirements="$venv/.cwtrain-requirements.txt"
-"$venv/bin/python" - "$profile" "${ours[@]}" > "$requirements" <<'PY'
-import re, sys, tomllib
-profile, packages = sys.argv[1], sys.argv[2:]
-lines = []
-for package in packages:
-    project = tomllib.load(open(f"{package}/pyproject.toml", "rb"))["project"]
-    requirements = list(project.get("dependencies", []))
-    if package.endswith("cwtrain-core"):
-        requirements += project["optional-dependencies"]["torch"]
-    lines += [r for r in requirements if not re.match(r"cwtrain([-_.\[=<>~! ]|$)", r.lower())]
-if profile == "full":
-    lines += [l.strip() for l in open("requirements-dev.txt") if l.strip() and not l.startswith("#")]
-print("\n".join(dict.fromkeys(lines)))
-PY
+"$venv/bin/python" scripts/profile_requirements.py "$profile" > "$requirements"
 # Third-party wheels are kept in a wheelhouse between runs (pip's own cache is not reliable
 # on these machines): resolved and downloaded once per Python version, profile and dependency
 # set, then installed with --no-index. The build backend of our editables comes from there too.
@@ -99,6 +83,7 @@ if [ ! -s "$pins" ]; then
   say "resolving and downloading the dependencies into $wheelhouse (once per Python version and dependency set; about 2.7 GB the first time)"
   report="$venv/.cwtrain-resolve.json"
   pip_ install -q --dry-run --ignore-installed --report "$report" -r "$requirements"
+  skip_packages=$("$venv/bin/python" scripts/profile_requirements.py --left-out)  # triton (see above)
   "$venv/bin/python" - "$report" "$skip_packages" > "$pins.tmp" <<'PY'
 import json, sys
 skip = set(sys.argv[2].split())

@@ -37,6 +37,8 @@ SKIP_KINDS = {
 }
 #: A file-level mark: its examples start without a local stack (they start their own).
 OWN_STACK = "<!-- examples: own local stack -->"
+#: ``<!-- examples: environment PROFILE -->``: the doc runs in that profile's environment (tests/test_doc_examples.py).
+ENVIRONMENT = re.compile(r"<!--\s*examples:\s*environment\s+([a-z]+)\s*-->")
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
 _COMMENT_START = re.compile(r"^[ \t]*<!--\s*example:\s*(?P<body>.*)$", re.DOTALL)

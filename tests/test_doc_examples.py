@@ -28,9 +28,17 @@ Marks, as HTML comments on the lines right above a block (invisible on the rende
     <!-- example: background until TEXT --> leave it running once its output shows TEXT (a server
                                             in the foreground of its terminal); Ctrl-C at the end
 
-and, anywhere in a file, ``<!-- examples: own local stack -->``: its terminals start with no
-local stack and no environment on ``PATH`` (the file starts its own, as
-``docs/quickstart-local.md`` does).
+and, anywhere in a file:
+
+    <!-- examples: own local stack -->       its terminals start with no local stack and no
+                                            environment on ``PATH`` (the file starts its own, as
+                                            ``docs/quickstart-local.md`` does)
+    <!-- examples: environment PROFILE -->  it runs in the environment PROFILE sets up (``core``,
+                                            ``demo``; ``scripts/profile_requirements.py``): a view
+                                            of the test environment holding only that profile's
+                                            packages and what they require (``tests/_env_view.py``)
+                                            stands for ``.venv-3.12`` and its ``bin`` for the one
+                                            on ``PATH``, so an import the profile lacks fails
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 import pytest
 from _doc_examples import (
     DATA_LANGS,
+    ENVIRONMENT,
     OWN_STACK,
     PYTHON_LANGS,
     SHELL_LANGS,
@@ -53,6 +62,7 @@ from _doc_examples import (
     command_lines,
     parse,
 )
+from _env_view import PROFILES, make_view
 from test_docs_install import bad_install_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,28 +109,49 @@ def _problems(example: Example) -> list[str]:
 @pytest.mark.parametrize("path", DOCS, ids=_rel)
 def test_every_example_is_run_or_marked_with_a_reason(path: Path) -> None:
     problems = [f"{e.where}: {p}" for e in EXAMPLES[path] for p in _problems(e)]
+    profile = _environment(path)
+    if profile is not None and profile not in PROFILES:
+        problems.append(f"environment {profile!r} is none of {sorted(PROFILES)}")
     assert not problems, "\n".join(problems)
 
 
 # ------------------------------------------------------------------ running them
 
 
-def _scratch_checkout(where: Path) -> Path:
+def _environment(path: Path) -> str | None:
+    """The profile a doc names with ``<!-- examples: environment PROFILE -->``, if any."""
+    found = ENVIRONMENT.findall(path.read_text(encoding="utf-8"))
+    assert len(found) <= 1, f"{_rel(path)} names more than one environment: {found}"
+    return found[0] if found else None
+
+
+@pytest.fixture(scope="session")
+def environment_views(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str | None, Path]]:
+    """Each profile's view of this environment (its prefix), made once; None: this environment."""
+    views: dict[str | None, Path] = {None: Path(sys.prefix)}
+    root = tmp_path_factory.mktemp("environments")
+    for profile in sorted({p for p in map(_environment, RUNNABLE) if p is not None}):
+        make_view(profile, root / profile)
+        views[profile] = root / profile
+    yield views
+
+
+def _scratch_checkout(where: Path, prefix: Path) -> Path:
     """A directory that looks like the checkout (links to its files), its own for writing."""
     where.mkdir()
     for entry in ROOT.iterdir():
         if not entry.name.startswith((".venv", ".mypy_cache", ".pytest_cache", ".git")):
             (where / entry.name).symlink_to(entry)
-    (where / ".venv-3.12").symlink_to(sys.prefix)  # the environment these tests run in
+    (where / ".venv-3.12").symlink_to(prefix)  # the environment the doc names (by default, this one)
     return where
 
 
-def _base_env(tmp: Path, *, with_venv: bool) -> dict[str, str]:
+def _base_env(tmp: Path, prefix: Path, *, with_venv: bool) -> dict[str, str]:
     drop = ("COREWEAVE_", "CW_", "CWTRAIN_", "AWS_", "VIRTUAL_ENV", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    venv_bin = str(Path(sys.executable).parent)
-    path = [p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p and p != venv_bin]
-    env["PATH"] = os.pathsep.join(([venv_bin] if with_venv else []) + path)
+    ours = {str(Path(sys.executable).parent), str(prefix / "bin")}
+    path = [p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p and p not in ours]
+    env["PATH"] = os.pathsep.join(([str(prefix / "bin")] if with_venv else []) + path)
     for name in ("cache", "tmp"):
         (tmp / name).mkdir()
     env.update(XDG_CACHE_HOME=str(tmp / "cache"), TMPDIR=str(tmp / "tmp"), PYTHONDONTWRITEBYTECODE="1")
@@ -129,16 +160,19 @@ def _base_env(tmp: Path, *, with_venv: bool) -> dict[str, str]:
 
 
 @pytest.fixture
-def local_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+def local_env(
+    request: pytest.FixtureRequest, tmp_path: Path, environment_views: dict[str | None, Path]
+) -> Iterator[dict[str, str]]:
     """The terminal's starting environment: with a deployed local stack unless the doc starts its own."""
     path: Path = request.param
+    prefix = environment_views[_environment(path)]
     if OWN_STACK in path.read_text(encoding="utf-8"):
-        yield _base_env(tmp_path, with_venv=False)
+        yield _base_env(tmp_path, prefix, with_venv=False)
         return
     shared: Any = request.getfixturevalue("shared_stack")
     with shared.view(f"docs-{path.stem}") as stack:
         target = stack.deploy()
-        env = _base_env(tmp_path, with_venv=True) | stack.env()
+        env = _base_env(tmp_path, prefix, with_venv=True) | stack.env()
         env.update(
             CWTRAIN_HOTLOAD_DEPLOYMENT_ID=target.deployment_id,
             CWTRAIN_ROLLOUT_BASE_URL=target.base_url,
@@ -148,9 +182,9 @@ def local_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[s
         yield env
 
 
-def run_doc(path: Path, env: dict[str, str], tmp: Path) -> dict[str, list[str]]:
-    """Run the runnable examples of ``path`` in order; each terminal's outputs, block by block."""
-    checkout = _scratch_checkout(tmp / "checkout")
+def run_doc(path: Path, env: dict[str, str], tmp: Path, prefix: Path) -> dict[str, list[str]]:
+    """Run the runnable examples of ``path`` in order, with ``prefix`` as ``.venv-3.12``; each terminal's outputs."""
+    checkout = _scratch_checkout(tmp / "checkout", prefix)
     logs = tmp / "logs"
     logs.mkdir()
     shells: dict[str, Shell] = {}
@@ -179,9 +213,14 @@ def run_doc(path: Path, env: dict[str, str], tmp: Path) -> dict[str, list[str]]:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("local_env", RUNNABLE, ids=_rel, indirect=True)
-def test_the_examples_run(local_env: dict[str, str], request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_the_examples_run(
+    local_env: dict[str, str],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    environment_views: dict[str | None, Path],
+) -> None:
     path: Path = request.node.callspec.params["local_env"]
-    run_doc(path, local_env, tmp_path)
+    run_doc(path, local_env, tmp_path, environment_views[_environment(path)])
 
 
 # ------------------------------------------------------------ the local quick start
