@@ -83,6 +83,8 @@ def test_files_named_in_prose_exist(doc: Path) -> None:
 
 #: A backticked Markdown file name (``docs/cli.md``, ``cli.md#views``, ``snapshot-format.md §2``), not a glob.
 _TICKED = re.compile(r"`((?:[\w.-]+/)*[\w-][\w.-]*\.md)(?:[#§ ][^`\n]*)?`")
+
+
 def ticked_md_missing(text: str, doc: Path) -> list[str]:
     """The backticked ``*.md`` names of ``text`` (``doc``'s) that name no file of the repository.
 
