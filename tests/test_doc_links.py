@@ -79,3 +79,43 @@ def test_files_named_in_prose_exist(doc: Path) -> None:
         if Path(m[1]).name not in _IN_REPO and "spec" not in text[max(0, m.start() - 16) : m.end()]
     ]
     assert not missing, f"{doc.relative_to(ROOT)} names files that are not in the repository: {missing}"
+
+
+#: A backticked Markdown file name (``docs/cli.md``, ``cli.md#views``, ``snapshot-format.md §2``), not a glob.
+_TICKED = re.compile(r"`((?:[\w.-]+/)*[\w-][\w.-]*\.md)(?:[#§ ][^`\n]*)?`")
+
+
+def ticked_md_missing(text: str, doc: Path) -> list[str]:
+    """The backticked ``*.md`` names of ``text`` (``doc``'s) that name no file of the repository.
+
+    A name resolves against the doc's folder or the root, and a bare name (``cli.md``) may be
+    any file of that name. Names under ``shared/`` (the contributors' spec and design beside
+    the repository, said to lie there by their path) are left alone.
+    """
+    missing = []
+    for match in _TICKED.finditer(_FENCE.sub("", text)):
+        name = match[1]
+        if "shared/" in name:
+            continue
+        if "/" not in name and name in _IN_REPO:
+            continue
+        places = [(base / name).resolve() for base in (doc.parent, ROOT)]
+        if not any(place.is_file() and place.is_relative_to(ROOT) for place in places):
+            missing.append(name)
+    return missing
+
+
+def test_the_ticked_name_check_catches_what_it_is_for() -> None:
+    doc = ROOT / "docs" / "internals.md"
+    text = (
+        "see `interface.md` §3, `cli.md#views`, `docs/cli.md`, `../README.md`, `frameworks.md §1`, "
+        "`shared/spec/service-api.md`, `docs/*.md`, `.md`\n```\n`inside-a-fence.md`\n```\n"
+    )
+    assert ticked_md_missing(text, doc) == ["interface.md", "frameworks.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_ticked_md_names_exist(doc: Path) -> None:
+    """Issue 33: docs/internals.md sent readers to an ``interface.md`` the repository does not hold."""
+    missing = ticked_md_missing(doc.read_text(encoding="utf-8"), doc)
+    assert not missing, f"{doc.relative_to(ROOT)} names Markdown files that are not in the repository: {missing}"

@@ -614,7 +614,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("cwtrain.infra",),
     ("cwtrain.serving",),
     ("cwtrain.hotload",),
-    ("cwtrain.integrations",),
+    ("cwtrain.integrations", "cwtrain.rollout"),
     ("cwtrain.cli",),
 )
 

@@ -9,6 +9,8 @@
     cwtrain deployment parameters --gateway GW              # → the API's JSON unchanged
                                                             #   (gatewayIds, runtimeParameters,
                                                             #    resourceParameters)
+    cwtrain deployment base-checkpoint [ID] --out DIR       # → {"path", "source", "deployment_id",
+                                                            #    "model", "files"}
 
 Every command prints one JSON document on stdout and logs on stderr; exit 0 on
 success, 1 on any cwtrain error (one ``error:`` line), 2 on a usage error. Request
@@ -24,14 +26,17 @@ import sys
 from typing import Any
 
 from cwtrain.cli.options import (
+    DEPLOYMENT_ENV,
     add_create_command,
     add_delete_command,
     client_from_args,
     command_group,
     delete_resource,
+    usage_error,
 )
 from cwtrain.cli.output import emit
-from cwtrain.errors import APIError, LifecycleError, TransportError
+from cwtrain.config import env_str
+from cwtrain.errors import APIError, CWTrainError, LifecycleError, TransportError
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 
@@ -61,6 +66,19 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--gateway", action="append", default=[], metavar="ID", help="gateway id (repeatable)")
     p.set_defaults(func=_deployment_parameters)
+
+    p = commands.add_parser(
+        "base-checkpoint",
+        help="copy the checkpoint a deployment was created with (its model source) into a directory",
+        description=(
+            "Copy the objects directly under the deployment's model source (spec.model: model_bucket and "
+            "model_path in 'deployment get') from object storage (CW_S3_ENDPOINT, AWS_*) into DIR, through "
+            "DIR.partial renamed when complete. DIR must not exist or be empty."
+        ),
+    )
+    p.add_argument("id", metavar="ID", nargs="?", default=None, help=f"deployment id (default: ${DEPLOYMENT_ENV})")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write it (new or empty)")
+    p.set_defaults(func=_deployment_base_checkpoint)
 
 
 # ------------------------------------------------------------------- deployment
@@ -121,4 +139,18 @@ def _deployment_delete(args: argparse.Namespace) -> int:
 def _deployment_parameters(args: argparse.Namespace) -> int:
     with client_from_args(args) as api:
         emit(api.get_deployment_parameters(args.gateway or None))
+    return 0
+
+
+def _deployment_base_checkpoint(args: argparse.Namespace) -> int:
+    from cwtrain.integrations.staging import fetch_base_checkpoint, new_directory_problem
+
+    problem = new_directory_problem(args.out)
+    if problem is not None:
+        raise CWTrainError(f"--out {args.out} {problem}; name a new or empty directory")
+    deployment_id = args.id or env_str(DEPLOYMENT_ENV)
+    if not deployment_id:
+        return usage_error(f"no deployment: pass ID or set {DEPLOYMENT_ENV}")
+    with client_from_args(args) as api:
+        emit(fetch_base_checkpoint(deployment_id, args.out, api=api).to_json())
     return 0

@@ -14,6 +14,17 @@ It copies the objects directly under the prefix (not deeper) into ``DEST`` throu
 When ``DEST/config.json`` exists nothing is copied. No objects under the prefix, or no
 ``config.json`` among them, is an error. The object-store client comes from
 :func:`cwtrain.infra.s3.object_store` (``CW_S3_ENDPOINT``, ``AWS_*``) unless one is passed.
+
+The checkpoint a deployment serves (its ``spec.model`` prefix, ``model_bucket`` and
+``model_path`` in ``cwtrain deployment get``) is fetched the same way, with core alone
+(``cwtrain deployment base-checkpoint --out DIR``)::
+
+    from cwtrain.integrations.staging import fetch_base_checkpoint
+
+    fetched = fetch_base_checkpoint("3b1d2c54-...", "base")   # BaseCheckpoint(path, source, ...)
+
+Unlike :func:`stage_from_s3` it refuses a ``DIR`` that exists and is not an empty directory
+(it never leaves a copy it did not make looking like the deployment's).
 """
 
 from __future__ import annotations
@@ -22,16 +33,18 @@ import logging
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cwtrain.errors import CWTrainError, UsageError
 
 if TYPE_CHECKING:
+    from cwtrain.infra.client import InferenceClient
     from cwtrain.infra.objectstore import ObjectStore
     from cwtrain.infra.s3 import ObjectStoreLike
 
-__all__ = ["parse_s3_uri", "stage_from_s3"]
+__all__ = ["BaseCheckpoint", "fetch_base_checkpoint", "new_directory_problem", "parse_s3_uri", "stage_from_s3"]
 
 log = logging.getLogger(__name__)
 
@@ -109,3 +122,89 @@ def stage_from_s3(
         shutil.rmtree(target)
     os.replace(partial, target)
     return target
+
+
+@dataclass(frozen=True)
+class BaseCheckpoint:
+    """What :func:`fetch_base_checkpoint` copied.
+
+    Attributes:
+        path: the local directory.
+        source: the ``s3://bucket/path/`` it was copied from (the deployment's ``spec.model``).
+        deployment_id: the deployment.
+        model: the deployment's model name (its ``CWTRAIN_ROLLOUT_MODEL``).
+        files: the file names in ``path``, sorted.
+    """
+
+    path: Path
+    source: str
+    deployment_id: str
+    model: str
+    files: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"path", "source", "deployment_id", "model", "files"}`` (what the CLI prints)."""
+        return {
+            "path": str(self.path),
+            "source": self.source,
+            "deployment_id": self.deployment_id,
+            "model": self.model,
+            "files": list(self.files),
+        }
+
+
+def new_directory_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot take a new copy (``"is not a directory"``, ``"is not empty"``), or ``None``."""
+    target = Path(path)
+    if not target.exists():
+        return None
+    if not target.is_dir():
+        return "is not a directory"
+    return "is not empty" if any(target.iterdir()) else None
+
+
+def fetch_base_checkpoint(
+    deployment_id: str,
+    out: str | os.PathLike[str],
+    *,
+    api: InferenceClient | None = None,
+    s3: ObjectStoreLike | None = None,
+    workers: int = 16,
+) -> BaseCheckpoint:
+    """Copy the checkpoint a deployment was created with (its ``spec.model`` prefix) into ``out``.
+
+    The objects directly under ``s3://<model_bucket>/<model_path>/`` are copied through
+    ``out.partial``, renamed when complete (:func:`stage_from_s3`).
+
+    Args:
+        deployment_id: the deployment.
+        out: a directory that does not exist or is empty.
+        api: the API client (default ``InferenceClient()``, from the environment; closed after).
+        s3: the object store holding the model, or a boto3 client (default from the environment).
+        workers: objects downloaded in parallel.
+
+    Raises:
+        CWTrainError: ``out`` exists and is not an empty directory, the deployment names no
+            model source, or the prefix holds no model (no objects, no ``config.json``).
+        APIError: the deployment cannot be read (``NotFoundError`` for an unknown id).
+    """
+    target = Path(out)
+    problem = new_directory_problem(target)
+    if problem is not None:
+        raise CWTrainError(f"{target} {problem}; name a new or empty directory")
+    if api is None:
+        from cwtrain.infra.client import InferenceClient
+
+        with InferenceClient() as own:
+            deployment = own.get_deployment(deployment_id)
+    else:
+        deployment = api.get_deployment(deployment_id)
+    bucket, path = deployment.model_bucket.strip("/"), deployment.model_path.strip("/")
+    if not bucket:
+        raise CWTrainError(
+            f"deployment {deployment_id} has no model source (spec.model names no bucket): no base checkpoint to fetch"
+        )
+    uri = f"s3://{bucket}/{path}/" if path else f"s3://{bucket}/"
+    stage_from_s3(uri, target, workers=workers, s3=s3)
+    files = tuple(sorted(p.name for p in target.iterdir()))
+    return BaseCheckpoint(target, uri, deployment_id, deployment.model_name, files)

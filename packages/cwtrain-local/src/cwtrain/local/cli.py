@@ -299,36 +299,25 @@ def _base_checkpoint(args: argparse.Namespace) -> int:
     from cwtrain.cli import emit
     from cwtrain.errors import CWTrainError
     from cwtrain.infra import InferenceClient, s3_client
-    from cwtrain.integrations.staging import stage_from_s3
+    from cwtrain.integrations.staging import fetch_base_checkpoint, new_directory_problem
 
     out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        what = "is not a directory" if not out.is_dir() else "is not empty"
-        raise CWTrainError(f"--out {out} {what}; name a new or empty directory")
+    problem = new_directory_problem(out)
+    if problem is not None:
+        raise CWTrainError(f"--out {out} {problem}; name a new or empty directory")
     state = running_state(args.state_file)
     env = {str(k): str(v) for k, v in state["env"].items()}
     deployment_id = env.get("CWTRAIN_HOTLOAD_DEPLOYMENT_ID") or str(state.get("deployment_id") or "")
     if not deployment_id:
         raise CWTrainError("the running local stack has no deployment (started with --no-deploy); restart it without")
-    with InferenceClient(env["COREWEAVE_API_TOKEN"], base_url=env["COREWEAVE_API_URL"]) as api:
-        deployment = api.get_deployment(deployment_id)
-    uri = f"s3://{deployment.model_bucket}/{deployment.model_path.strip('/')}/"
     s3 = s3_client(
         env["CW_S3_ENDPOINT"],
         region_name=env["AWS_REGION"],
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
     )
-    stage_from_s3(uri, out, s3=s3)
-    emit(
-        {
-            "path": str(out),
-            "source": uri,
-            "deployment_id": deployment_id,
-            "model": deployment.model_name,
-            "files": sorted(p.name for p in out.iterdir()),
-        }
-    )
+    with InferenceClient(env["COREWEAVE_API_TOKEN"], base_url=env["COREWEAVE_API_URL"]) as api:
+        emit(fetch_base_checkpoint(deployment_id, out, api=api, s3=s3).to_json())
     return 0
 
 

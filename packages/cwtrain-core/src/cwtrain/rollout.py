@@ -1,0 +1,91 @@
+"""The rollout sampler at a short import: ``from cwtrain.rollout import CompletionSampler``.
+
+The same objects as :mod:`cwtrain.integrations.rollout` (its public names, re-exported; that
+module's docs describe them)::
+
+    from cwtrain.rollout import CompletionSampler, RolloutConfig, SamplingParams
+
+    sampler = CompletionSampler(RolloutConfig.from_env(), run_id="run1")   # CWTRAIN_ROLLOUT_*
+    sampler.note_published(0)                          # run1-v000000 is published
+    batch = sampler.sample_groups_sync(["even: "], 4, SamplingParams(max_tokens=16))
+    [c.identity for c in batch[0]]                     # ['run1-v000000', ...]; c.version == 0
+    sampler.close()
+
+``docs/custom-loop.md`` walks through a training loop built on it.
+"""
+
+from __future__ import annotations
+
+from cwtrain.integrations.rollout import (
+    DEFAULT_CANARY_BOUND,
+    FIELD_VARIABLES,
+    IDENTITY_HEADER,
+    Canary,
+    CanaryAnswer,
+    CanaryProbe,
+    CanaryResult,
+    Completion,
+    CompletionSampler,
+    IdentityGap,
+    Prompt,
+    RolloutBatch,
+    RolloutConfig,
+    RolloutError,
+    SampleCanary,
+    SampleGap,
+    SampleVerdict,
+    SamplingParams,
+    ServedLedger,
+    TrainerLogprobs,
+    decode_routed_experts,
+    fill_group,
+    judge_gaps,
+    judge_on_every_rank,
+    merge_batches,
+    note_burned,
+    note_published,
+    run_sync,
+    sample_gap,
+    sample_groups,
+    sample_prompt,
+    served_version_metrics,
+    shared_sampler,
+    version_tag,
+)
+
+__all__ = [
+    "DEFAULT_CANARY_BOUND",
+    "FIELD_VARIABLES",
+    "IDENTITY_HEADER",
+    "Canary",
+    "CanaryAnswer",
+    "CanaryProbe",
+    "CanaryResult",
+    "Completion",
+    "CompletionSampler",
+    "IdentityGap",
+    "Prompt",
+    "RolloutBatch",
+    "RolloutConfig",
+    "RolloutError",
+    "SampleCanary",
+    "SampleGap",
+    "SampleVerdict",
+    "SamplingParams",
+    "ServedLedger",
+    "TrainerLogprobs",
+    "decode_routed_experts",
+    "fill_group",
+    "judge_gaps",
+    "judge_on_every_rank",
+    "merge_batches",
+    "note_burned",
+    "note_published",
+    "run_sync",
+    "sample_gap",
+    "sample_groups",
+    "sample_prompt",
+    "served_version_metrics",
+    "shared_sampler",
+    "version_tag",
+]
