@@ -3,8 +3,8 @@
 A profile is a set of our packages (installed from their paths) and the third-party
 requirements they bring, plus what the guides written for that environment import:
 
-- ``core``: cwtrain-core with its ``torch`` extra, what a custom trainer installs
-  (``docs/custom-loop.md``);
+- ``core``: cwtrain-core with its ``torch`` extra, and ``safetensors``, which a custom trainer
+  reads its checkpoints into torch with (``docs/custom-loop.md``);
 - ``demo``: that and cwtrain-local, what ``scripts/demo.sh`` sets up, and the ``openai``
   client that ``docs/quickstart-local.md`` reads the served model with;
 - ``full``: every package and the test tools (``requirements-dev.txt``), what ``scripts/test.sh``
@@ -30,7 +30,7 @@ _ALL = ["cwtrain-core", "cwtrain-local", "cwtrain-slime", "cwtrain-miles", "cwtr
 #: Our packages in each profile.
 PACKAGES = {"core": _ALL[:1], "demo": _ALL[:2], "full": _ALL}
 #: Requirements from requirements-dev.txt each profile adds, by project name (None: all of them).
-DEV_NAMES: dict[str, frozenset[str] | None] = {"core": frozenset(), "demo": frozenset({"openai"}), "full": None}
+DEV_NAMES: dict[str, frozenset[str] | None] = {"core": frozenset({"safetensors"}), "demo": frozenset({"openai"}), "full": None}
 #: Dependencies of torch that no profile installs (scripts/setup-venv.sh says why).
 LEFT_OUT = frozenset({"triton"})
 _OURS = re.compile(r"cwtrain([-_.\[=<>~! ]|$)")
