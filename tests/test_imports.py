@@ -640,7 +640,7 @@ STORE_LEVELS: tuple[tuple[str, ...], ...] = (
 
 #: The lifecycle's modules, bottom up: the cadence; settings and the served-identity file; the deployment's
 #: calls, one version's plan and outcome, what crosses between ranks; the sources and one rank's side; the
-#: composer; the run; the protocol.
+#: composer; the run; the protocol and the run one step ahead.
 LIFECYCLE_ORDER: tuple[tuple[str, ...], ...] = (
     ("cadence",),
     ("settings", "served"),
@@ -648,7 +648,7 @@ LIFECYCLE_ORDER: tuple[tuple[str, ...], ...] = (
     ("sources", "rank"),
     ("cycle",),
     ("session",),
-    ("protocol",),
+    ("protocol", "ahead"),
 )
 
 

@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_imports.py kee
     )
     from cwtrain.hotload.format.safetensors import header_of_bytes
     from cwtrain.hotload.format.tensors import FileRegion, TensorData, as_tensor_data
+    from cwtrain.hotload.lifecycle.ahead import AHEAD_MAX_STALENESS, PublishAhead
     from cwtrain.hotload.lifecycle.cadence import (
         MAX_FULL_EVERY,
         ChainCadence,
@@ -106,6 +107,7 @@ _MODULES = {
         "validate_run_id",
     ),
     "cwtrain.hotload.lifecycle.session": ("PublishSession",),
+    "cwtrain.hotload.lifecycle.ahead": ("AHEAD_MAX_STALENESS", "PublishAhead"),
     "cwtrain.hotload.lifecycle.version": ("PublishOutcome", "VersionPlan"),
     "cwtrain.hotload.lifecycle.cycle": ("CyclePolicy", "VersionCycle"),
     "cwtrain.hotload.lifecycle.target": ("Target",),
@@ -168,6 +170,7 @@ _MODULES = {
 }
 
 __all__ = [
+    "AHEAD_MAX_STALENESS",
     "publish_shares",
     "publish_baseline_spmd",
     "chunked",
@@ -197,6 +200,7 @@ __all__ = [
     "MAX_CHAIN_DELTAS",
     "MAX_FULL_EVERY",
     "ProgressEvent",
+    "PublishAhead",
     "PublishOutcome",
     "PublishSession",
     "RESERVED_IDENTITIES",

@@ -15,7 +15,9 @@
   create → follow → verify → canary → converge on failure → records, for every entry point);
 * ``session`` (:class:`~cwtrain.hotload.lifecycle.session.PublishSession`: a run's versions, one
   after the other, through the composer) and ``protocol`` (the distributed share protocol over a
-  transport: a process group's collectives, or a driver's calls on its workers).
+  transport: a process group's collectives, or a driver's calls on its workers);
+* ``ahead`` (:class:`~cwtrain.hotload.lifecycle.ahead.PublishAhead`: one step ahead, a session's
+  versions published on a background thread while the trainer trains, and its wait measured).
 
 Imports run down this list; the facade (:mod:`cwtrain.hotload.loader`) sits on top.
 """

@@ -588,6 +588,7 @@ class PublishSession(Closing):
     def _tell(self, outcome: PublishOutcome, error: BaseException | None) -> None:
         """Complete ``outcome`` with what is served now and hand it to the sink, then the followers."""
         outcome.served_version = self.served_version if self.served_version is not None else -1
+        outcome.trainer_wait_seconds = outcome.publish_seconds  # the caller waited for all of it (PublishAhead: less)
         outcome.chain_length = self.cadence.deltas_in_chain
         outcome.replay_bytes = self.cadence.replay_bytes
         if self.sink is not None:

@@ -142,6 +142,10 @@ class PublishOutcome:
         upload_seconds: storing the snapshot (the index last).
         hot_load_seconds: from the hot-load request until every replica serves it.
         publish_seconds: the whole cycle (``stage`` + ``upload`` + ``hot_load`` and the rest).
+        trainer_wait_seconds: how long the training loop was blocked by this version: the whole
+            publish when it waits for it (synchronous), or, one step ahead
+            (:class:`~cwtrain.hotload.lifecycle.ahead.PublishAhead`), how long the next hand-over
+            waited for this version to end.
         replicas_ready: replicas serving the identity at the end of the wait.
         replicas_total: replicas of the deployment.
         replicas_verified: replicas checked READY on the identity (``CWTRAIN_HOTLOAD_VERIFY``).
@@ -187,6 +191,7 @@ class PublishOutcome:
     upload_seconds: float = 0.0
     hot_load_seconds: float = 0.0
     publish_seconds: float = 0.0
+    trainer_wait_seconds: float = 0.0
     replicas_ready: int = 0
     replicas_total: int = 0
     replicas_verified: int = 0

@@ -148,6 +148,8 @@ class _Fence:
     latest: int | None
     limit: int | None
     burned: frozenset[int] = frozenset()
+    #: the version the trainer's weights are at, when it publishes ahead of the newest served (note_publishing)
+    trainer: int | None = None
 
     def version(self, identity: str | None) -> int | None:
         """The version of the run ``identity`` names (``None``: no run known, or not one of its versions)."""
@@ -181,6 +183,12 @@ class _Fence:
                 "stale",
                 f"served by {identity!r}, {self.latest - version} versions behind the newest published {newest!r} "
                 f"(CWTRAIN_ROLLOUT_MAX_STALENESS={self.limit})",
+            )
+        if self.trainer is not None and self.trainer - version > self.limit:
+            return _Refusal(
+                "stale",
+                f"served by {identity!r}, {self.trainer - version} versions behind the trainer's weights "
+                f"({version_identity(self.run_id, self.trainer)!r}, publishing; CWTRAIN_ROLLOUT_MAX_STALENESS={self.limit})",
             )
         return None
 
@@ -413,6 +421,7 @@ class CompletionSampler(Closing):
         self._run_id = run_id
         self._noted: set[int] = set()  # every version announced as served: the newest not burned is the newest
         self._burned: set[int] = set()
+        self._publishing: int | None = None  # the newest version handed over to publish (note_publishing)
         self._lookup: Callable[[], int | None] | None = None
         self._lookup_task: asyncio.Future[int | None] | None = None
         self._looked_up = -math.inf
@@ -446,6 +455,24 @@ class CompletionSampler(Closing):
         with self._fence_lock:
             self._noted_run("note_published", version, run_id)
             self._noted.add(version)
+
+    def note_publishing(self, version: int, *, run_id: str | None = None) -> None:
+        """The trainer handed ``version`` of ``run_id`` over to publish; it is not served yet (one step ahead).
+
+        A publisher that trains while the fleet loads its last version
+        (:class:`cwtrain.hotload.PublishAhead`) calls this at each hand-over. With a limit
+        (``max_staleness`` = K) a completion is then also refused when it is more than K
+        versions behind ``version``, the trainer's weights, not only behind the newest version
+        served: the samples trained on are never more than K versions older than the weights
+        they train. A version newer than the newest served is still refused until
+        :meth:`note_published` announces it. Thread-safe.
+
+        Raises:
+            UsageError: ``version`` is negative, or no run id was ever given.
+        """
+        with self._fence_lock:
+            self._noted_run("note_publishing", version, run_id)
+            self._publishing = max(version, self._publishing or 0)
 
     def note_burned(self, version: int, *, run_id: str | None = None) -> None:
         """Version ``version`` of ``run_id`` (default: the sampler's run) is burned.
@@ -515,7 +542,7 @@ class CompletionSampler(Closing):
         with self._fence_lock:
             if run_id != self._run_id:
                 self._run_id = run_id
-                self._noted, self._burned = set(), set()
+                self._noted, self._burned, self._publishing = set(), set(), None
 
     def _noted_run(self, what: str, version: int, run_id: str | None) -> None:
         """Check a note's ``version`` and switch to the run it names when that is new (the fence lock held)."""
@@ -526,11 +553,13 @@ class CompletionSampler(Closing):
             raise UsageError(f"{what} needs the run id (run_id=...): the sampler knows no run yet")
         if run != self._run_id:
             self._run_id = run
-            self._noted, self._burned = set(), set()
+            self._noted, self._burned, self._publishing = set(), set(), None
 
     def _fence(self) -> _Fence:
         with self._fence_lock:
-            return _Fence(self._run_id, self._newest(), self.config.max_staleness, frozenset(self._burned))
+            return _Fence(
+                self._run_id, self._newest(), self.config.max_staleness, frozenset(self._burned), self._publishing
+            )
 
     def _newest(self) -> int | None:
         """The newest version announced that is not burned (the fence lock held)."""

@@ -42,7 +42,11 @@ class StepRecord:
 
     ``cut_reason`` is why a FULL snapshot was published (``first``, ``count``, ``share``,
     ``replay``, ...; ``none`` for a delta or nothing), ``replay_bytes`` what a replica starting
-    cold at this version would read (the chain's FULL and every delta since).
+    cold at this version would read (the chain's FULL and every delta since),
+    ``trainer_wait_seconds`` how long the training loop was blocked by this version's publish
+    (all of it synchronously; with ``--ahead`` the wait for it at the next step's hand-over),
+    ``sample_staleness`` how many versions the samples this step trained on were behind the
+    trainer's weights at most (``None`` at the baseline).
     """
 
     step: int
@@ -62,6 +66,8 @@ class StepRecord:
     canary_gap: float | None = None
     cut_reason: str = "none"
     replay_bytes: int = 0
+    trainer_wait_seconds: float = 0.0
+    sample_staleness: int | None = None
 
     @property
     def kind(self) -> str:
@@ -101,8 +107,9 @@ class LiveDisplay:
         self.say(
             f"step {rec.step:>3}/{self.total}  reward {reward} {bar}  {rec.kind:<16} "
             f"{_kib(rec.snapshot_bytes)}  publish {rec.publish_seconds * 1000:6.0f} ms  "
-            f"hot-load {rec.hot_load_seconds * 1000:5.0f} ms  rollout {rec.rollout_seconds * 1000:5.0f} ms  "
-            f"train {rec.train_seconds * 1000:4.0f} ms  serving {rec.identity} on {rec.replicas_serving}"
+            f"hot-load {rec.hot_load_seconds * 1000:5.0f} ms  waited {rec.trainer_wait_seconds * 1000:5.0f} ms  "
+            f"rollout {rec.rollout_seconds * 1000:5.0f} ms  train {rec.train_seconds * 1000:4.0f} ms  "
+            f"serving {rec.identity} on {rec.replicas_serving}"
         )
 
 
@@ -129,6 +136,8 @@ def summarize(
     first = rewards[0] if rewards else 0.0
     final = rewards[-1] if rewards else 0.0
     met = final >= 0.5 and final >= 2 * first
+    ahead = bool(config.get("ahead"))
+    staleness = [r.sample_staleness for r in records if r.sample_staleness is not None]
     return {
         "config": dict(config),
         "deployment_id": deployment_id,
@@ -156,12 +165,26 @@ def summarize(
         "rollouts_served_by_latest": all(
             r.served_identities == [records[i - 1].identity] for i, r in enumerate(records) if i > 0
         ),
+        "median_trainer_wait_seconds": statistics.median(r.trainer_wait_seconds for r in records[1:])
+        if len(records) > 1
+        else None,
+        "max_sample_staleness": max(staleness, default=None),
+        "max_staleness_allowed": 1 if ahead else 0,
         "rollout_retries": sum(r.rollout_retries for r in records),
         "max_canary_gap": max((r.canary_gap for r in records if r.canary_gap is not None), default=None),
         "teardown_seconds": teardown,
         "total_seconds": seconds,
         "steps": [asdict(r) for r in records],
     }
+
+
+def _staleness_row(summary: Mapping[str, Any]) -> tuple[str, str]:
+    """Synchronously every rollout comes from the version just served; one step ahead, at most one behind."""
+    if not summary["config"].get("ahead"):
+        return ("rollouts from the latest version", "yes" if summary["rollouts_served_by_latest"] else "NO")
+    worst, allowed = summary["max_sample_staleness"], summary["max_staleness_allowed"]
+    within = worst is None or worst <= allowed
+    return (f"rollouts at most {allowed} version behind the trainer", ("yes" if within else "NO") + f" (worst {worst})")
 
 
 def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
@@ -196,7 +219,12 @@ def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
         ),
         ("final identity", summary["final_identity"]),
         ("every replica on every version", "yes" if summary["every_replica_served_every_version"] else "NO"),
-        ("rollouts from the latest version", "yes" if summary["rollouts_served_by_latest"] else "NO"),
+        (
+            "median wait for publish + hot-load per step",
+            f"{ms(summary['median_trainer_wait_seconds'])}"
+            + (" (one step ahead)" if summary["config"].get("ahead") else ""),
+        ),
+        _staleness_row(summary),
         (
             "canary: largest gap after a hot-load",
             "off" if summary["max_canary_gap"] is None else f"{summary['max_canary_gap']:.4f} nats (bound 0.05)",

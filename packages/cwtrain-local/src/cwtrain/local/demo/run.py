@@ -53,6 +53,7 @@ import argparse
 import json
 import logging
 import sys
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -64,10 +65,11 @@ from cwtrain.hotload import FullEvery, check_full_every, parse_full_every
 from cwtrain.local.demo.report import PASS_RULE, TASK, LiveDisplay, StepRecord, print_summary, summarize
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
+    from cwtrain.hotload import PublishOutcome
     from cwtrain.infra import Deployment, Gateway, InferenceClient
-    from cwtrain.integrations.rollout import Canary, RolloutConfig, SamplingParams
+    from cwtrain.integrations.rollout import Canary, CompletionSampler, RolloutConfig, SamplingParams
     from cwtrain.local.demo.grpo import GRPOTrainer, ParityTask
     from cwtrain.local.engine.model import Tokenizer
     from cwtrain.local.stack import LocalStack
@@ -96,6 +98,7 @@ class DemoConfig:
     check: bool = True
     timeout: float = 120.0
     canary: bool = True
+    ahead: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +144,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the canary after each hot-load (the deployment's prompt log-probs of a fixed probe, compared "
         "with the trainer's: a replica serving wrong weights fails the publish and the fleet is brought back)",
+    )
+    parser.add_argument(
+        "--ahead",
+        action="store_true",
+        help="one step ahead: train the next step while the last one's hot-load runs; rollouts come from the "
+        "version the fleet serves, at most 1 behind the trainer's weights (CWTRAIN_ROLLOUT_MAX_STALENESS=1)",
     )
     parser.add_argument(
         "--no-check", dest="check", action="store_false", help="exit 0 even if the reward did not climb"
@@ -203,6 +212,7 @@ class _StepStats:
     rollout_seconds: float = 0.0
     train_seconds: float = 0.0
     rollout_retries: int = 0
+    sample_staleness: int | None = None
 
 
 def _start_deployment(
@@ -231,6 +241,51 @@ def _start_deployment(
     return gateway, deployment, base_url
 
 
+class _Fleet:
+    """What the step's sampler is told of the run's versions: served (followers), burned, handed over (ahead)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.served: int | None = None
+        self.publishing: int | None = None
+        self.burned: set[int] = set()
+        self.sampler: CompletionSampler | None = None
+        self._lock = threading.Lock()
+
+    def attach(self, sampler: CompletionSampler) -> None:
+        """Tell ``sampler`` what is known now, and from now on what the publish path says."""
+        with self._lock:
+            self.sampler = sampler
+            for version in sorted(self.burned):
+                sampler.note_burned(version, run_id=self.run_id)
+            if self.served is not None:
+                sampler.note_published(self.served, run_id=self.run_id)
+            if self.publishing is not None:
+                sampler.note_publishing(self.publishing, run_id=self.run_id)
+
+    def detach(self) -> None:
+        with self._lock:
+            self.sampler = None
+
+    def published(self, run_id: str, version: int) -> None:
+        with self._lock:
+            self.served = version
+            if self.sampler is not None:
+                self.sampler.note_published(version, run_id=run_id)
+
+    def burn(self, run_id: str, version: int) -> None:
+        with self._lock:
+            self.burned.add(version)
+            if self.sampler is not None:
+                self.sampler.note_burned(version, run_id=run_id)
+
+    def handed_over(self, run_id: str, version: int) -> None:
+        with self._lock:
+            self.publishing = version
+            if self.sampler is not None:
+                self.sampler.note_publishing(version, run_id=run_id)
+
+
 def _rollout_and_train(
     step: int,
     config: DemoConfig,
@@ -238,8 +293,10 @@ def _rollout_and_train(
     trainer: GRPOTrainer,
     rollout_config: RolloutConfig,
     params: SamplingParams,
+    fleet: _Fleet,
 ) -> _StepStats:
     """Sample one GRPO group per prompt from the deployment, score them and take one step."""
+    from cwtrain.hotload import identity_version
     from cwtrain.integrations.rollout import CompletionSampler
 
     t_start = time.monotonic()
@@ -247,11 +304,18 @@ def _rollout_and_train(
     # a sampler per step, seeded from (seed, step): retry jitter in one step
     # cannot shift the sampling seeds of the next
     with CompletionSampler(
-        rollout_config, group_size=config.group_size, seed=config.seed * 1_000_003 + step
+        rollout_config, group_size=config.group_size, seed=config.seed * 1_000_003 + step, run_id=fleet.run_id
     ) as sampler:
-        batch = sampler.sample_groups_sync(
-            [ids for _, ids in prompts], config.group_size, params, split=not config.group_requests
-        )
+        fleet.attach(sampler)
+        try:
+            batch = sampler.sample_groups_sync(
+                [ids for _, ids in prompts], config.group_size, params, split=not config.group_requests
+            )
+        finally:
+            fleet.detach()
+    # the trainer's weights are version step - 1 (handed over; one step ahead, maybe not served yet)
+    versions = [identity_version(identity, fleet.run_id) for identity in batch.identities]
+    staleness = max(((step - 1) - v for v in versions if v is not None), default=None)
     groups = [
         [(list(c.prompt_ids), list(c.response_ids), task.reward(kind, c.response_ids), c.logprobs) for c in group]
         for (kind, _), group in zip(prompts, batch.groups)
@@ -265,6 +329,7 @@ def _rollout_and_train(
         rollout_seconds=t_rollout,
         train_seconds=time.monotonic() - t_start - t_rollout,
         rollout_retries=int(batch.metrics.get("coreweave/retries", 0)),
+        sample_staleness=staleness,
     )
 
 
@@ -272,13 +337,13 @@ def _rollout_and_train(
 _PROBE = ("even: 0 2 4 6 8", "odd: 1 3 5 7 9", "even: 8 6 4 2", "odd: 9 7 5 3")
 
 
-def _canary(rollout_config: RolloutConfig, tokenizer: Tokenizer, trainer: GRPOTrainer) -> Canary:
-    """The canary of the demo: the deployment's log-probs of :data:`_PROBE` against the trainer's model's."""
+def _canary(rollout_config: RolloutConfig, tokenizer: Tokenizer, published: Callable[[], Any]) -> Canary:
+    """The canary of the demo: the deployment's log-probs of :data:`_PROBE` against those of ``published()``'s weights."""
     from cwtrain.integrations.rollout import Canary, CanaryProbe
     from cwtrain.local.engine.model import token_logprobs
 
     def trainer_logprobs(prompts: Sequence[Sequence[int]]) -> list[list[float]]:
-        weights = trainer.served_weights()  # what was just published
+        weights = published()  # the version just hot-loaded (one step ahead the trainer has moved on)
         return [token_logprobs(weights, prompt[:1], prompt[1:]) for prompt in prompts]
 
     probe = CanaryProbe.from_prompts([tokenizer.encode(text) for text in _PROBE], count=len(_PROBE))
@@ -289,7 +354,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     """Run the demo and return its summary (what ``cwtrain demo`` prints as JSON)."""
     import torch
 
-    from cwtrain.hotload import CutReason, HotLoadSettings, PublishSession, Target
+    from cwtrain.hotload import AHEAD_MAX_STALENESS, CutReason, HotLoadSettings, PublishAhead, PublishSession, Target
     from cwtrain.infra import InferenceClient, lifecycle
     from cwtrain.integrations.rollout import RolloutConfig, SamplingParams
     from cwtrain.local import LocalStack
@@ -320,39 +385,63 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
         settings = HotLoadSettings(
             deployment.id, run_id, timeout=config.timeout, full_every=config.full_every, verify=True
         )
-        rollout_config = RolloutConfig(base_url=base_url, model=_MODEL, api_key=stack.token, concurrency=16)
-        canary = _canary(rollout_config, tokenizer, trainer) if config.canary else None
-        session = PublishSession(settings, target=target, canary=canary)
+        # one step ahead: a sample may be one version behind the trainer's weights, never from one not served yet
+        staleness = AHEAD_MAX_STALENESS if config.ahead else None
+        rollout_config = RolloutConfig(
+            base_url=base_url, model=_MODEL, api_key=stack.token, concurrency=16, max_staleness=staleness
+        )
+        fleet = _Fleet(run_id)
+        session = PublishSession(settings, target=target, followers=[fleet.published], on_burned=[fleet.burn])
         params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
-        served: dict[str, torch.Tensor] | None = None
+        stats_of: dict[int, _StepStats] = {}
+
+        def record(outcome: PublishOutcome) -> None:
+            """The row of the step that published ``outcome``'s version, once its publish ended."""
+            records.append(
+                StepRecord(
+                    step=outcome.version,
+                    identity=outcome.identity or session.served_identity or "initial",
+                    snapshot_type=outcome.kind,
+                    snapshot_bytes=outcome.snapshot_bytes,
+                    tensors_changed=outcome.tensors_changed,
+                    publish_seconds=outcome.upload_seconds,
+                    hot_load_seconds=outcome.hot_load_seconds,
+                    replicas_serving=outcome.replicas_verified,
+                    canary_gap=outcome.canary_gap if outcome.canary_checked else None,
+                    cut_reason=CutReason(outcome.cut_reason).label,
+                    replay_bytes=outcome.replay_bytes,
+                    trainer_wait_seconds=outcome.trainer_wait_seconds,
+                    **asdict(stats_of.pop(outcome.version)),
+                )
+            )
+            display.row(records[-1])
+
+        # synchronously each hand-over returns once the version is served; one step ahead it returns at
+        # once and the next one (or the end) waits for it. Either way the same publish path, in order.
+        ahead = PublishAhead(session, on_publishing=[fleet.handed_over])
+        if config.canary:
+            session.canary = _canary(rollout_config, tokenizer, lambda: ahead.tensors_in_flight)
+        loop_started = time.monotonic()
         try:
             for step in range(config.steps + 1):
-                stats = (
-                    _rollout_and_train(step, config, task, trainer, rollout_config, params) if step else _StepStats()
+                stats_of[step] = (
+                    _rollout_and_train(step, config, task, trainer, rollout_config, params, fleet)
+                    if step
+                    else _StepStats()
                 )
-                new = trainer.served_weights()
-                plan = session.begin(step)
-                outcome = session.publish_tensors(plan, new, base=served, extra_files={"config.json": config_json})
-                if outcome.published and not outcome.failed:
-                    served = new
-                records.append(
-                    StepRecord(
-                        step=step,
-                        identity=outcome.identity or session.served_identity or "initial",
-                        snapshot_type=outcome.kind,
-                        snapshot_bytes=outcome.snapshot_bytes,
-                        tensors_changed=outcome.tensors_changed,
-                        publish_seconds=outcome.upload_seconds,
-                        hot_load_seconds=outcome.hot_load_seconds,
-                        replicas_serving=outcome.replicas_verified,
-                        canary_gap=outcome.canary_gap if outcome.canary_checked else None,
-                        cut_reason=CutReason(outcome.cut_reason).label,
-                        replay_bytes=outcome.replay_bytes,
-                        **asdict(stats),
-                    )
+                done = ahead.publish_tensors(
+                    trainer.served_weights(), version=step, extra_files={"config.json": config_json}
                 )
-                display.row(records[-1])
+                if done is not None:
+                    record(done)
+                # synchronous: wait for it now; ahead too for the baseline, served before any rollout
+                if (step == 0 or not config.ahead) and (done := ahead.collect()) is not None:
+                    record(done)
+            if (done := ahead.collect()) is not None:
+                record(done)
+            loop_seconds = time.monotonic() - loop_started
         finally:
+            ahead.close()
             teardown = time.monotonic()
             try:
                 lifecycle.delete_deployment(client, deployment.id, timeout=60, poll_interval=0.1)
@@ -367,6 +456,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     # the cadence's thresholds, so the report can say in numbers why a FULL was cut (share, replay)
     summary["full_share"], summary["replay_budget"] = settings.full_share, settings.replay_budget
     summary["rollout_base_url"] = base_url
+    summary["steps_per_minute"] = 60 * config.steps / loop_seconds if loop_seconds > 0 else None
     summary["task"], summary["pass_rule"] = TASK, PASS_RULE
     return summary
 
