@@ -473,3 +473,27 @@ def test_run_sync_runs_a_coroutine_from_plain_code_inside_or_outside_a_running_l
 
     value, thread = asyncio.run(framework_code())
     assert value == 8 and thread == "cwtrain-rollout"  # on its own loop, in its own thread
+
+
+def test_one_step_ahead_staleness_counts_from_the_version_handed_over_and_newer_is_still_refused() -> None:
+    # v5 served, v6 handed over and hot-loading (note_publishing): with a limit of 1 a sample of
+    # v4 is 2 behind the trainer's weights (refused), v5 is kept; v6 is refused until announced
+    answers = iter(["run-v000004", "run-v000006"])
+    serving = Serving(lambda body: next(answers, "run-v000005"))
+    with make(serving, max_staleness=1) as sampler:
+        sampler.note_published(4)
+        sampler.note_published(5)
+        sampler.note_publishing(6)
+        batch = sampler.sample_groups_sync([[1, 2]], 3, PARAMS)
+        assert batch.versions == {5: 3} and serving.requests == 3
+        assert batch.metrics["coreweave/stale_rerequested"] == 3.0  # v4: behind the trainer, not the fleet
+        assert batch.metrics["coreweave/unpublished_rerequested"] == 3.0  # v6: not served yet
+        sampler.note_published(6)  # announced: v6 now kept, v5 one behind still kept
+        answers = iter(["run-v000006"])
+        assert sampler.sample_groups_sync([[1, 2]], 3, PARAMS).versions == {6: 3}
+        sampler.set_run("other")
+        sampler.note_published(0)
+        assert sampler.published_version == 0  # a new run forgets the version handed over
+        sampler.note_publishing(1)
+        with pytest.raises(UsageError, match="note_publishing"):
+            sampler.note_publishing(-1)

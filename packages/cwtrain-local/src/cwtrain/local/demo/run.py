@@ -99,6 +99,7 @@ class DemoConfig:
     timeout: float = 120.0
     canary: bool = True
     ahead: bool = False
+    slow_hot_load: float = 0.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +153,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "version the fleet serves, at most 1 behind the trainer's weights (CWTRAIN_ROLLOUT_MAX_STALENESS=1)",
     )
     parser.add_argument(
+        "--slow-hot-load",
+        type=float,
+        default=d.slow_hot_load,
+        metavar="S",
+        help="make every hot-load last S seconds more on every replica, as a large model's does (default 0)",
+    )
+    parser.add_argument(
         "--no-check", dest="check", action="store_false", help="exit 0 even if the reward did not climb"
     )
     parser.add_argument(
@@ -195,6 +203,8 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
         problems.append("--full-every must be auto or an integer in 0..64")
     if config.group_size < 2:
         problems.append("--group-size must be >= 2 (GRPO compares samples within a group)")
+    if not 0 <= config.slow_hot_load <= 600:
+        problems.append("--slow-hot-load must be in 0..600 seconds")
     if config.prompts_per_step < 1 or not 1 <= config.max_tokens <= 200:
         problems.append("--prompts-per-step must be >= 1 and --max-tokens in 1..200")
     if problems:
@@ -373,7 +383,7 @@ def run_demo(config: DemoConfig, *, stream: TextIO | None = None) -> dict[str, A
     config_json = json.dumps(ModelConfig().to_json() | {"seed": config.seed}, indent=2, sort_keys=True).encode()
 
     display.say(f"cwtrain demo: starting the local stack ({config.replicas} replicas) ...")
-    with LocalStack(replicas=config.replicas) as stack:
+    with LocalStack(replicas=config.replicas, hot_load_delay=config.slow_hot_load) as stack:
         base_uri = stack.seed_base_model("base/demo", seed=config.seed)
         client = InferenceClient(stack.token, base_url=stack.api_url)
         gateway, deployment, base_url = _start_deployment(stack, client, config)
