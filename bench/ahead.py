@@ -129,11 +129,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="seconds every hot-load lasts more on every replica (default 0.4: about one of the loop's steps here)",
     )
+    parser.add_argument(
+        "--prompts-per-step",
+        type=int,
+        default=8,
+        help="GRPO groups per step (default 8: a step of about a second here)",
+    )
     parser.add_argument("--no-canary", dest="canary", action="store_false", help="skip the demo's canary")
     parser.add_argument("--json", action="store_true", help="print the whole document as JSON on stdout")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    base = DemoConfig(steps=args.steps, seed=args.seed, slow_hot_load=args.slow_hot_load, canary=args.canary)
+    base = DemoConfig(
+        steps=args.steps,
+        seed=args.seed,
+        slow_hot_load=args.slow_hot_load,
+        canary=args.canary,
+        prompts_per_step=args.prompts_per_step,
+    )
     runs = {}
     for ahead in (False, True):
         mode = "ahead" if ahead else "sync"
@@ -144,7 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "bench": "ahead",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-        "config": {"steps": args.steps, "seed": args.seed, "slow_hot_load": args.slow_hot_load, "canary": args.canary},
+        "config": {
+            "steps": args.steps,
+            "seed": args.seed,
+            "slow_hot_load": args.slow_hot_load,
+            "prompts_per_step": args.prompts_per_step,
+            "canary": args.canary,
+        },
         **runs,
     }
     doc["acceptance"] = acceptance(runs["sync"], runs["ahead"])

@@ -125,6 +125,14 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "batch holds no sample of the failed identity; the next version is FULL and the run reaches its last; "
         "with on_failure=stop the publish raises as before",
     ),
+    "ahead-failure": (
+        "a replica fails to load, or serves wrong weights, while the trainer trains one step ahead",
+        "fail_load or serve_wrong_weights(corrupt) on one replica at a version drawn at random of a run published "
+        "through PublishAhead (on_failure=reactivate, verify and the canary on; the sampler fenced at 1)",
+        "the failed version is answered as in sync mode (failed, reactivated, the next version FULL, the run reaches "
+        "its last); no batch trained on holds a sample of the failed identity or one more than 1 version behind "
+        "the trainer's weights",
+    ),
     "fence-two-sided": (
         "a fleet serving a version the trainer did not publish as served (newer than the newest published, or "
         "burned), or a split group whose answers only partly name an identity",
