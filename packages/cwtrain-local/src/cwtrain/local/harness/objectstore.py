@@ -1,7 +1,8 @@
 """Object storage on loopback: moto's S3 server in a child process.
 
 ``MotoS3Server`` starts moto's server (through :mod:`cwtrain.local.harness.moto_s3`, which
-makes it answer ``NoSuchUpload`` and list part ETags as S3 does) on ``127.0.0.1`` (a free
+makes it answer ``NoSuchUpload`` and list part ETags as S3 does, and checks SigV4 signatures
+with the server's keys, :attr:`MotoS3Server.credentials`) on ``127.0.0.1`` (a free
 port unless one is given), waits until it answers, and stops it (and only it) on exit, also
 on an exception; the kernel ends it when its parent dies (:mod:`cwtrain.local.children`).
 Tests and :class:`cwtrain.local.LocalStack` use it::
@@ -25,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.local.children import start_child
+from cwtrain.local.harness.moto_s3 import ACCESS_KEY_VARIABLE, SECRET_KEY_VARIABLE
 
 __all__ = ["DEFAULT_REGION", "MotoS3Server", "free_port"]
 
@@ -56,7 +58,7 @@ class MotoS3Server:
 
     @property
     def credentials(self) -> dict[str, str]:
-        """Static keys the server accepts, as environment variables."""
+        """The one key pair the server accepts (it refuses any other signature), as environment variables."""
         return {
             "AWS_ACCESS_KEY_ID": _ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": _SECRET_KEY,
@@ -70,6 +72,7 @@ class MotoS3Server:
             return self
         env = dict(os.environ)
         env.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
+        env[ACCESS_KEY_VARIABLE], env[SECRET_KEY_VARIABLE] = _ACCESS_KEY, _SECRET_KEY
         self._proc = start_child(
             [sys.executable, "-m", "cwtrain.local.harness.moto_s3", "-H", "127.0.0.1", "-p", str(self.port)],
             stdin=subprocess.DEVNULL,
