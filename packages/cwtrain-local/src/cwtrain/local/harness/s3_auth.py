@@ -104,17 +104,16 @@ def _signing_key(secret: str, date: str, region: str, service: str) -> bytes:
 
 
 def _signed_parts(environ: Mapping[str, Any]) -> tuple[dict[str, str], bool] | Refusal | None:
-    """The signature's fields (``Credential``, ``SignedHeaders``, ``Signature``, ``X-Amz-Date``) and
-    whether they came from a presigned query; ``None`` for an unsigned request."""
+    """The signature's fields (``Credential``, ``SignedHeaders``, ``Signature``, ``Date``, and
+    ``Expires`` for a presigned URL) and whether they came from a presigned query; ``None``
+    for an unsigned request."""
     authorization = _header(environ, "Authorization")
     if authorization is not None:
         scheme, _, rest = authorization.strip().partition(" ")
         if scheme != _ALGORITHM:
             return _OLD_SIGNATURE if scheme == "AWS" else _malformed(f"the algorithm {scheme!r} is not {_ALGORITHM}")
         fields = dict(_AUTH_FIELDS.findall(rest))
-        date = _header(environ, "X-Amz-Date")
-        if date is not None:
-            fields["X-Amz-Date"] = date.strip()
+        fields["Date"] = (_header(environ, "X-Amz-Date") or "").strip()
         return fields, False
     query = {name.decode("latin-1"): value.decode("latin-1") for name, value in _query_pairs(_raw_query(environ))}
     if "X-Amz-Algorithm" not in query and "X-Amz-Signature" not in query:
@@ -122,20 +121,12 @@ def _signed_parts(environ: Mapping[str, Any]) -> tuple[dict[str, str], bool] | R
     if query.get("X-Amz-Algorithm") != _ALGORITHM:
         return _malformed(f"X-Amz-Algorithm must be {_ALGORITHM}")
     names = ("Credential", "SignedHeaders", "Signature", "Date", "Expires")
-    return {name: query[f"X-Amz-{name}"] for name in names if f"X-Amz-{name}" in query} | {
-        "X-Amz-Date": query.get("X-Amz-Date", "")
-    }, True
+    return {name: query.get(f"X-Amz-{name}", "") for name in names}, True
 
 
 def _raw_target(environ: Mapping[str, Any]) -> str:
-    """The request target as sent (werkzeug's ``RAW_URI``), else rebuilt from the WSGI path."""
-    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-    if raw:
-        return str(raw)
-    query = environ.get("QUERY_STRING") or ""
-    return quote_from_bytes(str(environ.get("PATH_INFO") or "/").encode("latin-1"), safe="/~") + (
-        f"?{query}" if query else ""
-    )
+    """The request target as sent, still percent-encoded (werkzeug's ``RAW_URI``)."""
+    return str(environ["RAW_URI"])
 
 
 def _raw_query(environ: Mapping[str, Any]) -> str:
@@ -169,7 +160,8 @@ def check_request(environ: Mapping[str, Any], access_key: str, secret_key: str) 
     """Why S3 would refuse this request signed for ``access_key``/``secret_key``; ``None`` when it is good.
 
     Args:
-        environ: the WSGI environ of the request (its raw target, headers and method).
+        environ: the WSGI environ of the request: its method, headers and ``RAW_URI`` (the
+            request target as sent, which werkzeug's server sets).
         access_key: the one access key id the store knows.
         secret_key: its secret.
     """
@@ -186,10 +178,10 @@ def check_request(environ: Mapping[str, Any], access_key: str, secret_key: str) 
     key, date, region, service, _ = credential
     if not hmac.compare_digest(key.encode(), access_key.encode()):
         return _UNKNOWN_KEY
-    stamp = fields.get("X-Amz-Date", "")
+    stamp = fields["Date"]
     if not stamp:
         return _NO_DATE
-    if presigned and _expired(stamp, fields.get("Expires", "")):
+    if presigned and _expired(stamp, fields["Expires"]):
         return _EXPIRED
     canonical = _canonical_request(environ, signed_headers, presigned)
     to_sign = "\n".join((_ALGORITHM, stamp, "/".join(credential[1:]), hashlib.sha256(canonical).hexdigest())).encode(
