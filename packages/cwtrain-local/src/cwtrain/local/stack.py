@@ -217,8 +217,11 @@ class LocalStack:
             self.workdir = Path(tempfile.mkdtemp(prefix="cwtrain-local-"))
             self._cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        keys = {} if self._s3_keys is None else {"access_key": self._s3_keys[0], "secret_key": self._s3_keys[1]}
-        moto = self._moto = MotoS3Server(**keys).start()
+        if self._s3_keys is None:
+            moto = self._moto = MotoS3Server().start()
+        else:
+            access_key, secret_key = self._s3_keys
+            moto = self._moto = MotoS3Server(access_key=access_key, secret_key=secret_key).start()
         self._cleanups.append(moto.stop)
         self._direct_s3 = moto.client()
         self._direct_s3.create_bucket(Bucket=self.bucket, CreateBucketConfiguration={"LocationConstraint": self.region})
