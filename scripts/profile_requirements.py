@@ -30,7 +30,11 @@ _ALL = ["cwtrain-core", "cwtrain-local", "cwtrain-slime", "cwtrain-miles", "cwtr
 #: Our packages in each profile.
 PACKAGES = {"core": _ALL[:1], "demo": _ALL[:2], "full": _ALL}
 #: Requirements from requirements-dev.txt each profile adds, by project name (None: all of them).
-DEV_NAMES: dict[str, frozenset[str] | None] = {"core": frozenset({"safetensors"}), "demo": frozenset({"openai"}), "full": None}
+DEV_NAMES: dict[str, frozenset[str] | None] = {
+    "core": frozenset({"safetensors"}),
+    "demo": frozenset({"openai"}),
+    "full": None,
+}
 #: Dependencies of torch that no profile installs (scripts/setup-venv.sh says why).
 LEFT_OUT = frozenset({"triton"})
 _OURS = re.compile(r"cwtrain([-_.\[=<>~! ]|$)")

@@ -367,7 +367,11 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "local-s3": (
         "the local object store answering otherwise than S3",
         "UploadPart, UploadPartCopy, CompleteMultipartUpload, ListParts and Abort of an aborted or unknown upload; "
-        "ListParts while the parts are uploaded; two computations of one part's ETag at once",
-        "404 NoSuchUpload as S3 answers; every listed part ETag is the MD5 of the part's bytes",
+        "ListParts while the parts are uploaded; two computations of one part's ETag at once; a wrong secret key, "
+        "an unknown access key, no signature (also through a proxy); the stack's keys on odd keys, copies and "
+        "presigned URLs",
+        "404 NoSuchUpload as S3 answers; every listed part ETag is the MD5 of the part's bytes; 403 "
+        "SignatureDoesNotMatch, InvalidAccessKeyId or AccessDenied in S3's XML, not retried, while the stack's "
+        "keys sign every request",
     ),
 }

@@ -50,11 +50,13 @@ POLL = "0.1"
 @pytest.fixture(scope="module")
 def stack() -> Iterator[LocalStack]:
     # A stack of its own, not the session's: its admin token is one of the secrets searched for.
-    with LocalStack(replicas=1, token=API_TOKEN) as local, pytest.MonkeyPatch.context() as patch:
+    # Its object store accepts only the secret S3 keys, so every S3 call is signed with them.
+    with (
+        LocalStack(replicas=1, token=API_TOKEN, s3_keys=(S3_KEY_ID, S3_SECRET)) as local,
+        pytest.MonkeyPatch.context() as patch,
+    ):
         env = {
             **local.env(),
-            "AWS_ACCESS_KEY_ID": S3_KEY_ID,
-            "AWS_SECRET_ACCESS_KEY": S3_SECRET,
             "AWS_SESSION_TOKEN": S3_SESSION,
             "CWTRAIN_API_HEADERS": json.dumps({"X-Org-Secret": HEADER_SECRET}),
             "CWTRAIN_ROLLOUT_API_KEY": ROLLOUT_KEY,

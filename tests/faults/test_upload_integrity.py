@@ -277,11 +277,22 @@ def test_object_stored_with_other_metadata_than_hashed_keeps_the_index_back(
     snap = _snapshot(tmp_path / "snap", seed=9)
 
     def forge(request: Request) -> None:
-        for name in request.headers:
-            if name.lower() == "x-amz-meta-cwtrain-sha256":
-                request.headers[name] = "0" * 64
+        """Before the store answers the HEAD of the stored shard, give it another recorded SHA-256.
 
-    proxy.on("CreateMultipartUpload", forge)
+        (Rewriting the header in flight would break the request's signature: the store refuses it.)
+        """
+        if request.key != f"forged/{BIG}":
+            return
+        metadata = s3.head_object(Bucket=bucket, Key=request.key)["Metadata"]
+        s3.copy_object(
+            Bucket=bucket,
+            Key=request.key,
+            CopySource={"Bucket": bucket, "Key": request.key},
+            Metadata={**metadata, "cwtrain-sha256": "0" * 64},
+            MetadataDirective="REPLACE",
+        )
+
+    proxy.on("HeadObject", forge)
     with pytest.raises(SnapshotChecksumError, match=f"{BIG}: the stored object is not the bytes that were hashed"):
         _publish(snap, bucket, "forged", proxy)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="forged/").get("Contents", [])]

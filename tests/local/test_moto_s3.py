@@ -1,11 +1,13 @@
 """``local-s3``: the local stack's object store answers as S3 does where cwtrain relies on it.
 
-moto's S3 server answered 500 (a ``KeyError``) where S3 answers 404 ``NoSuchUpload``, and could
-list the MD5 of nothing as a part's ETag while that part's upload was answering. The stack's
-store (:class:`~cwtrain.local.harness.objectstore.MotoS3Server`, through
-:mod:`cwtrain.local.harness.moto_s3`) answers ``NoSuchUpload`` with 404 and lists each part's
-ETag as the MD5 of its bytes, checked here over HTTP and, for the race, deterministically in
-process.
+moto's S3 server answered 500 (a ``KeyError``) where S3 answers 404 ``NoSuchUpload``, could
+list the MD5 of nothing as a part's ETag while that part's upload was answering, and checked
+no signature (a wrong secret key published fine). The stack's store
+(:class:`~cwtrain.local.harness.objectstore.MotoS3Server`, through
+:mod:`cwtrain.local.harness.moto_s3`) answers ``NoSuchUpload`` with 404, lists each part's
+ETag as the MD5 of its bytes, and refuses a request not signed with its keys as S3 does
+(``InvalidAccessKeyId``, ``SignatureDoesNotMatch``, ``AccessDenied``), checked here over HTTP
+and, for the race, deterministically in process.
 """
 
 from __future__ import annotations
@@ -13,10 +15,22 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from typing import Any
 
+import boto3
 import pytest
+from _s3_proxy import S3Proxy
+from botocore import UNSIGNED
+from botocore.config import Config
 from botocore.exceptions import ClientError
+
+from cwtrain.infra.objectstore import AccessDeniedError
+from cwtrain.infra.s3 import object_store
+from cwtrain.local.harness.objectstore import DEFAULT_REGION
 
 pytestmark = [pytest.mark.faults, pytest.mark.fault_row("local-s3")]
 
@@ -128,3 +142,98 @@ def test_two_requests_computing_one_parts_etag_at_once_both_get_its_md5() -> Non
     for thread in threads:
         thread.join()
     assert etags == [f'"{hashlib.md5(body).hexdigest()}"'] * 2
+
+
+# ------------------------------------------------------------------------ credentials
+
+_SIGNATURE_MESSAGE = (
+    "The request signature we calculated does not match the signature you provided. Check your key and signing method."
+)
+_KEY_MESSAGE = "The AWS Access Key Id you provided does not exist in our records."
+
+
+def _client(server: Any, *, access: str | None = None, secret: str | None = None, unsigned: bool = False) -> Any:
+    """A boto3 client for ``server`` with the given keys (the server's own where not given), not retrying."""
+    keys = server.credentials
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint_url,
+        region_name=DEFAULT_REGION,
+        aws_access_key_id=access or keys["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=secret or keys["AWS_SECRET_ACCESS_KEY"],
+        config=Config(
+            signature_version=UNSIGNED if unsigned else "s3v4",
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 1},
+        ),
+    )
+
+
+def _refused(call: Callable[[], Any]) -> tuple[int, str, str]:
+    with pytest.raises(ClientError) as info:
+        call()
+    response = info.value.response
+    error = response["Error"]
+    return int(response["ResponseMetadata"]["HTTPStatusCode"]), str(error.get("Code")), str(error.get("Message"))
+
+
+def test_the_stores_keys_sign_odd_keys_listings_copies_and_presigned_urls(s3_bucket: tuple[Any, str]) -> None:
+    s3, bucket = s3_bucket
+    keys = ["a/b c+d/\u00e9 x.bin", "p/q=r&s;t", "~t*(x)!'", "sp ace/%41"]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"body", Metadata={"with_underscore": "a  b"})
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"body"
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="a/b c+d/", Delimiter="/")
+    assert [o["Key"] for o in listed["Contents"]] == [keys[0]]
+    s3.copy_object(Bucket=bucket, Key="copy of p", CopySource={"Bucket": bucket, "Key": keys[1]})
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": keys[0]}, ExpiresIn=60)
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.read() == b"body"
+
+
+def test_a_wrong_key_or_no_signature_is_refused_as_s3_refuses_it(s3_server: Any, s3_bucket: tuple[Any, str]) -> None:
+    _, bucket = s3_bucket
+    wrong_secret = _client(s3_server, secret="not-the-secret")
+    wrong_key = _client(s3_server, access="AKIAEXAMPLEEXAMPLE00")
+    unsigned = _client(s3_server, unsigned=True)
+    assert _refused(lambda: wrong_secret.list_objects_v2(Bucket=bucket)) == (
+        403,
+        "SignatureDoesNotMatch",
+        _SIGNATURE_MESSAGE,
+    )
+    assert _refused(lambda: wrong_key.list_objects_v2(Bucket=bucket)) == (403, "InvalidAccessKeyId", _KEY_MESSAGE)
+    assert _refused(lambda: unsigned.list_objects_v2(Bucket=bucket)) == (403, "AccessDenied", "Access Denied")
+    body = os.urandom(2 * MIB)  # a body the server must read past to answer
+    put = _refused(lambda: wrong_secret.put_object(Bucket=bucket, Key="k", Body=body))
+    assert put == (403, "SignatureDoesNotMatch", _SIGNATURE_MESSAGE)
+    assert _refused(lambda: wrong_secret.head_object(Bucket=bucket, Key="k"))[:2] == (403, "403")  # HEAD: no body
+    assert "Contents" not in s3_bucket[0].list_objects_v2(Bucket=bucket)
+    # S3's XML error body, with a request id; moto's own endpoints stay open
+    with pytest.raises(urllib.error.HTTPError) as anonymous:
+        urllib.request.urlopen(f"{s3_server.endpoint_url}/{bucket}?list-type=2", timeout=10)
+    error = ET.fromstring(anonymous.value.read())
+    assert anonymous.value.code == 403 and error.tag == "Error"
+    assert (error.findtext("Code"), error.findtext("Message")) == ("AccessDenied", "Access Denied")
+    assert error.findtext("RequestId") == anonymous.value.headers["x-amz-request-id"]
+    with urllib.request.urlopen(f"{s3_server.endpoint_url}/moto-api/", timeout=10) as answer:
+        assert answer.status == 200
+
+
+def test_through_a_proxy_the_host_as_received_is_checked_and_a_refusal_is_not_retried(
+    s3_server: Any, s3_bucket: tuple[Any, str], s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, bucket = s3_bucket
+    with S3Proxy(s3_server.endpoint_url) as proxy:
+        store = object_store(proxy.endpoint_url)  # cwtrain's client: adaptive retries, UNSIGNED-PAYLOAD
+        store.put(bucket, "via proxy/k+1", b"x" * 1000, sha256=hashlib.sha256(b"x" * 1000).hexdigest())
+        assert [o.key for o in store.list_objects(bucket, "via proxy/")] == ["via proxy/k+1"]
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        with pytest.raises(AccessDeniedError) as refused:
+            object_store(proxy.endpoint_url).list_objects(bucket, "via proxy/")
+        assert proxy.count("ListObjectsV2") == 2  # the good one, and the refused one once
+    assert refused.value.code == "SignatureDoesNotMatch"
+    assert str(refused.value) == (
+        f"the object store at {proxy.endpoint_url} refused the credentials (SignatureDoesNotMatch on "
+        f"ListObjectsV2: {_SIGNATURE_MESSAGE}); check AWS_SECRET_ACCESS_KEY: it must be the secret key of "
+        "AWS_ACCESS_KEY_ID"
+    )

@@ -19,7 +19,7 @@ import pytest
 
 from cwtrain.cli import build_parser, main
 from cwtrain.hotload.loader import HotLoader
-from cwtrain.infra import InferenceClient
+from cwtrain.infra import InferenceClient, s3_client
 from cwtrain.local import LocalStack
 from cwtrain.local.engine.model import write_base_checkpoint
 
@@ -170,6 +170,40 @@ def test_an_object_store_that_does_not_answer_is_one_line_naming_the_variable(
     )
     # nothing was stored: the identity publishes once the endpoint is right
     monkeypatch.setenv("CW_S3_ENDPOINT", env["CW_S3_ENDPOINT"])
+    code, done, _ = _run(capsys, *publish, *POLL)
+    assert code == 0 and done["status"]["state"] == "COMPLETED"
+
+
+def test_credentials_the_object_store_refuses_are_one_line_naming_the_variable(
+    env: dict[str, str], checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish = ("hotload", "publish", "--checkpoint", str(checkpoint), "--identity", "keys-v000001")
+    endpoint, bucket = env["CW_S3_ENDPOINT"], env["CWTRAIN_LOCAL_BUCKET"]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    code, _, err = _run(capsys, *publish)
+    assert (code, err) == (
+        1,
+        [
+            f"error: the object store at {endpoint} refused the credentials (SignatureDoesNotMatch on ListObjectsV2: "
+            "The request signature we calculated does not match the signature you provided. Check your key and "
+            "signing method.); check AWS_SECRET_ACCESS_KEY: it must be the secret key of AWS_ACCESS_KEY_ID"
+        ],
+    )
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env["AWS_SECRET_ACCESS_KEY"])
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE00")
+    code, _, err = _run(capsys, *publish)
+    assert (code, err) == (
+        1,
+        [
+            f"error: the object store at {endpoint} refused the credentials (InvalidAccessKeyId on ListObjectsV2: "
+            "The AWS Access Key Id you provided does not exist in our records.); check AWS_ACCESS_KEY_ID: the store "
+            "knows no such access key"
+        ],
+    )
+    # nothing was stored under the identity: it publishes once the keys are right
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", env["AWS_ACCESS_KEY_ID"])
+    stored = s3_client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    assert not [item["Key"] for item in stored if "keys-v000001" in item["Key"]]
     code, done, _ = _run(capsys, *publish, *POLL)
     assert code == 0 and done["status"]["state"] == "COMPLETED"
 

@@ -103,6 +103,8 @@ def test_create_only_put_refuses_a_taken_key(s3_bucket: tuple[Any, str], store: 
         (409, "ConditionalRequestConflict", ConditionalConflictError),
         (501, "NotImplemented", StoreNotImplementedError),
         (403, "AccessDenied", AccessDeniedError),
+        (403, "SignatureDoesNotMatch", AccessDeniedError),
+        (403, "InvalidAccessKeyId", AccessDeniedError),
         (400, "InvalidRequest", ObjectStoreStatusError),
     ],
 )
@@ -117,7 +119,13 @@ def test_store_answers_become_typed_errors(
     error = refused.value
     assert type(error) is error_type
     assert (error.code, error.http_status, error.operation, error.key) == (code, status, "PutObject", "k")
-    assert str(error).startswith(f"An error occurred ({code}) when calling the PutObject operation")
+    if status == 403:  # a refusal of the credentials names what to check
+        refused_what = "the request" if code == "AccessDenied" else "the credentials"
+        assert str(error).startswith(
+            f"the object store at {proxy.endpoint_url} refused {refused_what} ({code} on PutObject k"
+        )
+    else:
+        assert str(error).startswith(f"An error occurred ({code}) when calling the PutObject operation")
     assert proxy.count("PutObject") == 1  # answered, not retried by the client
 
 

@@ -93,7 +93,13 @@ from cwtrain.infra.objectstore import (
     deadline_passed,
     status_error,
 )
-from cwtrain.infra.s3_endpoint import ENDPOINT_VARIABLE, EndpointOrigin, remember, unreachable_message
+from cwtrain.infra.s3_endpoint import (
+    ENDPOINT_VARIABLE,
+    EndpointOrigin,
+    refusal_message,
+    remember,
+    unreachable_message,
+)
 from cwtrain.infra.s3_send import S3Client, call_deadline, install_deadlines, install_zero_copy, request_body
 
 __all__ = [
@@ -383,7 +389,8 @@ def _translated(operation: str, key: str = "", client: Any = None) -> Iterator[N
     """Raise the SDK's exceptions as cwtrain's object-store errors (the original as ``__cause__``).
 
     A request that could not connect names the endpoint and what chose it
-    (:func:`cwtrain.infra.s3_endpoint.unreachable_message`).
+    (:func:`cwtrain.infra.s3_endpoint.unreachable_message`); one whose credentials were
+    refused names the error code and the variable to check (:func:`~cwtrain.infra.s3_endpoint.refusal_message`).
     """
     from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
     from botocore.exceptions import ConnectionError as SDKConnectionError
@@ -397,10 +404,12 @@ def _translated(operation: str, key: str = "", client: Any = None) -> Iterator[N
         ) from exc.__cause__
     except ClientError as exc:
         response: Mapping[str, Any] = getattr(exc, "response", None) or {}
-        code = str(response.get("Error", {}).get("Code") or "?")
+        error = response.get("Error", {})
+        code = str(error.get("Code") or "?")
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        message = refusal_message(code, str(error.get("Message") or ""), client, operation, key) or str(exc)
         raise status_error(
-            str(exc), code=code, http_status=int(status) if status else None, operation=operation, key=key
+            message, code=code, http_status=int(status) if status else None, operation=operation, key=key
         ) from exc
     except SDKConnectionError as exc:  # no connection: the endpoint and its origin say what to fix
         raise ObjectStoreTransportError(

@@ -149,6 +149,8 @@ class LocalStack:
         hot_load_delay: seconds every hot-load lasts more on every replica (they stay UPDATING
             before the swap; a cancel ends the wait): a slow hot-load on purpose, to try
             ``cwtrain hotload cancel`` and ``wait`` by hand (``cwtrain local up --slow-hot-load``).
+        s3_keys: ``(access key id, secret key)``, the one pair the object store accepts (the
+            stack's own, :attr:`MotoS3Server.credentials`, when ``None``).
     """
 
     def __init__(
@@ -165,6 +167,7 @@ class LocalStack:
         hot_load_timeout: float = 600.0,
         workdir: str | Path | None = None,
         hot_load_delay: float = 0.0,
+        s3_keys: tuple[str, str] | None = None,
     ) -> None:
         if replicas < 1:
             raise UsageError(f"LocalStack(replicas={replicas}): replicas must be at least 1")
@@ -183,6 +186,7 @@ class LocalStack:
         if hot_load_delay < 0:
             raise UsageError(f"LocalStack(hot_load_delay={hot_load_delay}): the delay cannot be negative")
         self._hot_load_delay = hot_load_delay
+        self._s3_keys = s3_keys
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path()
         self._moto: MotoS3Server | None = None
@@ -213,7 +217,11 @@ class LocalStack:
             self.workdir = Path(tempfile.mkdtemp(prefix="cwtrain-local-"))
             self._cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        moto = self._moto = MotoS3Server().start()
+        if self._s3_keys is None:
+            moto = self._moto = MotoS3Server().start()
+        else:
+            access_key, secret_key = self._s3_keys
+            moto = self._moto = MotoS3Server(access_key=access_key, secret_key=secret_key).start()
         self._cleanups.append(moto.stop)
         self._direct_s3 = moto.client()
         self._direct_s3.create_bucket(Bucket=self.bucket, CreateBucketConfiguration={"LocationConstraint": self.region})

@@ -1,8 +1,17 @@
 """moto's S3 server, answering as S3 does where cwtrain relies on it: ``python -m cwtrain.local.harness.moto_s3``.
 
 :class:`~cwtrain.local.harness.objectstore.MotoS3Server` runs this module instead of
-``python -m moto.server`` (same options). It applies :func:`conform` and then runs moto's
-server unchanged. What differs from moto 5 as it comes, and why cwtrain cares:
+``python -m moto.server`` (its ``-H HOST -p PORT`` options), with the one key pair the
+store accepts in :data:`ACCESS_KEY_VARIABLE` and :data:`SECRET_KEY_VARIABLE`. It applies
+:func:`conform` and serves moto's application behind the signature check of
+:mod:`cwtrain.local.harness.s3_auth`. What differs from moto 5 as it comes, and why cwtrain
+cares:
+
+- **Credentials.** A request on a bucket path must carry a SigV4 signature made with the
+  store's keys: an unknown access key is 403 ``InvalidAccessKeyId``, a wrong secret 403
+  ``SignatureDoesNotMatch``, no signature 403 ``AccessDenied``, as S3 answers. moto
+  checks no signature, so a wrong secret key published fine locally and failed first on
+  the real bucket.
 
 - **NoSuchUpload.** ``UploadPart``, ``UploadPartCopy`` and ``CompleteMultipartUpload`` of an
   upload id that is not open (aborted, completed, never made) answer 404 ``NoSuchUpload``, as
@@ -20,12 +29,18 @@ start instead of silently serving moto's own answers.
 
 from __future__ import annotations
 
+import argparse
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["conform", "main"]
+__all__ = ["ACCESS_KEY_VARIABLE", "SECRET_KEY_VARIABLE", "conform", "main"]
+
+#: The variables that give the server the one access key id and secret it accepts.
+ACCESS_KEY_VARIABLE = "CWTRAIN_LOCAL_S3_ACCESS_KEY_ID"
+SECRET_KEY_VARIABLE = "CWTRAIN_LOCAL_S3_SECRET_ACCESS_KEY"
 
 _APPLIED = False
 
@@ -82,11 +97,25 @@ def conform() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run moto's server (its own options: ``-H HOST -p PORT``) with :func:`conform` applied."""
+    """Serve moto's S3 (``-H HOST -p PORT``, as moto's server takes them) with :func:`conform`
+    applied, answering only requests signed with the keys of :data:`ACCESS_KEY_VARIABLE` and
+    :data:`SECRET_KEY_VARIABLE`."""
+    parser = argparse.ArgumentParser(prog="python -m cwtrain.local.harness.moto_s3")
+    parser.add_argument("-H", "--host", default="127.0.0.1", help="the address to bind")
+    parser.add_argument("-p", "--port", type=int, default=5000, help="the port to listen on")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    access_key, secret_key = os.environ.get(ACCESS_KEY_VARIABLE), os.environ.get(SECRET_KEY_VARIABLE)
+    if not access_key or not secret_key:
+        parser.error(f"set {ACCESS_KEY_VARIABLE} and {SECRET_KEY_VARIABLE} to the key pair the store accepts")
     conform()
-    from moto.server import main as moto_main
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
 
-    moto_main(list(sys.argv[1:] if argv is None else argv))
+    from cwtrain.local.harness.s3_auth import require_signature
+
+    os.environ.setdefault("MOTO_PORT", str(args.port))  # moto names its own port in some answers
+    app = require_signature(DomainDispatcherApplication(create_backend_app), access_key, secret_key)
+    run_simple(args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Object storage on loopback: moto's S3 server in a child process.
 
 ``MotoS3Server`` starts moto's server (through :mod:`cwtrain.local.harness.moto_s3`, which
-makes it answer ``NoSuchUpload`` and list part ETags as S3 does) on ``127.0.0.1`` (a free
+makes it answer ``NoSuchUpload`` and list part ETags as S3 does, and checks SigV4 signatures
+with the server's keys, :attr:`MotoS3Server.credentials`) on ``127.0.0.1`` (a free
 port unless one is given), waits until it answers, and stops it (and only it) on exit, also
 on an exception; the kernel ends it when its parent dies (:mod:`cwtrain.local.children`).
 Tests and :class:`cwtrain.local.LocalStack` use it::
@@ -25,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from cwtrain.local.children import start_child
+from cwtrain.local.harness.moto_s3 import ACCESS_KEY_VARIABLE, SECRET_KEY_VARIABLE
 
 __all__ = ["DEFAULT_REGION", "MotoS3Server", "free_port"]
 
@@ -42,10 +44,26 @@ def free_port() -> int:
 
 
 class MotoS3Server:
-    """moto's S3 server as a child process on loopback."""
+    """moto's S3 server as a child process on loopback.
 
-    def __init__(self, port: int | None = None, *, startup_timeout: float = 60.0) -> None:
+    Args:
+        port: the port (a free one when ``None``).
+        access_key: the one access key id the server accepts.
+        secret_key: its secret key.
+        startup_timeout: seconds to wait for the server to answer.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        access_key: str = _ACCESS_KEY,
+        secret_key: str = _SECRET_KEY,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self.port = port or free_port()
+        self.access_key = access_key
+        self.secret_key = secret_key
         self.startup_timeout = startup_timeout
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -56,10 +74,10 @@ class MotoS3Server:
 
     @property
     def credentials(self) -> dict[str, str]:
-        """Static keys the server accepts, as environment variables."""
+        """The one key pair the server accepts (it refuses any other signature), as environment variables."""
         return {
-            "AWS_ACCESS_KEY_ID": _ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": _SECRET_KEY,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_REGION": DEFAULT_REGION,
             "CW_S3_ENDPOINT": self.endpoint_url,
         }
@@ -70,6 +88,7 @@ class MotoS3Server:
             return self
         env = dict(os.environ)
         env.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
+        env[ACCESS_KEY_VARIABLE], env[SECRET_KEY_VARIABLE] = self.access_key, self.secret_key
         self._proc = start_child(
             [sys.executable, "-m", "cwtrain.local.harness.moto_s3", "-H", "127.0.0.1", "-p", str(self.port)],
             stdin=subprocess.DEVNULL,
@@ -124,8 +143,8 @@ class MotoS3Server:
             "s3",
             endpoint_url=self.endpoint_url,
             region_name=DEFAULT_REGION,
-            aws_access_key_id=_ACCESS_KEY,
-            aws_secret_access_key=_SECRET_KEY,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
             config=Config(
                 s3={"addressing_style": "path"},
                 request_checksum_calculation="when_required",
