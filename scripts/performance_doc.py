@@ -9,7 +9,8 @@
     $B bench/codec.py --big 2GiB --big-dense 1 --big-apply-verify --json > /tmp/big-2.json
     $B bench/gpu.py --json > /tmp/gpu.json
     $B bench/cadence.py --json > /tmp/cadence.json
-    $B scripts/performance_doc.py /tmp/pipeline.json /tmp/pipeline-2.5.json --big /tmp/big.json --big /tmp/big-2.json --gpu /tmp/gpu.json --cadence /tmp/cadence.json
+    $B bench/ahead.py --json > /tmp/ahead.json
+    $B scripts/performance_doc.py /tmp/pipeline.json /tmp/pipeline-2.5.json --big /tmp/big.json --big /tmp/big-2.json --gpu /tmp/gpu.json --cadence /tmp/cadence.json --ahead /tmp/ahead.json
 
 The runs behind the committed page are kept in ``bench/results/`` (see ``REGENERATE``). The first pipeline document is the measured table; runs with another ``--changed`` only
 add their delta ratio. The model for this machine (:func:`local_prediction`) predicts
@@ -48,6 +49,8 @@ REGENERATE = [
     "bench/results/gpu-cpu.json",
     "--cadence",
     "bench/results/cadence.json",
+    "--ahead",
+    "bench/results/ahead.json",
 ]
 ENCODE = ("gather", "read", "xor", "adler", "zstd")
 
@@ -690,6 +693,58 @@ def cadence_section(doc: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def ahead_section(doc: dict[str, Any] | None) -> str:
+    """Issue 32: the trainer's wait, synchronous against one step ahead, from ``bench/ahead.py``."""
+    lines = ["## One step ahead (`bench/ahead.py`)", ""]
+    if doc is None:
+        return "\n".join([*lines, "No `bench/ahead.py` run was given."])
+    st, sync, ahead, rule = doc["config"], doc["sync"], doc["ahead"], doc["acceptance"]
+    lines += [
+        f"`cwtrain demo`'s GRPO loop ({st['steps']} steps, {st['prompts_per_step']} groups of 8 per step, seed "
+        f"{st['seed']}, 2 replicas, the canary {'on' if st['canary'] else 'off'}) run twice in one process on the "
+        f"local stack, with every hot-load made {st['slow_hot_load']:g} s longer on every replica (about one of the "
+        "loop's steps here, as a large model's hot-load is): synchronously (each step waits until every replica "
+        "serves its version) and one step ahead (`--ahead`, `PublishAhead`: the next step trains while the version "
+        "hot-loads; rollouts from the served version, at most one behind the trainer's weights). `trainer wait` is "
+        "`hotload/trainer_wait_seconds`, the seconds the loop was blocked by publishing and hot-loading; "
+        "`staleness` is how many versions the samples trained on were behind the trainer's weights (worst step). "
+        f"One shared {doc['machine']['cpus']}-core machine: one step ahead, the publish runs beside the rollouts "
+        "and the replicas' apply, which also costs them time.",
+        "",
+        "| | synchronous | one step ahead |",
+        "|---|---|---|",
+    ]
+    rows = [
+        ("trainer wait per step, median", "median_trainer_wait_seconds", "{:.3f} s"),
+        ("trainer wait per step, 90th percentile", "p90_trainer_wait_seconds", "{:.3f} s"),
+        ("hot-load (all replicas), median", "median_hot_load_seconds", "{:.3f} s"),
+        ("rollout per step, median", "median_rollout_seconds", "{:.3f} s"),
+        ("train per step, median", "median_train_seconds", "{:.3f} s"),
+        ("steps per minute", "steps_per_minute", "{:.1f}"),
+        ("staleness of the samples trained on, worst", "max_sample_staleness", "{}"),
+        ("first / final mean reward", None, None),
+    ]
+    for label, key, form in rows:
+        if key is None:
+            cells = [f"{run['first_reward']:.3f} / {run['final_reward']:.3f}" for run in (sync, ahead)]
+        else:
+            cells = [form.format(run[key]) for run in (sync, ahead)]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    lines += [
+        "",
+        "Issue 32's acceptance on this run:",
+        "",
+        f"- {'met' if rule['wait_ok'] else '**not met**'}: one step ahead's median wait per step is "
+        f"{rule['wait_ratio']:.2f}x the synchronous one's (at most {rule['wait_ratio_max']:g}x)",
+        f"- {'met' if rule['reward_ok'] else '**not met**'}: its reward meets the demo's pass rule",
+        f"- {'met' if rule['staleness_ok'] else '**not met**'}: no sample trained on is more than "
+        f"{rule['staleness_allowed']} version behind the trainer's weights",
+        "",
+        f"Steps per minute, one step ahead against synchronous: {rule['steps_per_minute_ratio']:.2f}x.",
+    ]
+    return "\n".join(lines)
+
+
 def render(
     doc: dict[str, Any],
     extra: list[dict[str, Any]],
@@ -697,6 +752,7 @@ def render(
     gpu: dict[str, Any] | None,
     sources: list[str] | None = None,
     cadence: dict[str, Any] | None = None,
+    ahead: dict[str, Any] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     runs = doc["runs"]
     rates = rates_of(runs)
@@ -714,7 +770,8 @@ def render(
             "`HotLoader.publish` until every replica serves the new weights, and what bounds it. The "
             "figures come from `bench/pipeline.py` (publishing from in-memory tensors to S3), "
             "`bench/gpu.py` (the device path) and `bench/codec.py --big` (diff from files at 16 GiB), and "
-            "`bench/cadence.py` what the chain cadence costs in bytes and cold-start replay; the "
+            "`bench/cadence.py` what the chain cadence costs in bytes and cold-start replay, and "
+            "`bench/ahead.py` what one step ahead saves the training loop; the "
             "script at the top regenerates this page from their JSON and checks the model against the "
             "measurements. This page was generated from: "
             + (", ".join(f"`{source}`" for source in sources) if sources else "the runs given to the script")
@@ -725,6 +782,7 @@ def render(
             gpu_section(gpu),
             big_section(bigs),
             cadence_section(cadence),
+            ahead_section(ahead),
         ]
     )
     return text + "\n", checked
@@ -745,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--gpu", type=Path, default=None, help="bench/gpu.py --json document")
     parser.add_argument("--cadence", type=Path, default=None, help="bench/cadence.py --json document")
+    parser.add_argument("--ahead", type=Path, default=None, help="bench/ahead.py --json document")
     parser.add_argument("--out", type=Path, default=DOC, help="where to write (docs/performance.md)")
     parser.add_argument("--check-only", action="store_true", help="check the model; write nothing")
     args = parser.parse_args(argv)
@@ -752,9 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     bigs = [json.loads(path.read_text()) for path in args.big]
     gpu = json.loads(args.gpu.read_text()) if args.gpu else None
     cadence = json.loads(args.cadence.read_text()) if args.cadence else None
-    given = [*args.pipeline, *args.big, *([args.gpu] if args.gpu else []), *([args.cadence] if args.cadence else [])]
-    sources = [_shown(path) for path in given]
-    text, checked = render(docs[0], docs[1:], bigs, gpu, sources, cadence)
+    ahead = json.loads(args.ahead.read_text()) if args.ahead else None
+    optional = [path for path in (args.gpu, args.cadence, args.ahead) if path]
+    sources = [_shown(path) for path in [*args.pipeline, *args.big, *optional]]
+    text, checked = render(docs[0], docs[1:], bigs, gpu, sources, cadence, ahead)
     failed = 0
     for c in checked:
         run = c["run"]

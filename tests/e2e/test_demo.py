@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
 import json
 from pathlib import Path
@@ -111,11 +112,35 @@ def test_demo_is_reproducible_with_seed(
     assert "FULL/replay" in err and "FULL snapshots by reason" in err and "first 1, replay 1" in err
 
 
+def test_demo_one_step_ahead_trains_while_the_last_version_hot_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ahead`` with hot-loads slower than a rollout: each step's samples come from the version before."""
+    summary = demo.run_demo(demo.DemoConfig(steps=3, ahead=True, slow_hot_load=0.5, check=False))
+    err = capsys.readouterr().err
+    records = summary["steps"]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r["identity"] for r in records] == [f"demo-s0-v{i:06d}" for i in range(4)]
+    assert summary["every_replica_served_every_version"]
+    # the canary checks each version against the weights handed over, not the trainer's moved-on ones
+    assert all(r["canary_gap"] is not None and r["canary_gap"] < 0.05 for r in records)
+    # step 1 samples the baseline (served before any rollout); later steps the version before the last
+    assert records[1]["sample_staleness"] == 0
+    assert [r["sample_staleness"] for r in records[2:]] == [1, 1]  # the last version was still hot-loading
+    assert summary["max_sample_staleness"] == 1 and summary["max_staleness_allowed"] == 1
+    assert all(r["trainer_wait_seconds"] >= 0 for r in records) and summary["median_trainer_wait_seconds"] is not None
+    assert "waited" in err  # each step's line
+    table = io.StringIO()
+    demo.print_summary(summary, table)
+    assert "rollouts at most 1 version behind the trainer  yes (worst 1)" in table.getvalue()
+    assert "(one step ahead)" in table.getvalue()
+
+
 def test_bad_options_are_refused() -> None:
     from cwtrain.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--group-size"):
         demo.main(_args("--group-size", "1"))
+    with pytest.raises(ConfigError, match="--slow-hot-load"):
+        demo.main(_args("--slow-hot-load", "-1"))
     assert _args().full_every == "auto" and _args("--full-every", " AUTO ").full_every == "auto"
     assert _args("--full-every", "0").full_every == 0
     for bad in ("65", "-1", "sometimes"):

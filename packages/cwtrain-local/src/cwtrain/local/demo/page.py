@@ -81,6 +81,8 @@ _SETTINGS = (
     ("max_tokens", "max tokens"),
     ("lr", "learning rate"),
     ("temperature", "temperature"),
+    ("ahead", "one step ahead"),
+    ("slow_hot_load", "hot-loads slowed by (s)"),
 )
 
 #: The per-step table's columns, in order: key, heading and what the column holds (the heading's tooltip).
@@ -93,6 +95,12 @@ STEP_COLUMNS = (
     ("tensors", "tensors changed", "tensors whose bytes differ from what the replicas served"),
     ("publish", "publish ms", "encode, upload and create the hot-load"),
     ("hot_load", "hot-load ms", "until every replica serves the identity"),
+    (
+        "trainer_wait",
+        "loop waited ms",
+        "how long the training loop was blocked by this version: all of its publish, or one step ahead the wait "
+        "for it at the next step",
+    ),
     ("rollout", "rollout ms", "sampling the step's rollouts from the deployment"),
     ("train", "train ms", "the GRPO update"),
     ("replicas", "replicas serving", "replicas verified on the identity after the hot-load"),
@@ -247,7 +255,7 @@ def _cell(key: str, r: Mapping[str, Any], lag: int | None, reasons: Mapping[str,
         return f"{int(r.get('snapshot_bytes' if key == 'bytes' else 'replay_bytes', 0)):,}", ""
     if key == "tensors":
         return str(r.get("tensors_changed", "—")), ""
-    if key in ("publish", "hot_load", "rollout", "train"):
+    if key in ("publish", "hot_load", "trainer_wait", "rollout", "train"):
         if key in ("rollout", "train") and r.get("step") == 0:
             return "—", "step 0 publishes the starting weights: no rollouts, no training"
         return ms(r.get(f"{key}_seconds", 0.0)), ""
