@@ -6,8 +6,8 @@ published through core's session) twice in one process with the same seed and se
 synchronously (each step waits until every replica serves the version it published) and one
 step ahead (``--ahead``: the next step trains while the last version hot-loads; rollouts at
 most one version behind the trainer's weights). Every hot-load is slowed by ``--slow-hot-load``
-seconds on every replica (default: about as long as one of the loop's training steps, as on a
-large model whose hot-load takes about a step).
+seconds on every replica (default 0.3 s: the hot-load then takes most of one of the loop's steps here,
+as on a large model whose hot-load takes about a step).
 
 For each mode: the trainer's wait per step (``hotload/trainer_wait_seconds``: seconds the loop
 was blocked by publishing and hot-loading; median and 90th percentile), steps per minute of the
@@ -125,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slow-hot-load",
         type=float,
-        default=0.4,
+        default=0.3,
         metavar="S",
-        help="seconds every hot-load lasts more on every replica (default 0.4: about one of the loop's steps here)",
+        help="seconds every hot-load lasts more on every replica (default 0.3: a hot-load then takes most of one of "
+        "the loop's steps here)",
     )
     parser.add_argument(
         "--prompts-per-step",
