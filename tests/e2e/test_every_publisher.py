@@ -78,7 +78,14 @@ REPLICAS = 2
 #: Metrics that are durations: they differ from run to run.
 TIMINGS = frozenset(
     f"hotload/{name}"
-    for name in ("mirror_seconds", "stage_seconds", "upload_seconds", "hot_load_seconds", "publish_seconds")
+    for name in (
+        "mirror_seconds",
+        "stage_seconds",
+        "upload_seconds",
+        "hot_load_seconds",
+        "publish_seconds",
+        "trainer_wait_seconds",
+    )
 )
 #: Version 0's metrics that depend on where the FULL snapshot came from: the HF directory as it
 #: is (the hooks' baseline) or the tensors encoded with checksums and the side files (NeMo-RL, demo).
