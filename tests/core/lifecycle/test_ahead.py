@@ -27,15 +27,6 @@ CONFIG = {"config.json": b'{"torch_dtype": "float32"}'}
 SLOW = 0.3
 
 
-@pytest.fixture
-def fake(s3_bucket: tuple[Any, str]) -> FakeAPI:
-    api = FakeAPI()
-    api.add_gateway()
-    api.add_deployment()
-    api.deployments["dep-1"]["spec"]["hotLoad"]["bucket"] = s3_bucket[1]
-    return api
-
-
 def _session(fake: FakeAPI, s3: Any, **settings: Any) -> tuple[PublishSession, list[tuple[PublishOutcome, str]]]:
     """A session whose sink records each outcome and the thread that heard it."""
     heard: list[tuple[PublishOutcome, str]] = []

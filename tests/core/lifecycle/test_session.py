@@ -37,15 +37,6 @@ from cwtrain.hotload.lifecycle.version import PublishOutcome
 from cwtrain.integrations.nvext import read_served_identity
 
 
-@pytest.fixture
-def fake(s3_bucket: tuple[Any, str]) -> FakeAPI:
-    api = FakeAPI()
-    api.add_gateway()
-    api.add_deployment()
-    api.deployments["dep-1"]["spec"]["hotLoad"]["bucket"] = s3_bucket[1]
-    return api
-
-
 def _session(fake: FakeAPI, s3: Any, tmp_path: Path, **settings: Any) -> tuple[PublishSession, list[PublishOutcome]]:
     target = Target(fake.client(), "dep-1", poll_interval=0.0, s3=s3)
     outcomes: list[PublishOutcome] = []
