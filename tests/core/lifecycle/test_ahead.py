@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from fakeapi import FakeAPI
 
-from cwtrain.errors import HotLoadFailedError
+from cwtrain.errors import HotLoadFailedError, UsageError
 from cwtrain.hotload import PublishAhead
 from cwtrain.hotload.lifecycle.session import PublishSession
 from cwtrain.hotload.lifecycle.settings import HotLoadSettings
@@ -136,6 +136,15 @@ def test_a_failed_hot_load_ahead_is_answered_as_in_sync_mode_and_an_error_is_rai
     assert heard_stop[-1][0].version == 4 and heard_stop[-1][0].failed  # the sink heard it first
     assert not ahead.in_flight
     ahead.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(UsageError, match="closed"):
         ahead.publish_tensors(_weights(6))
     assert stopping.sink is not None and stopping.sink is not ahead._heard  # the session's sink is given back
+
+
+def test_a_refused_plan_still_reports_the_version_that_ended(fake: FakeAPI, s3_bucket: tuple[Any, str]) -> None:
+    session, heard = _session(fake, s3_bucket[0])
+    with PublishAhead(session) as ahead:
+        ahead.publish_tensors(_weights(0), version=3, extra_files=CONFIG)
+        with pytest.raises(UsageError, match="versions must increase"):
+            ahead.publish_tensors(_weights(1), version=2, extra_files=CONFIG)
+        assert [o.version for o, _ in heard] == [3] and heard[0][0].completed and not ahead.in_flight

@@ -53,6 +53,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cwtrain.closing import Closing
+from cwtrain.errors import UsageError
 from cwtrain.hotload.lifecycle.session import PublishSession
 from cwtrain.hotload.lifecycle.version import PublishOutcome, VersionPlan
 
@@ -109,21 +110,23 @@ class PublishAhead(Closing):
             the outcome of the version that was in flight (``None``: none was).
 
         Raises:
-            CWTrainError: what the version in flight raised (it is not retried).
+            CWTrainError: what the version in flight raised (it is not retried; nothing new is
+                handed over), or what planning the next version raised.
+            UsageError: this object is closed.
         """
         if self._closed:
-            raise RuntimeError("PublishAhead is closed")
+            raise UsageError("PublishAhead is closed: hand versions to a new one, or to the session")
         started = time.perf_counter()
         previous, error = self._wait()
-        plan = None
-        if error is None:
-            plan = self.session.begin(version)
-            for hook in self.on_publishing:
-                hook(self.session.run_id, plan.version)
-            chosen = plan
-            self.tensors_in_flight = tensors
-            self._pending = self._worker.submit(lambda: publish(chosen))
-        self._report(previous, time.perf_counter() - started)
+        try:
+            if error is None:
+                plan = self.session.begin(version)
+                for hook in self.on_publishing:
+                    hook(self.session.run_id, plan.version)
+                self.tensors_in_flight = tensors
+                self._pending = self._worker.submit(publish, plan)
+        finally:  # the version that ended reaches the sink whatever planning the next one did
+            self._report(previous, time.perf_counter() - started)
         if error is not None:
             raise error
         return previous
