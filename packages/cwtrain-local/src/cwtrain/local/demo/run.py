@@ -2,7 +2,8 @@
 
 What it does, all on loopback::
 
-    cwtrain demo [--steps 40] [--seed 0] [--replicas 2] [--full-every auto|N] [--group-size 8] [--report PATH]
+    cwtrain demo [--steps 40] [--seed 0] [--replicas 2] [--full-every auto|N] [--group-size 8] [--ahead]
+                 [--slow-hot-load S] [--report PATH]
 
 1. Starts :class:`~cwtrain.local.LocalStack` (moto S3, control plane, gateway, replicas) and
    uploads the tiny model's base weights.
@@ -20,7 +21,11 @@ What it does, all on loopback::
      ``--full-every auto`` (the default) when a delta would be at least 90 % of a FULL, when a
      cold replica would replay more than two FULLs' bytes of deltas, or after 19 deltas; with
      ``--full-every N`` every N versions,
-   - waits until every replica serves the new identity (verified).
+   - waits until every replica serves the new identity (verified); with ``--ahead`` the next
+     step samples and trains meanwhile (:class:`cwtrain.hotload.PublishAhead`: one version at a
+     time, in order), its rollouts from the version the fleet serves, at most one behind the
+     trainer's weights. Each step's line gives the seconds the loop waited for publishing and
+     hot-loading (``hotload/trainer_wait_seconds``).
 
 4. Deletes the deployment and gateway and stops the stack (also on Ctrl-C or an error).
 
