@@ -17,7 +17,7 @@ import pytest
 from cwtrain.cli import main
 from cwtrain.errors import CWTrainError
 from cwtrain.infra import Deployment
-from cwtrain.integrations.staging import fetch_base_checkpoint, new_directory_problem
+from cwtrain.integrations.staging import fetch_base_checkpoint, refuse_unless_new
 
 
 class _API:
@@ -49,10 +49,11 @@ def test_a_directory_in_use_is_refused_before_anything_is_asked(tmp_path: Path) 
     assert api.calls == 0 and (out / "mine.txt").read_text() == "keep"
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    assert new_directory_problem(afile) == "is not a directory"
-    assert new_directory_problem(tmp_path / "new") is None
+    with pytest.raises(CWTrainError, match=r"^--out x is not a directory; name a new or empty directory$"):
+        refuse_unless_new(afile, "--out x")
+    refuse_unless_new(tmp_path / "new")
     (tmp_path / "empty").mkdir()
-    assert new_directory_problem(tmp_path / "empty") is None
+    refuse_unless_new(tmp_path / "empty")
 
 
 def test_a_deployment_without_a_model_source_is_one_clear_line(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from cwtrain.cli.options import (
 )
 from cwtrain.cli.output import emit
 from cwtrain.config import env_str
-from cwtrain.errors import APIError, CWTrainError, LifecycleError, TransportError
+from cwtrain.errors import APIError, LifecycleError, TransportError
 from cwtrain.infra import lifecycle
 from cwtrain.infra.client import InferenceClient
 
@@ -143,11 +143,9 @@ def _deployment_parameters(args: argparse.Namespace) -> int:
 
 
 def _deployment_base_checkpoint(args: argparse.Namespace) -> int:
-    from cwtrain.integrations.staging import fetch_base_checkpoint, new_directory_problem
+    from cwtrain.integrations.staging import fetch_base_checkpoint, refuse_unless_new
 
-    problem = new_directory_problem(args.out)
-    if problem is not None:
-        raise CWTrainError(f"--out {args.out} {problem}; name a new or empty directory")
+    refuse_unless_new(args.out, f"--out {args.out}")  # named as the option, before the deployment is read
     deployment_id = args.id or env_str(DEPLOYMENT_ENV)
     if not deployment_id:
         return usage_error(f"no deployment: pass ID or set {DEPLOYMENT_ENV}")

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from cwtrain.infra.objectstore import ObjectStore
     from cwtrain.infra.s3 import ObjectStoreLike
 
-__all__ = ["BaseCheckpoint", "fetch_base_checkpoint", "new_directory_problem", "parse_s3_uri", "stage_from_s3"]
+__all__ = ["BaseCheckpoint", "fetch_base_checkpoint", "parse_s3_uri", "refuse_unless_new", "stage_from_s3"]
 
 log = logging.getLogger(__name__)
 
@@ -153,14 +153,22 @@ class BaseCheckpoint:
         }
 
 
-def new_directory_problem(path: str | os.PathLike[str]) -> str | None:
-    """Why ``path`` cannot take a new copy (``"is not a directory"``, ``"is not empty"``), or ``None``."""
+def refuse_unless_new(path: str | os.PathLike[str], label: str | None = None) -> None:
+    """Refuse a ``path`` that exists and is not an empty directory: it cannot take a new copy.
+
+    Args:
+        path: the directory to copy into.
+        label: how the error names it (e.g. ``"--out base"``; default the path).
+
+    Raises:
+        CWTrainError: ``<label> is not a directory`` or ``is not empty``; name a new or empty directory.
+    """
     target = Path(path)
     if not target.exists():
-        return None
-    if not target.is_dir():
-        return "is not a directory"
-    return "is not empty" if any(target.iterdir()) else None
+        return
+    problem = "is not a directory" if not target.is_dir() else "is not empty" if any(target.iterdir()) else None
+    if problem is not None:
+        raise CWTrainError(f"{label or target} {problem}; name a new or empty directory")
 
 
 def fetch_base_checkpoint(
@@ -189,9 +197,7 @@ def fetch_base_checkpoint(
         APIError: the deployment cannot be read (``NotFoundError`` for an unknown id).
     """
     target = Path(out)
-    problem = new_directory_problem(target)
-    if problem is not None:
-        raise CWTrainError(f"{target} {problem}; name a new or empty directory")
+    refuse_unless_new(target)
     if api is None:
         from cwtrain.infra.client import InferenceClient
 

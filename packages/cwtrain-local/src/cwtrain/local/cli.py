@@ -299,12 +299,10 @@ def _base_checkpoint(args: argparse.Namespace) -> int:
     from cwtrain.cli import emit
     from cwtrain.errors import CWTrainError
     from cwtrain.infra import InferenceClient, s3_client
-    from cwtrain.integrations.staging import fetch_base_checkpoint, new_directory_problem
+    from cwtrain.integrations.staging import fetch_base_checkpoint, refuse_unless_new
 
     out: Path = args.out
-    problem = new_directory_problem(out)
-    if problem is not None:
-        raise CWTrainError(f"--out {out} {problem}; name a new or empty directory")
+    refuse_unless_new(out, f"--out {out}")  # named as the option, before the stack's state is read
     state = running_state(args.state_file)
     env = {str(k): str(v) for k, v in state["env"].items()}
     deployment_id = env.get("CWTRAIN_HOTLOAD_DEPLOYMENT_ID") or str(state.get("deployment_id") or "")
