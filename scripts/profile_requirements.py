@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _ALL = ["cwtrain-core", "cwtrain-local", "cwtrain-slime", "cwtrain-miles", "cwtrain-nemo-rl", "cwtrain-gym"]
 #: Our packages in each profile.
 PACKAGES = {"core": _ALL[:1], "demo": _ALL[:2], "full": _ALL}
+#: The extras of our packages every profile installs: cwtrain-local needs core's torch path, and a trainer has torch.
+EXTRAS = {"cwtrain-core": ("torch",)}
 #: Requirements from requirements-dev.txt each profile adds, by project name (None: all of them).
 DEV_NAMES: dict[str, frozenset[str] | None] = {
     "core": frozenset({"safetensors"}),
@@ -46,14 +48,19 @@ def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group(0)).lower() if match else ""
 
 
+def distributions(profile: str) -> list[str]:
+    """Our distributions in ``profile``, with their extras (``cwtrain-core[torch]``, ...)."""
+    return [f"{p}[{','.join(EXTRAS[p])}]" if p in EXTRAS else p for p in PACKAGES[profile]]
+
+
 def requirements(profile: str) -> list[str]:
     """The third-party requirements of ``profile``, in order, each once."""
     lines: list[str] = []
     for package in PACKAGES[profile]:
         project = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())["project"]
         found = list(project.get("dependencies", []))
-        if package == "cwtrain-core":
-            found += project["optional-dependencies"]["torch"]  # cwtrain-local needs it; a trainer has torch
+        for extra in EXTRAS.get(package, ()):
+            found += project["optional-dependencies"][extra]
         lines += [r for r in found if not _OURS.match(r.lower())]
     wanted = DEV_NAMES[profile]
     dev = [line.strip() for line in (ROOT / "requirements-dev.txt").read_text().splitlines()]

@@ -40,8 +40,8 @@ def _installed() -> dict[str, md.Distribution]:
 def closure(profile: str) -> list[md.Distribution]:
     """The installed distributions of ``profile`` and, recursively, of what they require."""
     installed = _installed()
-    roots = [f"{p}[torch]" if p == "cwtrain-core" else p for p in profile_requirements.PACKAGES[profile]]
-    pending = [(Requirement(r), "") for r in roots + profile_requirements.requirements(profile)]
+    roots = profile_requirements.distributions(profile) + profile_requirements.requirements(profile)
+    pending = [(Requirement(r), "") for r in roots]
     chosen: dict[str, set[str]] = {}
     while pending:
         requirement, extra = pending.pop()
